@@ -1,0 +1,249 @@
+"""The whole Sluice exception tree, and the wire code of every remote error.
+
+::
+
+    SluiceError                          base of everything Sluice raises
+    ├── ConfigError                      bad local settings (client or server config)
+    ├── ProtocolError                    bytes that do not follow the wire protocol
+    │   ├── FrameTooLarge                a length prefix above the frame cap
+    │   └── CorruptRecord                a record batch failing its header or CRC check
+    ├── ConnectionClosed                 the peer closed or broke the connection (retriable)
+    ├── ClientError                      local to the client, never sent on the wire
+    │   ├── ClientClosed                 the producer / consumer was closed by you
+    │   ├── BufferExhausted              no buffer memory within max_block_ms
+    │   └── DeliveryTimeout              a send was not acknowledged within delivery_timeout_ms
+    └── BrokerError                      an error code answered by a broker (has .code)
+        ├── UnknownServerError           code 1   a bug on the broker; the message says what
+        ├── InvalidRequest               code 2   a well-framed request with bad content
+        ├── UnsupportedVersion           code 3   unknown API key or version
+        ├── UnknownTopic                 code 4   retriable: the topic may be being created
+        ├── UnknownPartition             code 5
+        ├── TopicAlreadyExists           code 6
+        ├── InvalidTopicName             code 7
+        ├── InvalidPartitions            code 8
+        ├── InvalidConfig                code 9
+        ├── MessageTooLarge              code 10
+        ├── OffsetOutOfRange             code 11
+        ├── RequestTimedOut              code 12  retriable
+        ├── StorageError                 code 13  retriable: I/O failure on the broker
+        │   ├── DiskFull                 code 14  retriable: no space left; retry after space is freed
+        │   └── ReadOnlyStorage          code 15  retriable: the data directory is not writable
+        ├── TooManyConnections           code 16  retriable
+        ├── BrokerShuttingDown           code 17  retriable
+        ├── InvalidGroup                 code 18
+        ├── NotLeader                    code 19  retriable: metadata is stale
+        └── TopicBeingDeleted            code 20  retriable
+
+Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
+Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
+with ``raise ... from exc`` at their boundary.
+"""
+
+from __future__ import annotations
+
+import errno
+
+NONE = 0
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises."""
+
+    retriable: bool = False
+
+
+class ConfigError(SluiceError, ValueError):
+    """A local setting is invalid (raised before anything is sent)."""
+
+
+class ProtocolError(SluiceError):
+    """Bytes that do not follow the Sluice wire protocol. The connection must be closed."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's length prefix is above the cap; nothing of that size was allocated."""
+
+
+class CorruptRecord(ProtocolError):
+    """A record batch whose header, length or CRC-32C does not check out."""
+
+
+class ConnectionClosed(SluiceError):
+    """The connection was closed or broken by the peer."""
+
+    retriable = True
+
+
+class ClientError(SluiceError):
+    """An error local to the client; never sent on the wire."""
+
+
+class ClientClosed(ClientError):
+    """The client object was closed by its owner."""
+
+
+class BufferExhausted(ClientError):
+    """The producer's buffer memory stayed full for longer than ``max_block_ms``."""
+
+    retriable = True
+
+
+class DeliveryTimeout(ClientError):
+    """A send was not acknowledged within ``delivery_timeout_ms`` (retries included)."""
+
+    retriable = True
+
+
+class BrokerError(SluiceError):
+    """An error answered by a broker. ``code`` is its wire code."""
+
+    code: int = -1
+    name: str = "BROKER_ERROR"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.name)
+        self.message = message or self.name
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.code}): {self.message}"
+
+
+_BY_CODE: dict[int, type[BrokerError]] = {}
+
+
+def _code(code: int, name: str, retriable: bool = False):
+    def register(cls: type[BrokerError]) -> type[BrokerError]:
+        cls.code, cls.name, cls.retriable = code, name, retriable
+        assert code not in _BY_CODE, code
+        _BY_CODE[code] = cls
+        return cls
+
+    return register
+
+
+@_code(1, "UNKNOWN_SERVER_ERROR")
+class UnknownServerError(BrokerError):
+    pass
+
+
+@_code(2, "INVALID_REQUEST")
+class InvalidRequest(BrokerError):
+    pass
+
+
+@_code(3, "UNSUPPORTED_VERSION")
+class UnsupportedVersion(BrokerError):
+    pass
+
+
+@_code(4, "UNKNOWN_TOPIC", retriable=True)
+class UnknownTopic(BrokerError):
+    pass
+
+
+@_code(5, "UNKNOWN_PARTITION")
+class UnknownPartition(BrokerError):
+    pass
+
+
+@_code(6, "TOPIC_ALREADY_EXISTS")
+class TopicAlreadyExists(BrokerError):
+    pass
+
+
+@_code(7, "INVALID_TOPIC_NAME")
+class InvalidTopicName(BrokerError):
+    pass
+
+
+@_code(8, "INVALID_PARTITIONS")
+class InvalidPartitions(BrokerError):
+    pass
+
+
+@_code(9, "INVALID_CONFIG")
+class InvalidConfig(BrokerError):
+    pass
+
+
+@_code(10, "MESSAGE_TOO_LARGE")
+class MessageTooLarge(BrokerError):
+    pass
+
+
+@_code(11, "OFFSET_OUT_OF_RANGE")
+class OffsetOutOfRange(BrokerError):
+    pass
+
+
+@_code(12, "REQUEST_TIMED_OUT", retriable=True)
+class RequestTimedOut(BrokerError):
+    pass
+
+
+@_code(13, "STORAGE_ERROR", retriable=True)
+class StorageError(BrokerError):
+    pass
+
+
+@_code(14, "DISK_FULL", retriable=True)
+class DiskFull(StorageError):
+    pass
+
+
+@_code(15, "READ_ONLY_STORAGE", retriable=True)
+class ReadOnlyStorage(StorageError):
+    pass
+
+
+@_code(16, "TOO_MANY_CONNECTIONS", retriable=True)
+class TooManyConnections(BrokerError):
+    pass
+
+
+@_code(17, "BROKER_SHUTTING_DOWN", retriable=True)
+class BrokerShuttingDown(BrokerError):
+    pass
+
+
+@_code(18, "INVALID_GROUP")
+class InvalidGroup(BrokerError):
+    pass
+
+
+@_code(19, "NOT_LEADER", retriable=True)
+class NotLeader(BrokerError):
+    pass
+
+
+@_code(20, "TOPIC_BEING_DELETED", retriable=True)
+class TopicBeingDeleted(BrokerError):
+    pass
+
+
+def error_for_code(code: int, message: str = "") -> BrokerError:
+    """The exception for a wire error code; an unknown code maps to ``UnknownServerError``."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return UnknownServerError(f"unknown error code {code}: {message}")
+    return cls(message)
+
+
+def raise_for_code(code: int, message: str = "") -> None:
+    """Raise the exception for ``code`` unless it is ``NONE``."""
+    if code != NONE:
+        raise error_for_code(code, message)
+
+
+def all_codes() -> dict[int, type[BrokerError]]:
+    """Every registered wire code and its class (for docs and tests)."""
+    return dict(_BY_CODE)
+
+
+def storage_error_from_os(exc: OSError, what: str) -> StorageError:
+    """Translate an ``OSError`` from the data directory into a wire error."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"{what}: no space left on device")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ReadOnlyStorage(f"{what}: {exc.strerror}")
+    return StorageError(f"{what}: {exc.strerror or exc}")

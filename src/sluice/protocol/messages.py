@@ -1,0 +1,354 @@
+"""One frozen struct per request and response, versioned, encoded as msgpack.
+
+The frame header (see frames.py) carries the API key and version; this module maps them to
+the struct types, encodes and decodes headers, and knows nothing of sockets.  Record data
+never goes through msgpack: it travels as frame attachments whose sizes the header lists
+(``ProducePartition.size``, ``FetchPartitionResult.size``), so the broker can slice client
+batches without copying and serve fetches straight from file bytes.
+
+Every response carries ``error`` (a wire code from errors.py, 0 = none) and ``message``; a
+request-level failure (unknown API, undecodable header) answers with just those two.
+Per-partition results carry their own ``error`` / ``message``.
+
+Adding a version: define the new structs, add them to ``APIS[api][version]``; never change
+the meaning of an existing version.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import msgspec
+
+from sluice.errors import InvalidRequest, UnsupportedVersion
+
+
+class Api(IntEnum):
+    API_VERSIONS = 0
+    METADATA = 1
+    CREATE_TOPICS = 2
+    DELETE_TOPICS = 3
+    DESCRIBE_TOPICS = 4
+    PRODUCE = 5
+    FETCH = 6
+    LIST_OFFSETS = 7
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+
+
+class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of every protocol struct."""
+
+
+class Response(Struct):
+    error: int = 0
+    message: str = ""
+
+
+# --------------------------------------------------------------------------- api versions
+
+
+class ApiVersionsRequest(Struct):
+    pass
+
+
+class ApiVersionRange(Struct):
+    api: int
+    min_version: int
+    max_version: int
+
+
+class ApiVersionsResponse(Response):
+    apis: list[ApiVersionRange] = []
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+class MetadataRequest(Struct):
+    topics: list[str] | None = None  # None: every topic
+
+
+class BrokerInfo(Struct):
+    node_id: int
+    host: str
+    port: int
+
+
+class PartitionMetadata(Struct):
+    partition: int
+    leader: int
+    replicas: list[int] = []
+    isr: list[int] = []
+    error: int = 0
+
+
+class TopicMetadata(Struct):
+    name: str
+    error: int = 0
+    message: str = ""
+    partitions: list[PartitionMetadata] = []
+    max_message_bytes: int = 0
+    internal: bool = False
+
+
+class MetadataResponse(Response):
+    brokers: list[BrokerInfo] = []
+    controller_id: int = -1
+    topics: list[TopicMetadata] = []
+
+
+# --------------------------------------------------------------------------- topic admin
+
+
+class NewTopic(Struct):
+    name: str
+    partitions: int = 1
+    config: dict[str, str] = {}
+
+
+class CreateTopicsRequest(Struct):
+    topics: list[NewTopic]
+    validate_only: bool = False
+
+
+class TopicResult(Struct):
+    name: str
+    error: int = 0
+    message: str = ""
+
+
+class CreateTopicsResponse(Response):
+    topics: list[TopicResult] = []
+
+
+class DeleteTopicsRequest(Struct):
+    names: list[str]
+
+
+class DeleteTopicsResponse(Response):
+    topics: list[TopicResult] = []
+
+
+class DescribeTopicsRequest(Struct):
+    names: list[str] | None = None  # None: every topic
+
+
+class PartitionDescription(Struct):
+    partition: int
+    leader: int = -1
+    log_start_offset: int = 0
+    high_watermark: int = 0
+    size_bytes: int = 0
+    segments: int = 0
+
+
+class TopicDescription(Struct):
+    name: str
+    error: int = 0
+    message: str = ""
+    config: dict[str, str] = {}
+    partitions: list[PartitionDescription] = []
+
+
+class DescribeTopicsResponse(Response):
+    topics: list[TopicDescription] = []
+
+
+# --------------------------------------------------------------------------- produce
+
+ACKS_NONE, ACKS_LEADER, ACKS_ALL = 0, 1, -1
+
+
+class ProducePartition(Struct):
+    topic: str
+    partition: int
+    size: int  # bytes of record batches in the attachments, in list order
+
+
+class ProduceRequest(Struct):
+    partitions: list[ProducePartition]
+    acks: int = ACKS_LEADER
+    timeout_ms: int = 30_000
+
+
+class ProducePartitionResult(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+
+
+class ProduceResponse(Response):
+    partitions: list[ProducePartitionResult] = []
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+class FetchPartition(Struct):
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = 1024 * 1024
+
+
+class FetchRequest(Struct):
+    partitions: list[FetchPartition]
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 50 * 1024 * 1024
+
+
+class FetchPartitionResult(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    size: int = 0  # bytes of record batches in the attachments, in list order
+
+
+class FetchResponse(Response):
+    partitions: list[FetchPartitionResult] = []
+
+
+# --------------------------------------------------------------------------- offsets
+
+EARLIEST, LATEST = -2, -1
+
+
+class ListOffsetsPartition(Struct):
+    topic: str
+    partition: int
+    timestamp: int  # LATEST (-1), EARLIEST (-2), or ms since the epoch
+
+
+class ListOffsetsRequest(Struct):
+    partitions: list[ListOffsetsPartition]
+
+
+class ListOffsetsResult(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    offset: int = -1
+    timestamp: int = -1
+
+
+class ListOffsetsResponse(Response):
+    partitions: list[ListOffsetsResult] = []
+
+
+class CommitOffset(Struct):
+    topic: str
+    partition: int
+    offset: int
+    metadata: str = ""
+
+
+class OffsetCommitRequest(Struct):
+    group: str
+    offsets: list[CommitOffset]
+
+
+class PartitionError(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+
+
+class OffsetCommitResponse(Response):
+    partitions: list[PartitionError] = []
+
+
+class TopicPartition(Struct):
+    topic: str
+    partition: int
+
+
+class OffsetFetchRequest(Struct):
+    group: str
+    partitions: list[TopicPartition] | None = None  # None: every committed partition
+
+
+class FetchedOffset(Struct):
+    topic: str
+    partition: int
+    offset: int = -1  # -1: nothing committed
+    metadata: str = ""
+    error: int = 0
+
+
+class OffsetFetchResponse(Response):
+    offsets: list[FetchedOffset] = []
+
+
+# --------------------------------------------------------------------------- registry
+
+APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
+    Api.API_VERSIONS: {1: (ApiVersionsRequest, ApiVersionsResponse)},
+    Api.METADATA: {1: (MetadataRequest, MetadataResponse)},
+    Api.CREATE_TOPICS: {1: (CreateTopicsRequest, CreateTopicsResponse)},
+    Api.DELETE_TOPICS: {1: (DeleteTopicsRequest, DeleteTopicsResponse)},
+    Api.DESCRIBE_TOPICS: {1: (DescribeTopicsRequest, DescribeTopicsResponse)},
+    Api.PRODUCE: {1: (ProduceRequest, ProduceResponse)},
+    Api.FETCH: {1: (FetchRequest, FetchResponse)},
+    Api.LIST_OFFSETS: {1: (ListOffsetsRequest, ListOffsetsResponse)},
+    Api.OFFSET_COMMIT: {1: (OffsetCommitRequest, OffsetCommitResponse)},
+    Api.OFFSET_FETCH: {1: (OffsetFetchRequest, OffsetFetchResponse)},
+}
+
+_REQUEST_API: dict[type, tuple[Api, int]] = {
+    req: (api, version) for api, versions in APIS.items() for version, (req, _) in versions.items()
+}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def api_of(request: Struct) -> tuple[Api, int]:
+    """(API key, version) of a request struct."""
+    return _REQUEST_API[type(request)]
+
+
+def types_for(api: int, version: int) -> tuple[type[Struct], type[Response]]:
+    """The request and response types of an API version; ``UnsupportedVersion`` if unknown."""
+    try:
+        versions = APIS[Api(api)]
+    except ValueError:
+        raise UnsupportedVersion(f"unknown API key {api}") from None
+    try:
+        return versions[version]
+    except KeyError:
+        raise UnsupportedVersion(
+            f"{Api(api).name} version {version} is not supported (supported: {sorted(versions)})"
+        ) from None
+
+
+def encode(message: Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data, cls: type[Struct]):
+    """Decode a header into ``cls``; ``InvalidRequest`` on anything that does not fit."""
+    dec = _decoders.get(cls)
+    if dec is None:
+        dec = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+    try:
+        return dec.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"cannot decode {cls.__name__}: {exc}") from exc
+
+
+def supported_versions() -> list[ApiVersionRange]:
+    return [
+        ApiVersionRange(api=int(api), min_version=min(v), max_version=max(v))
+        for api, v in APIS.items()
+    ]

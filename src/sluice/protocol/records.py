@@ -1,0 +1,531 @@
+"""Record batches in Kafka's RecordBatch v2 layout, byte for byte.
+
+The record batch is the unit Sluice writes, replicates and serves.  The broker touches only
+the batch header (check the CRC once, patch base offset / leader epoch / append time); the
+records inside are built by producers and decoded by consumers.  Pure functions over bytes:
+no I/O lives here.
+
+Batch header (61 bytes, all big-endian)::
+
+    offset size field                 notes
+    0      8    base_offset           int64, set by the broker on append
+    8      4    batch_length          int32, bytes after this field (total size - 12)
+    12     4    partition_leader_epoch int32, set by the broker
+    16     1    magic                 int8, always 2
+    17     4    crc                   uint32, CRC-32C of bytes 21 .. end of batch
+    21     2    attributes            int16: bits 0-2 compression (0 none, 3 lz4, 4 zstd),
+                                      bit 3 timestamp type (1 = log append time),
+                                      bit 4 transactional, bit 5 control
+    23     4    last_offset_delta     int32, record count - 1 for a producer's batch
+    27     8    base_timestamp        int64 ms
+    35     8    max_timestamp         int64 ms (the append time with log-append time)
+    43     8    producer_id           int64, -1 when not idempotent
+    51     2    producer_epoch        int16, -1 when not idempotent
+    53     4    base_sequence         int32, -1 when not idempotent
+    57     4    records_count         int32
+    61     ..   records               compressed as a whole when bits 0-2 are set
+
+Record (varints are zig-zag encoded, as in Kafka and protobuf ``sint``)::
+
+    length varint | attributes int8 | timestamp_delta varlong | offset_delta varint |
+    key_length varint (-1 = null) | key | value_length varint (-1 = null) | value |
+    header_count varint | { header_key_length varint | key utf-8 |
+                            header_value_length varint (-1 = null) | value } *
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import crc32c as _crc32c
+import msgspec
+
+from sluice.errors import CorruptRecord, ProtocolError
+
+HEADER_SIZE = 61
+LENGTH_OFFSET = 8  # batch_length sits here; the log-overhead prefix is 12 bytes
+LOG_OVERHEAD = 12
+CRC_OFFSET = 17
+ATTRIBUTES_OFFSET = 21
+MAX_TIMESTAMP_OFFSET = 35
+MAGIC = 2
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+
+NO_COMPRESSION, LZ4, ZSTD = 0, 3, 4
+COMPRESSION_CODES = {"none": NO_COMPRESSION, "lz4": LZ4, "zstd": ZSTD}
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE_OFFSET = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_H16 = struct.Struct(">h")
+
+crc32c = _crc32c.crc32c
+
+
+class BatchHeader(NamedTuple):
+    """The 61-byte header of one batch. ``size`` is the whole batch in bytes."""
+
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_BIT)
+
+
+def parse_header(buf, pos: int = 0) -> BatchHeader:
+    """Parse the batch header at ``buf[pos:]``; checks the length and magic, not the CRC.
+
+    Raises ``CorruptRecord`` when fewer than 61 bytes are there, the magic is not 2, or
+    the declared length is below the header size.
+    """
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecord(f"truncated batch header: {len(buf) - pos} of {HEADER_SIZE} bytes")
+    h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    if h.magic != MAGIC:
+        raise CorruptRecord(f"unsupported record batch magic {h.magic} (expected 2)")
+    if h.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+        raise CorruptRecord(f"batch length {h.batch_length} is below the header size")
+    return h
+
+
+def batch_crc_ok(buf, pos: int, size: int) -> bool:
+    """True when the CRC-32C stored at ``pos`` covers ``buf[pos+21 : pos+size]`` correctly."""
+    stored = _U32.unpack_from(buf, pos + CRC_OFFSET)[0]
+    return crc32c(memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + size]) == stored
+
+
+class BatchSpan(NamedTuple):
+    """Where one validated batch sits in a buffer, and what it holds."""
+
+    pos: int
+    size: int
+    count: int  # offsets it takes: last_offset_delta + 1
+    max_timestamp: int
+
+
+def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
+    """Check a producer's concatenated batches; return one span per batch.
+
+    Per-batch work only: header fields and one C-speed CRC over the batch.  Raises
+    ``CorruptRecord`` (bad framing, magic, CRC, counts, codec) or ``ValueError`` carrying the
+    offending size when a batch exceeds ``max_batch_bytes`` (the caller maps it to
+    ``MessageTooLarge``).  An empty buffer is corrupt: a produce carries at least one batch.
+    """
+    spans: list[BatchSpan] = []
+    pos, end = 0, len(buf)
+    if end == 0:
+        raise CorruptRecord("no record batch in produce data")
+    while pos < end:
+        h = parse_header(buf, pos)
+        size = h.size
+        if pos + size > end:
+            raise CorruptRecord(f"batch at byte {pos} declares {size} bytes, {end - pos} present")
+        if size > max_batch_bytes:
+            raise BatchTooLarge(size)
+        if h.records_count < 1 or h.last_offset_delta != h.records_count - 1:
+            raise CorruptRecord(
+                f"batch at byte {pos}: {h.records_count} records but last offset delta "
+                f"{h.last_offset_delta}"
+            )
+        if h.compression not in (NO_COMPRESSION, LZ4, ZSTD):
+            raise CorruptRecord(f"unsupported compression codec {h.compression}")
+        if h.attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):
+            raise CorruptRecord("transactional and control batches are not accepted yet")
+        if not batch_crc_ok(buf, pos, size):
+            raise CorruptRecord(f"batch at byte {pos}: CRC-32C mismatch")
+        spans.append(BatchSpan(pos, size, h.records_count, h.max_timestamp))
+        pos += size
+    return spans
+
+
+class BatchTooLarge(ValueError):
+    """A batch above the topic's max message bytes; ``size`` is its size."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def assign_offsets(
+    buf: bytearray | memoryview,
+    spans: Sequence[BatchSpan],
+    base_offset: int,
+    leader_epoch: int,
+    append_time: int | None,
+) -> int:
+    """Patch offsets (and the append time) into validated batches, in place; return next offset.
+
+    With ``append_time`` set, each batch becomes log-append-time: the timestamp-type bit is
+    set, max_timestamp is the append time and the CRC is recomputed (one C call per batch).
+    """
+    offset = base_offset
+    for span in spans:
+        pos = span.pos
+        _BASE_OFFSET.pack_into(buf, pos, offset)
+        _I32.pack_into(buf, pos + 12, leader_epoch)
+        if append_time is not None:
+            attrs = _H16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)[0] | TIMESTAMP_TYPE_BIT
+            _H16.pack_into(buf, pos + ATTRIBUTES_OFFSET, attrs)
+            _I64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, append_time)
+            crc = crc32c(memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + span.size])
+            _U32.pack_into(buf, pos + CRC_OFFSET, crc)
+        offset += span.count
+    return offset
+
+
+# --------------------------------------------------------------------------- varints
+
+_VARINT_TABLE_SIZE = 1 << 15
+
+
+def _encode_uvarint(u: int) -> bytes:
+    out = bytearray()
+    while u >= 0x80:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+    return bytes(out)
+
+
+def encode_varint(n: int) -> bytes:
+    """Zig-zag varint of a signed 64-bit integer."""
+    if 0 <= n < _VARINT_TABLE_SIZE:
+        return _ZZ[n]
+    return _encode_uvarint((n << 1) ^ (n >> 63))
+
+
+# _ZZ[n] is the zig-zag varint of the non-negative n: lookups replace arithmetic per record.
+_ZZ: list[bytes] = [_encode_uvarint(n << 1) for n in range(_VARINT_TABLE_SIZE)]
+_NULL = b"\x01"  # zig-zag varint of -1
+# Prefix shared by keyless records: attributes 0, timestamp delta 0, offset delta i, key -1.
+_KEYLESS_HEAD = [b"\x00\x00" + _ZZ[i] + _NULL for i in range(_VARINT_TABLE_SIZE)]
+
+
+def _zz(n: int) -> bytes:
+    return _ZZ[n] if 0 <= n < _VARINT_TABLE_SIZE else encode_varint(n)
+
+
+def decode_varint(buf, pos: int) -> tuple[int, int]:
+    """Decode the zig-zag varint at ``buf[pos]``; return (value, next position)."""
+    shift = result = 0
+    while True:
+        try:
+            b = buf[pos]
+        except IndexError:
+            raise CorruptRecord("truncated varint") from None
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise CorruptRecord("varint longer than 10 bytes")
+
+
+# --------------------------------------------------------------------------- building
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+def encode_record(
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers | None = None,
+) -> bytes:
+    """One record, length-prefixed, ready to concatenate into a batch body."""
+    parts = [b"\x00", _zz(timestamp_delta), _zz(offset_delta)]
+    if key is None:
+        parts.append(_NULL)
+    else:
+        parts += (_zz(len(key)), key)
+    if value is None:
+        parts.append(_NULL)
+    else:
+        parts += (_zz(len(value)), value)
+    if headers:
+        parts.append(_zz(len(headers)))
+        for hk, hv in headers:
+            kb = hk.encode()
+            parts += (_zz(len(kb)), kb)
+            if hv is None:
+                parts.append(_NULL)
+            else:
+                parts += (_zz(len(hv)), hv)
+    else:
+        parts.append(b"\x00")
+    body = b"".join(parts)
+    return _zz(len(body)) + body
+
+
+def encode_keyless_records(values: Sequence[bytes], first_delta: int = 0) -> bytes:
+    """Bodies of keyless, header-less records with timestamp delta 0, concatenated.
+
+    The bulk path: a few list lookups and one join per record, no per-record calls.
+    """
+    zz, head = _ZZ, _KEYLESS_HEAD
+    parts: list[bytes] = []
+    extend = parts.extend
+    if first_delta + len(values) > _VARINT_TABLE_SIZE:
+        raise ValueError("too many records for one keyless batch")
+    for i, v in enumerate(values, first_delta):
+        vlen = len(v)
+        vl = zz[vlen] if vlen < _VARINT_TABLE_SIZE else encode_varint(vlen)
+        h = head[i]
+        extend((zz[len(h) + len(vl) + vlen + 1], h, vl, v, b"\x00"))
+    return b"".join(parts)
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    if codec == NO_COMPRESSION:
+        return data
+    if codec == LZ4:
+        import lz4.frame
+
+        return lz4.frame.compress(data)
+    if codec == ZSTD:
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(data)
+    raise ProtocolError(f"unsupported compression codec {codec}")
+
+
+def decompress(codec: int, data) -> bytes:
+    try:
+        if codec == LZ4:
+            import lz4.frame
+
+            return lz4.frame.decompress(data)
+        if codec == ZSTD:
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompressobj().decompress(bytes(data))
+    except Exception as exc:  # the codecs raise their own error types
+        raise CorruptRecord(f"cannot decompress batch: {exc}") from exc
+    raise CorruptRecord(f"unsupported compression codec {codec}")
+
+
+def build_batch(
+    records: bytes,
+    count: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    codec: int = NO_COMPRESSION,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    """Wrap concatenated record bodies into one batch with base offset 0 and a fresh CRC."""
+    body = compress(codec, records) if codec else records
+    tail = (
+        struct.pack(
+            ">hiqqqhii",
+            codec,
+            count - 1,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            count,
+        )
+        + body
+    )
+    crc = crc32c(tail)
+    return struct.pack(">qiibI", 0, len(tail) + 9, -1, MAGIC, crc) + tail
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """One consumed message."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+def iter_batches(buf, check_crc: bool = True) -> Iterator[tuple[BatchHeader, int]]:
+    """Yield (header, position) of each whole batch in ``buf``; a partial tail is skipped.
+
+    A fetch may end with a partial batch (a size cap cut it); that is normal and ignored.
+    """
+    pos, end = 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        h = parse_header(buf, pos)
+        if pos + h.size > end:
+            return
+        if check_crc and not batch_crc_ok(buf, pos, h.size):
+            raise CorruptRecord(f"batch at offset {h.base_offset}: CRC-32C mismatch")
+        yield h, pos
+        pos += h.size
+
+
+def decode_records(
+    buf,
+    topic: str,
+    partition: int,
+    min_offset: int = 0,
+    check_crc: bool = True,
+) -> list[Record]:
+    """Decode every record of every whole batch in ``buf`` with offset ≥ ``min_offset``."""
+    out: list[Record] = []
+    mv = memoryview(buf)
+    for h, pos in iter_batches(mv, check_crc):
+        if h.next_offset <= min_offset or h.attributes & CONTROL_BIT:
+            continue
+        body = mv[pos + HEADER_SIZE : pos + h.size]
+        if h.compression:
+            body = decompress(h.compression, body)
+        _decode_body(bytes(body), h, topic, partition, min_offset, out)
+    return out
+
+
+def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
+    """Decode the records of one batch body into ``out``.
+
+    Single-byte varints (the common case) are decoded inline; longer ones call decode_varint.
+    """
+    pos, end = 0, len(body)
+    base_offset, base_ts = h.base_offset, h.base_timestamp
+    append_ts = h.max_timestamp if h.log_append_time else None
+    dv = decode_varint
+    append = out.append
+    try:
+        for _ in range(h.records_count):
+            b = body[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                length, pos = dv(body, pos)
+            rec_end = pos + length
+            if length < 0 or rec_end > end:
+                raise CorruptRecord("record length runs past its batch")
+            pos += 1  # attributes
+            b = body[pos]
+            if b < 0x80:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                ts_delta, pos = dv(body, pos)
+            b = body[pos]
+            if b < 0x80:
+                off_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                off_delta, pos = dv(body, pos)
+            b = body[pos]
+            if b == 1:
+                key = None
+                pos += 1
+            else:
+                klen, pos = dv(body, pos)
+                if klen < 0:
+                    raise CorruptRecord(f"bad key length {klen}")
+                key = body[pos : pos + klen]
+                pos += klen
+            b = body[pos]
+            if b == 1:
+                value = None
+                pos += 1
+            else:
+                if b < 0x80:
+                    vlen = (b >> 1) ^ -(b & 1)
+                    pos += 1
+                else:
+                    vlen, pos = dv(body, pos)
+                if vlen < 0:
+                    raise CorruptRecord(f"bad value length {vlen}")
+                value = body[pos : pos + vlen]
+                pos += vlen
+            b = body[pos]
+            if b == 0:
+                headers = ()
+            else:
+                headers, pos = _decode_headers(body, pos)
+            pos = rec_end
+            offset = base_offset + off_delta
+            if offset < min_offset:
+                continue
+            append(
+                Record(
+                    topic,
+                    partition,
+                    offset,
+                    append_ts if append_ts is not None else base_ts + ts_delta,
+                    key,
+                    value,
+                    headers,
+                )
+            )
+    except IndexError:
+        raise CorruptRecord("record runs past its batch") from None
+    if pos != end:
+        raise CorruptRecord(f"{end - pos} stray bytes after the last record of a batch")
+
+
+def _decode_headers(body: bytes, pos: int) -> tuple[tuple, int]:
+    count, pos = decode_varint(body, pos)
+    if count < 0 or count > len(body):
+        raise CorruptRecord(f"bad header count {count}")
+    headers = []
+    for _ in range(count):
+        klen, pos = decode_varint(body, pos)
+        if klen < 0:
+            raise CorruptRecord("null header key")
+        try:
+            key = body[pos : pos + klen].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptRecord("header key is not UTF-8") from exc
+        pos += klen
+        vlen, pos = decode_varint(body, pos)
+        if vlen < 0:
+            value = None
+        else:
+            value = body[pos : pos + vlen]
+            pos += vlen
+        headers.append((key, value))
+    return tuple(headers), pos
