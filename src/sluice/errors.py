@@ -32,7 +32,8 @@
         ├── BrokerShuttingDown           code 17  retriable
         ├── InvalidGroup                 code 18
         ├── NotLeader                    code 19  retriable: metadata is stale
-        └── TopicBeingDeleted            code 20  retriable
+        ├── TopicBeingDeleted            code 20  retriable
+        └── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
 
 Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
@@ -218,6 +219,11 @@ class NotLeader(BrokerError):
 
 @_code(20, "TOPIC_BEING_DELETED", retriable=True)
 class TopicBeingDeleted(BrokerError):
+    pass
+
+
+@_code(21, "INVALID_RECORD")
+class InvalidRecord(BrokerError):
     pass
 
 

@@ -1,0 +1,451 @@
+"""Broker: topics and their partitions, and one handler per API.
+
+Handlers take a decoded request struct and the frame's attachments and return the response
+struct plus the attachments to send (or None for a produce with ``acks=none``).  They raise
+``BrokerError`` for request-level failures; per-partition failures go into the response.
+The server connection (server/connection.py) owns bytes and sockets; this module owns none.
+
+Data directory::
+
+    <data>/meta/topics.json        topic definitions (cluster/embedded.py)
+    <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
+    <data>/groups/<group>.json     committed offsets (broker/groups.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.broker.groups import GroupOffsets, check_group_name
+from sluice.broker.partition import Partition
+from sluice.cluster.embedded import EmbeddedMetadata, TopicRecord
+from sluice.config import ServerConfig, TopicConfig, check_partitions, check_topic_name
+from sluice.errors import (
+    BrokerError,
+    CorruptRecord,
+    InvalidRequest,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    InvalidRecord,
+    RequestTimedOut,
+    TopicAlreadyExists,
+    UnknownPartition,
+    UnknownTopic,
+    storage_error_from_os,
+)
+from sluice.protocol import messages as m
+from sluice.protocol.records import BatchTooLarge, validate_batches
+from sluice.storage.log import OutOfRange, PartitionLog
+
+log = logging.getLogger("sluice.broker")
+
+
+@dataclass
+class Topic:
+    name: str
+    config: TopicConfig
+    overrides: dict[str, str]
+    partitions: list[Partition]
+    internal: bool = False
+
+
+def _err(exc: BrokerError) -> dict:
+    return {"error": exc.code, "message": exc.message}
+
+
+class Broker:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.defaults = TopicConfig.parse(config.topic_defaults)
+        self.topics: dict[str, Topic] = {}
+        self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")
+        self.read_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-read")
+        self.metadata: EmbeddedMetadata | None = None
+        self.groups: GroupOffsets | None = None
+        self.host, self.port = config.host, config.port
+        self._retention_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Load topic definitions and open (recover) every partition log."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        self.metadata = EmbeddedMetadata(self.data_dir, self.config.node_id)
+        self.groups = GroupOffsets(self.data_dir, self.write_executor)
+        for record in self.metadata.topics.values():
+            await self._open_topic(record)
+        self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
+
+    async def close(self) -> None:
+        """Finish queued writes, fsync and close every partition."""
+        if self._retention_task:
+            self._retention_task.cancel()
+        for topic in self.topics.values():
+            for p in topic.partitions:
+                await p.close()
+        self.write_executor.shutdown(wait=True)
+        self.read_executor.shutdown(wait=True)
+
+    def _log_dir(self, topic: str, index: int) -> Path:
+        return self.data_dir / "logs" / f"{topic}-{index}"
+
+    async def _open_topic(self, record: TopicRecord) -> Topic:
+        config = TopicConfig.parse(record.config, self.defaults)
+        loop = asyncio.get_running_loop()
+        partitions = []
+        for i in range(record.partitions):
+            plog = await loop.run_in_executor(
+                self.write_executor, PartitionLog.open, self._log_dir(record.name, i), config.log_config
+            )
+            for cut in plog.cuts:
+                log.warning(
+                    "partition %s-%d recovered: cut %d bytes at position %d of %s (%s)",
+                    record.name, i, cut.dropped_bytes, cut.position, cut.segment.name, cut.reason,
+                )
+            partitions.append(
+                Partition(record.name, i, plog, config, self.write_executor, self.read_executor)
+            )
+        topic = Topic(record.name, config, dict(record.config), partitions, record.internal)
+        self.topics[record.name] = topic
+        return topic
+
+    async def _retention_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.retention_check_ms / 1000)
+            await self.enforce_retention(loop)
+
+    async def enforce_retention(self, loop=None) -> int:
+        """Delete segments past retention; returns how many were deleted."""
+        loop = loop or asyncio.get_running_loop()
+        now = int(time.time() * 1000)
+        deleted = 0
+        for topic in list(self.topics.values()):
+            for p in topic.partitions:
+                for seg in p.take_expired(now):
+                    await loop.run_in_executor(self.write_executor, seg.delete)
+                    deleted += 1
+        return deleted
+
+    # ------------------------------------------------------------------ lookups
+
+    def topic(self, name: str) -> Topic:
+        t = self.topics.get(name)
+        if t is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        return t
+
+    def partition(self, topic: str, index: int) -> Partition:
+        t = self.topic(topic)
+        if not 0 <= index < len(t.partitions):
+            raise UnknownPartition(f"topic {topic!r} has partitions 0-{len(t.partitions) - 1}, not {index}")
+        return t.partitions[index]
+
+    # ------------------------------------------------------------------ handlers: admin
+
+    async def api_versions(self, req: m.ApiVersionsRequest, _att):
+        return m.ApiVersionsResponse(apis=m.supported_versions()), ()
+
+    async def metadata_(self, req: m.MetadataRequest, _att):
+        names = sorted(self.topics) if req.topics is None else req.topics
+        node = self.config.node_id
+        topics = []
+        for name in names:
+            t = self.topics.get(name)
+            if t is None:
+                topics.append(m.TopicMetadata(name=name, **_err(UnknownTopic(f"topic {name!r} does not exist"))))
+                continue
+            topics.append(
+                m.TopicMetadata(
+                    name=name,
+                    partitions=[
+                        m.PartitionMetadata(partition=i, leader=node, replicas=[node], isr=[node])
+                        for i in range(len(t.partitions))
+                    ],
+                    max_message_bytes=t.config.max_message_bytes,
+                    internal=t.internal,
+                )
+            )
+        brokers = [m.BrokerInfo(node_id=node, host=self.host, port=self.port)]
+        return m.MetadataResponse(brokers=brokers, controller_id=node, topics=topics), ()
+
+    async def create_topics(self, req: m.CreateTopicsRequest, _att):
+        results = []
+        for new in req.topics:
+            try:
+                await self._create_topic(new, req.validate_only)
+                results.append(m.TopicResult(name=new.name))
+            except BrokerError as exc:
+                results.append(m.TopicResult(name=new.name, **_err(exc)))
+        return m.CreateTopicsResponse(topics=results), ()
+
+    async def _create_topic(self, new: m.NewTopic, validate_only: bool) -> None:
+        check_topic_name(new.name)
+        check_partitions(new.partitions)
+        TopicConfig.parse(new.config, self.defaults)
+        if new.name in self.topics:
+            raise TopicAlreadyExists(f"topic {new.name!r} already exists")
+        if validate_only:
+            return
+        record = TopicRecord(new.name, new.partitions, dict(new.config))
+        try:
+            for i in range(new.partitions):
+                stale = self._log_dir(new.name, i)
+                if stale.exists():  # left over from a crash during an earlier create/delete
+                    shutil.rmtree(stale)
+            self.metadata.put_topic(record)
+            await self._open_topic(record)
+        except OSError as exc:
+            raise storage_error_from_os(exc, f"create topic {new.name!r}") from exc
+        log.info("created topic %s with %d partitions", new.name, new.partitions)
+
+    async def delete_topics(self, req: m.DeleteTopicsRequest, _att):
+        results = []
+        for name in req.names:
+            try:
+                await self._delete_topic(name)
+                results.append(m.TopicResult(name=name))
+            except BrokerError as exc:
+                results.append(m.TopicResult(name=name, **_err(exc)))
+        return m.DeleteTopicsResponse(topics=results), ()
+
+    async def _delete_topic(self, name: str) -> None:
+        topic = self.topic(name)
+        try:
+            self.metadata.delete_topic(name)
+        except OSError as exc:
+            raise storage_error_from_os(exc, f"delete topic {name!r}") from exc
+        del self.topics[name]
+        self.groups.forget_topic(name)
+        trash = []
+        for p in topic.partitions:
+            await p.abort()
+            src = self._log_dir(name, p.index)
+            dst = src.with_name(f".{src.name}.{uuid.uuid4().hex}.deleted")
+            os.replace(src, dst)
+            trash.append(dst)
+        loop = asyncio.get_running_loop()
+        for d in trash:
+            loop.run_in_executor(self.write_executor, shutil.rmtree, d, True)
+        log.info("deleted topic %s", name)
+
+    async def describe_topics(self, req: m.DescribeTopicsRequest, _att):
+        names = sorted(self.topics) if req.names is None else req.names
+        out = []
+        for name in names:
+            t = self.topics.get(name)
+            if t is None:
+                out.append(m.TopicDescription(name=name, **_err(UnknownTopic(f"topic {name!r} does not exist"))))
+                continue
+            out.append(
+                m.TopicDescription(
+                    name=name,
+                    config=t.config.to_strings(),
+                    partitions=[
+                        m.PartitionDescription(
+                            partition=p.index,
+                            leader=self.config.node_id,
+                            log_start_offset=p.log_start_offset,
+                            high_watermark=p.high_watermark,
+                            size_bytes=p.log.size_bytes,
+                            segments=len(p.log.segments),
+                        )
+                        for p in t.partitions
+                    ],
+                )
+            )
+        return m.DescribeTopicsResponse(topics=out), ()
+
+    # ------------------------------------------------------------------ handlers: data
+
+    async def produce(self, req: m.ProduceRequest, att: memoryview):
+        """Validate each partition's batches, queue them on its writer, await the acks."""
+        total = sum(p.size for p in req.partitions)
+        if total != len(att) or any(p.size < 0 for p in req.partitions):
+            raise InvalidRequest(f"partition sizes add up to {total}, attachments hold {len(att)} bytes")
+        results: list[m.ProducePartitionResult | None] = []
+        pending: list[tuple[int, asyncio.Future]] = []
+        pos = 0
+        for p in req.partitions:
+            chunk = att[pos : pos + p.size]
+            pos += p.size
+            try:
+                part = self.partition(p.topic, p.partition)
+                max_bytes = part.config.max_message_bytes
+                try:
+                    spans = validate_batches(chunk, max_bytes)
+                except BatchTooLarge as exc:
+                    raise MessageTooLarge(
+                        f"batch of {exc.size} bytes exceeds max.message.bytes={max_bytes} of topic {p.topic!r}"
+                    ) from None
+                except CorruptRecord as exc:
+                    raise InvalidRecord(str(exc)) from None
+            except BrokerError as exc:
+                results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **_err(exc)))
+                continue
+            pending.append((len(results), part.append(chunk, spans)))
+            results.append(None)
+        if req.acks == m.ACKS_NONE:
+            for _, fut in pending:
+                fut.add_done_callback(_consume_exception)
+            return None
+        if pending:
+            await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
+        for i, fut in pending:
+            p = req.partitions[i]
+            part = self.topics.get(p.topic)
+            if not fut.done():
+                fut.add_done_callback(_consume_exception)
+                late = RequestTimedOut(f"write not completed within {req.timeout_ms} ms")
+                results[i] = m.ProducePartitionResult(topic=p.topic, partition=p.partition, **_err(late))
+            elif fut.exception() is not None:
+                results[i] = m.ProducePartitionResult(topic=p.topic, partition=p.partition, **_err(fut.exception()))
+            else:
+                r = fut.result()
+                start = part.partitions[p.partition].log_start_offset if part else -1
+                results[i] = m.ProducePartitionResult(
+                    topic=p.topic, partition=p.partition, base_offset=r.base_offset,
+                    log_append_time=r.append_time, log_start_offset=start,
+                )
+        return m.ProduceResponse(partitions=results), ()
+
+    async def fetch(self, req: m.FetchRequest, _att):
+        """Long poll: answer once ``min_bytes`` are there or ``max_wait_ms`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
+        while True:
+            results, blobs, size = await self._fetch_once(req)
+            remaining = deadline - loop.time()
+            if size >= req.min_bytes or remaining <= 0 or any(r.error for r in results):
+                return m.FetchResponse(partitions=results), blobs
+            woken = loop.create_future()
+
+            def wake(fut=woken):
+                if not fut.done():
+                    fut.set_result(None)
+
+            parts = [self.partition(fp.topic, fp.partition) for fp in req.partitions]
+            for part in parts:
+                part.add_waiter(wake)
+            try:
+                await asyncio.wait_for(woken, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                for part in parts:
+                    part.remove_waiter(wake)
+
+    async def _fetch_once(self, req: m.FetchRequest):
+        results, blobs, size = [], [], 0
+        budget = req.max_bytes
+        for fp in req.partitions:
+            try:
+                part = self.partition(fp.topic, fp.partition)
+                limit = min(fp.max_bytes, budget) if size else fp.max_bytes
+                try:
+                    res = await part.read(fp.offset, max(limit, 1))
+                except OutOfRange:
+                    raise OffsetOutOfRange(
+                        f"offset {fp.offset} of {fp.topic}-{fp.partition} is outside "
+                        f"[{part.log_start_offset}, {part.high_watermark}]"
+                    ) from None
+                except OSError as exc:
+                    raise storage_error_from_os(exc, f"read {fp.topic}-{fp.partition}") from exc
+            except BrokerError as exc:
+                results.append(m.FetchPartitionResult(topic=fp.topic, partition=fp.partition, **_err(exc)))
+                continue
+            data = res.data
+            results.append(
+                m.FetchPartitionResult(
+                    topic=fp.topic, partition=fp.partition, high_watermark=res.high_watermark,
+                    log_start_offset=res.log_start_offset, size=len(data),
+                )
+            )
+            if data:
+                blobs.append(data)
+            size += len(data)
+            budget -= len(data)
+        return results, blobs, size
+
+    async def list_offsets(self, req: m.ListOffsetsRequest, _att):
+        out = []
+        for lp in req.partitions:
+            try:
+                part = self.partition(lp.topic, lp.partition)
+                ts = -1
+                if lp.timestamp == m.EARLIEST:
+                    offset = part.log_start_offset
+                elif lp.timestamp == m.LATEST:
+                    offset = part.high_watermark
+                elif lp.timestamp < 0:
+                    raise InvalidRequest(f"bad timestamp {lp.timestamp}: use -1, -2 or ms since the epoch")
+                else:
+                    found = await part.offset_for_time(lp.timestamp)
+                    offset = part.high_watermark if found is None else found
+                    ts = lp.timestamp if found is not None else -1
+                out.append(m.ListOffsetsResult(topic=lp.topic, partition=lp.partition, offset=offset, timestamp=ts))
+            except BrokerError as exc:
+                out.append(m.ListOffsetsResult(topic=lp.topic, partition=lp.partition, **_err(exc)))
+        return m.ListOffsetsResponse(partitions=out), ()
+
+    async def offset_commit(self, req: m.OffsetCommitRequest, _att):
+        check_group_name(req.group)
+        ok: dict = {}
+        results = []
+        for c in req.offsets:
+            try:
+                self.partition(c.topic, c.partition)
+                if c.offset < 0:
+                    raise InvalidRequest(f"cannot commit negative offset {c.offset}")
+                ok[(c.topic, c.partition)] = (c.offset, c.metadata)
+                results.append(m.PartitionError(topic=c.topic, partition=c.partition))
+            except BrokerError as exc:
+                results.append(m.PartitionError(topic=c.topic, partition=c.partition, **_err(exc)))
+        if ok:
+            try:
+                await self.groups.commit(req.group, ok)
+            except BrokerError as exc:
+                results = [
+                    r if r.error else m.PartitionError(topic=r.topic, partition=r.partition, **_err(exc))
+                    for r in results
+                ]
+        return m.OffsetCommitResponse(partitions=results), ()
+
+    async def offset_fetch(self, req: m.OffsetFetchRequest, _att):
+        committed = self.groups.get(req.group)
+        keys = committed.keys() if req.partitions is None else [(tp.topic, tp.partition) for tp in req.partitions]
+        out = []
+        for key in sorted(keys):
+            offset, meta = committed.get(key, (-1, ""))
+            out.append(m.FetchedOffset(topic=key[0], partition=key[1], offset=offset, metadata=meta))
+        return m.OffsetFetchResponse(offsets=out), ()
+
+    def handlers(self) -> dict:
+        """API key -> handler: the dispatch table of the server connection."""
+        return {
+            m.Api.API_VERSIONS: self.api_versions,
+            m.Api.METADATA: self.metadata_,
+            m.Api.CREATE_TOPICS: self.create_topics,
+            m.Api.DELETE_TOPICS: self.delete_topics,
+            m.Api.DESCRIBE_TOPICS: self.describe_topics,
+            m.Api.PRODUCE: self.produce,
+            m.Api.FETCH: self.fetch,
+            m.Api.LIST_OFFSETS: self.list_offsets,
+            m.Api.OFFSET_COMMIT: self.offset_commit,
+            m.Api.OFFSET_FETCH: self.offset_fetch,
+        }
+
+
+def _consume_exception(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -1,0 +1,170 @@
+"""Frozen settings: per-topic config and broker (server) config, with validation.
+
+Topic configs travel on the wire and in the metadata store as ``dict[str, str]`` with
+Kafka-style dotted keys (``retention.ms``); ``TopicConfig.parse`` turns them into a frozen
+dataclass or raises ``InvalidConfig`` naming the key and what is allowed.  Unknown keys are
+errors, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluice.errors import ConfigError, InvalidConfig, InvalidPartitions, InvalidTopicName
+from sluice.storage.log import LogConfig
+
+DAY_MS = 24 * 3600 * 1000
+MAX_PARTITIONS = 10_000
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
+    """Raise ``InvalidTopicName`` unless ``name`` is a legal topic name.
+
+    Legal: 1-249 characters from ``A-Z a-z 0-9 . _ -``, not ``.`` or ``..``; names starting
+    with ``__`` are reserved for internal topics.
+    """
+    if not isinstance(name, str) or not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise InvalidTopicName(
+            f"invalid topic name {name!r}: use 1-249 characters from A-Z a-z 0-9 . _ -"
+        )
+    if name.startswith("__") and not internal_ok:
+        raise InvalidTopicName(f"invalid topic name {name!r}: names starting with __ are reserved")
+
+
+def check_partitions(n) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_PARTITIONS:
+        raise InvalidPartitions(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {n!r}")
+
+
+@dataclass(frozen=True)
+class _Key:
+    attr: str
+    minimum: int
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """Per-topic settings. Defaults favour durability: every write is fsynced before its ack."""
+
+    retention_ms: int = 7 * DAY_MS
+    retention_bytes: int = -1
+    segment_bytes: int = 256 * 1024 * 1024
+    segment_ms: int = 7 * DAY_MS
+    max_message_bytes: int = 1024 * 1024
+    flush_messages: int = 1  # 1: fsync before every ack ("always"); N: every N; 0: by time only
+    flush_ms: int = 1000  # background fsync of unflushed data at least this often; 0: never
+    timestamp_type: str = "LogAppendTime"  # or "CreateTime"
+    index_interval_bytes: int = 4096
+
+    KEYS = {
+        "retention.ms": _Key("retention_ms", -1),
+        "retention.bytes": _Key("retention_bytes", -1),
+        "segment.bytes": _Key("segment_bytes", 1024, 1 << 31),
+        "segment.ms": _Key("segment_ms", 1),
+        "max.message.bytes": _Key("max_message_bytes", 64, 64 * 1024 * 1024),
+        "flush.messages": _Key("flush_messages", 0),
+        "flush.ms": _Key("flush_ms", 0),
+        "timestamp.type": _Key("timestamp_type", 0, choices=("LogAppendTime", "CreateTime")),
+        "index.interval.bytes": _Key("index_interval_bytes", 64, 1 << 24),
+    }
+
+    @classmethod
+    def parse(cls, raw: dict[str, str], base: TopicConfig | None = None) -> TopicConfig:
+        """Validate string settings over ``base`` (defaults). ``InvalidConfig`` on any bad one."""
+        changes = {}
+        for key, value in raw.items():
+            spec = cls.KEYS.get(key)
+            if spec is None:
+                raise InvalidConfig(
+                    f"unknown topic config {key!r}; known: {', '.join(sorted(cls.KEYS))}"
+                )
+            if spec.choices:
+                if value not in spec.choices:
+                    raise InvalidConfig(f"{key} must be one of {', '.join(spec.choices)}, got {value!r}")
+                changes[spec.attr] = value
+                continue
+            try:
+                n = int(str(value).strip())
+            except ValueError:
+                raise InvalidConfig(f"{key} must be an integer, got {value!r}") from None
+            if n < spec.minimum or (spec.maximum is not None and n > spec.maximum):
+                hi = f" and at most {spec.maximum}" if spec.maximum is not None else ""
+                raise InvalidConfig(f"{key} must be at least {spec.minimum}{hi}, got {n}")
+            changes[spec.attr] = n
+        return dataclasses.replace(base or cls(), **changes)
+
+    def to_strings(self) -> dict[str, str]:
+        return {key: str(getattr(self, spec.attr)) for key, spec in self.KEYS.items()}
+
+    @property
+    def flush_policy(self) -> str:
+        """Human summary: ``always``, ``every N messages``, ``every T ms``, or both."""
+        if self.flush_messages == 1:
+            return "always"
+        parts = []
+        if self.flush_messages > 1:
+            parts.append(f"every {self.flush_messages} messages")
+        if self.flush_ms > 0:
+            parts.append(f"every {self.flush_ms} ms")
+        return " or ".join(parts) or "never (page cache only)"
+
+    @property
+    def log_config(self) -> LogConfig:
+        return LogConfig(
+            segment_bytes=self.segment_bytes,
+            segment_ms=self.segment_ms,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.retention_bytes,
+            index_interval_bytes=self.index_interval_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Broker settings. ``from_env`` reads ``SLUICE_*`` variables over the defaults."""
+
+    data_dir: Path = Path("data")
+    host: str = "127.0.0.1"
+    port: int = 7400
+    node_id: int = 0
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_connections: int = 1024
+    max_in_flight_per_connection: int = 256
+    io_threads: int = 4
+    retention_check_ms: int = 30_000
+    default_partitions: int = 1
+    topic_defaults: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0-65535, got {self.port}")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError("max_frame_bytes must be at least 1024")
+        if self.max_connections < 1 or self.max_in_flight_per_connection < 1 or self.io_threads < 1:
+            raise ConfigError("max_connections, max_in_flight_per_connection and io_threads must be ≥ 1")
+        try:
+            TopicConfig.parse(self.topic_defaults)
+        except InvalidConfig as exc:
+            raise ConfigError(f"bad topic default: {exc.message}") from exc
+
+    @classmethod
+    def from_env(cls, **overrides) -> ServerConfig:
+        env = {}
+        for f in dataclasses.fields(cls):
+            raw = os.environ.get(f"SLUICE_{f.name.upper()}")
+            if raw is None or f.name == "topic_defaults":
+                continue
+            try:
+                env[f.name] = Path(raw) if f.name == "data_dir" else (raw if f.type == "str" else int(raw))
+            except ValueError:
+                raise ConfigError(f"SLUICE_{f.name.upper()} must be an integer, got {raw!r}") from None
+        env.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**env)

@@ -1,0 +1,200 @@
+"""One client connection: bytes <-> protocol events <-> broker handlers.
+
+The only server module that touches a transport.  Requests are handled concurrently (one
+task per request, never per record) and answered as they complete; correlation ids let the
+client match them.  Bad input is answered, then the connection is closed:
+
+- bad handshake magic or no common version: a server handshake with the error code;
+- a frame over the cap, a malformed frame, a request that is not a request: a response frame
+  with correlation 0 and API 0xFFFF carrying the error;
+- an unknown API key or version, an undecodable header: a response with the request's
+  correlation id carrying UNSUPPORTED_VERSION / INVALID_REQUEST.
+
+Nothing a client sends can crash the broker: handler bugs are logged and answered with
+UNKNOWN_SERVER_ERROR on that request only.
+
+Flow control: at most ``max_in_flight`` requests are handled at once per connection; past
+that, and while the transport's write buffer is full, the connection stops reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sluice.errors import (
+    BrokerError,
+    BrokerShuttingDown,
+    InvalidRequest,
+    ProtocolError,
+    TooManyConnections,
+    UnknownServerError,
+    UnsupportedVersion,
+)
+from sluice.protocol import frames
+from sluice.protocol import messages as m
+
+log = logging.getLogger("sluice.server")
+
+CONNECTION_ERROR_API = 0xFFFF
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server) -> None:
+        self.server = server
+        self.handlers = server.handlers
+        self.reader = frames.FrameReader(server.config.max_frame_bytes, handshake=True)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.version: int | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.max_in_flight = server.config.max_in_flight_per_connection
+        self._reading_paused = False
+        self._writing_paused = False
+        self._closing = False
+
+    # ------------------------------------------------------------------ transport callbacks
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self.server.register(self):
+            err = TooManyConnections(f"the broker already has {self.server.config.max_connections} connections")
+            transport.write(frames.encode_server_handshake(0, err.code))
+            self._close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.server.unregister(self)
+        for task in self.tasks:
+            task.cancel()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            events = self.reader.feed(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        for event in events:
+            if isinstance(event, frames.Frame):
+                self._on_frame(event)
+            else:
+                self._on_handshake(event)
+            if self._closing:
+                return
+
+    def eof_received(self) -> bool:
+        return False  # close our side too once the client is done sending
+
+    # ------------------------------------------------------------------ protocol
+
+    def _on_handshake(self, hs: frames.Handshake) -> None:
+        version = frames.negotiate(hs.first, hs.second)
+        if version is None:
+            log.info("%s: no common protocol version in [%d, %d]", self.peer, hs.first, hs.second)
+            self.transport.write(frames.encode_server_handshake(0, UnsupportedVersion.code))
+            self._close()
+            return
+        self.version = version
+        self.transport.write(frames.encode_server_handshake(version, 0))
+
+    def _on_frame(self, frame: frames.Frame) -> None:
+        if frame.kind != frames.REQUEST:
+            self._fail(ProtocolError(f"expected a request frame, got kind {frame.kind}"))
+            return
+        try:
+            req_type, _ = m.types_for(frame.api, frame.version)
+            handler = self.handlers[frame.api]
+            request = m.decode(frame.header, req_type)
+        except BrokerError as exc:
+            log.info("%s: %s; closing", self.peer, exc)
+            self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
+            self._close()
+            return
+        if self.server.stopping:
+            exc = BrokerShuttingDown("the broker is shutting down")
+            self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
+            return
+        task = asyncio.ensure_future(self._handle(frame, handler, request))
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        self._update_reading()
+
+    async def _handle(self, frame: frames.Frame, handler, request) -> None:
+        try:
+            result = await handler(request, frame.attachments)
+        except BrokerError as exc:
+            self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: answer this request, keep the broker up
+            log.exception("%s: handler for API %d failed", self.peer, frame.api)
+            err = UnknownServerError(f"{type(exc).__name__}: {exc}")
+            self._respond(frame, m.Response(error=err.code, message=err.message), ())
+            return
+        if result is not None:
+            response, attachments = result
+            self._respond(frame, response, attachments)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self._update_reading()
+
+    def _respond(self, frame: frames.Frame, response: m.Response, attachments) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        header = m.encode(response)
+        self.transport.writelines(
+            frames.encode_frame(
+                frames.RESPONSE, frame.api, frame.version, frame.correlation, header, attachments
+            )
+        )
+
+    def _fail(self, exc: ProtocolError) -> None:
+        """Answer a broken stream with one last error frame, then close."""
+        log.info("%s: protocol error: %s; closing", self.peer, exc)
+        err = InvalidRequest(str(exc))
+        if self.version is None:
+            self.transport.write(frames.encode_server_handshake(0, err.code))
+        else:
+            header = m.encode(m.Response(error=err.code, message=err.message))
+            self.transport.writelines(
+                frames.encode_frame(frames.RESPONSE, CONNECTION_ERROR_API, 0, 0, header)
+            )
+        self._close()
+
+    # ------------------------------------------------------------------ flow control
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self._closing:
+            return
+        should_pause = self._writing_paused or len(self.tasks) >= self.max_in_flight
+        if should_pause and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        elif not should_pause and self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()  # flushes what was written first
+
+    async def drain_and_close(self, grace: float) -> None:
+        """Let in-flight requests finish (up to ``grace`` seconds), then close."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=grace)
+        self._close()

@@ -1,0 +1,313 @@
+"""Segment: one ``<20-digit base offset>.log`` file of whole record batches, with its indexes.
+
+A segment is appended to by one writer (the partition's writer task) and read by any thread.
+Bytes up to ``size`` are whole, written batches; ``size`` only grows on the event loop after
+a write returned, so a reader that takes ``size`` first never sees a half-written batch.
+
+Concurrency contract:
+
+- ``write`` / ``flush`` / ``save_indexes`` run in a worker thread, one at a time per segment
+  (the writer task guarantees it); ``appended`` then runs on the event loop.
+- ``read`` / ``locate`` / ``find_time`` may run in any thread at any time: they use ``pread``
+  on the one file descriptor and never read past the ``size`` they were given.
+- ``recover`` / ``truncate_to`` run when nobody else touches the segment.
+
+The file stays open as long as the object lives, so a reader holding a segment that retention
+has just unlinked still reads valid bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.protocol.records import HEADER_SIZE, BatchHeader, batch_crc_ok, parse_header
+from sluice.storage.checkpoint import write_atomic
+from sluice.storage.index import OffsetIndex, TimeIndex
+
+log = logging.getLogger("sluice.storage")
+
+_SCAN_CHUNK = 1 << 20
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A torn or corrupt tail that recovery removed (kept aside in ``quarantine``)."""
+
+    segment: Path
+    position: int
+    dropped_bytes: int
+    reason: str
+    quarantine: Path | None
+
+
+class Segment:
+    def __init__(self, directory: Path, base_offset: int, index_interval: int = 4096) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval = index_interval
+        stem = segment_name(base_offset)
+        self.path = directory / f"{stem}.log"
+        self.index_path = directory / f"{stem}.index"
+        self.timeindex_path = directory / f"{stem}.timeindex"
+        self.index = OffsetIndex(base_offset)
+        self.timeindex = TimeIndex(base_offset)
+        self.size = 0
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self.created_ms = int(time.time() * 1000)
+        self._since_index = 0
+        self._file = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, index_interval: int = 4096) -> Segment:
+        seg = cls(directory, base_offset, index_interval)
+        seg._file = open(seg.path, "x+b", buffering=0)  # noqa: SIM115 - lives with the segment
+        return seg
+
+    @classmethod
+    def open(
+        cls, directory: Path, base_offset: int, *, verify: bool, index_interval: int = 4096
+    ) -> tuple[Segment, Cut | None]:
+        """Open an existing segment.
+
+        With ``verify`` every batch's header and CRC is checked and a bad tail is cut (the cut
+        bytes are kept in ``<name>.log.<position>.bad``); indexes are rebuilt.  Without it the
+        saved indexes are loaded, or rebuilt from batch headers when missing or invalid.
+        """
+        seg = cls(directory, base_offset, index_interval)
+        seg._file = open(seg.path, "r+b", buffering=0)  # noqa: SIM115
+        seg.created_ms = int(os.stat(seg.path).st_mtime * 1000)
+        if verify:
+            return seg, seg._recover(verify_crc=True)
+        if not seg._load_indexes():
+            cut = seg._recover(verify_crc=False)
+            if cut:
+                return seg, cut
+        return seg, None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def delete(self) -> None:
+        """Unlink the segment's files; open readers keep reading until they drop it."""
+        for p in (self.path, self.index_path, self.timeindex_path):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    @property
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, buffers: list, total: int) -> None:
+        """Append ``buffers`` (``total`` bytes) at ``size``. Worker thread only.
+
+        All or nothing: on any ``OSError`` (disk full, I/O error) the file is cut back to
+        ``size`` before the error propagates, so no partial batch stays behind.
+        """
+        fd, pos, written = self.fileno, self.size, 0
+        try:
+            while written < total:
+                n = os.pwritev(fd, buffers, pos + written)
+                written += n
+                if written < total:
+                    buffers = _skip(buffers, n)
+        except OSError:
+            try:
+                os.ftruncate(fd, pos)
+            except OSError:
+                log.exception("cannot cut %s back to %d after a failed write", self.path, pos)
+            raise
+
+    def flush(self) -> None:
+        """fdatasync the log file. Worker thread only."""
+        os.fdatasync(self.fileno)
+
+    def appended(self, batches) -> None:
+        """Account for batches just written: iterable of (base_offset, next_offset, max_ts, size).
+
+        Event loop only, after ``write`` returned.  Per-batch work: index bookkeeping.
+        """
+        pos = self.size
+        for base, nxt, max_ts, size in batches:
+            self._account(base, nxt, max_ts, pos, size)
+            pos += size
+        self.size = pos
+
+    def _account(self, base: int, nxt: int, max_ts: int, pos: int, size: int) -> None:
+        if self._since_index <= 0 or pos == 0:
+            self.index.append(base, pos)
+            if max_ts > self.max_timestamp:
+                self.timeindex.append(max_ts, base)
+            self._since_index = self.index_interval
+        self._since_index -= size
+        if max_ts > self.max_timestamp:
+            self.max_timestamp = max_ts
+        self.next_offset = nxt
+
+    def save_indexes(self) -> None:
+        """Write both index files atomically. Worker thread only (or at shutdown)."""
+        write_atomic(self.index_path, self.index.to_bytes())
+        write_atomic(self.timeindex_path, self.timeindex.to_bytes())
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, position: int, length: int) -> bytes:
+        """``length`` bytes at ``position`` (fewer only at end of file). Any thread."""
+        return os.pread(self.fileno, length, position)
+
+    def headers_from(self, position: int, limit: int):
+        """Yield (header, position) of the batches in [position, limit). Any thread."""
+        fd = self.fileno
+        while position + HEADER_SIZE <= limit:
+            chunk = os.pread(fd, HEADER_SIZE, position)
+            h = parse_header(chunk)
+            yield h, position
+            position += h.size
+
+    def locate(self, offset: int, limit: int) -> int | None:
+        """Position of the batch holding ``offset``, looking below ``limit``; None if beyond."""
+        _, pos = self.index.lookup(offset)
+        for h, p in self.headers_from(pos, limit):
+            if h.next_offset > offset:
+                return p
+        return None
+
+    def find_time(self, timestamp: int, limit: int) -> int | None:
+        """Base offset of the first batch with max timestamp ≥ ``timestamp``; None if none."""
+        start = self.timeindex.scan_start(timestamp)
+        _, pos = self.index.lookup(start)
+        for h, _ in self.headers_from(pos, limit):
+            if h.max_timestamp >= timestamp:
+                return h.base_offset
+        return None
+
+    # ------------------------------------------------------------------ recovery
+
+    def _load_indexes(self) -> bool:
+        """Load saved indexes and the segment's end from them; False if they cannot be trusted."""
+        try:
+            size = os.fstat(self.fileno).st_size
+            index = OffsetIndex.from_bytes(self.index_path.read_bytes(), self.base_offset, size)
+            if size and not len(index):
+                return False
+            last_pos = index.positions[-1] if len(index) else 0
+            next_offset, max_ts = self.base_offset, -1
+            # Walk the headers after the last entry to find the end (cheap: a sparse tail).
+            for h, p in self.headers_from(last_pos, size):
+                if p + h.size > size:
+                    return False
+                next_offset, max_ts = h.next_offset, max(max_ts, h.max_timestamp)
+                last_pos = p + h.size
+            if last_pos != size:
+                return False
+            tindex = TimeIndex.from_bytes(
+                self.timeindex_path.read_bytes(), self.base_offset, next_offset
+            )
+        except Exception as exc:  # noqa: BLE001 - any doubt about derived data => rebuild
+            log.info("rebuilding indexes of %s: %s", self.path, exc)
+            return False
+        self.index, self.timeindex, self.size, self.next_offset = index, tindex, size, next_offset
+        self.max_timestamp = max(max_ts, tindex.timestamps[-1] if len(tindex) else -1)
+        return True
+
+    def _recover(self, verify_crc: bool) -> Cut | None:
+        """Rebuild indexes by scanning the file; cut at the first bad or torn batch."""
+        self.index = OffsetIndex(self.base_offset)
+        self.timeindex = TimeIndex(self.base_offset)
+        self.size, self.next_offset, self.max_timestamp, self._since_index = 0, self.base_offset, -1, 0
+        fd = self.fileno
+        file_size = os.fstat(fd).st_size
+        pos, reason = 0, None
+        expected = self.base_offset
+        while pos < file_size:
+            head = os.pread(fd, HEADER_SIZE, pos)
+            if len(head) < HEADER_SIZE:
+                reason = f"torn batch header ({len(head)} of {HEADER_SIZE} bytes)"
+                break
+            try:
+                h = parse_header(head)
+            except Exception as exc:  # noqa: BLE001 - CorruptRecord, reported below
+                reason = str(exc)
+                break
+            if pos + h.size > file_size:
+                reason = f"torn batch: {h.size} bytes declared, {file_size - pos} present"
+                break
+            if h.base_offset < expected or h.last_offset_delta < 0:
+                reason = f"batch offset {h.base_offset} does not follow {expected}"
+                break
+            if verify_crc and not _crc_ok(fd, pos, h):
+                reason = f"CRC-32C mismatch in batch at offset {h.base_offset}"
+                break
+            self._account(h.base_offset, h.next_offset, h.max_timestamp, pos, h.size)
+            expected = h.next_offset
+            pos += h.size
+        self.size = pos
+        if reason is None:
+            return None
+        return self._cut(pos, file_size - pos, reason)
+
+    def _cut(self, position: int, dropped: int, reason: str) -> Cut:
+        quarantine = self.path.with_name(f"{self.path.name}.{position}.bad")
+        try:
+            with open(quarantine, "wb") as out:
+                out.write(os.pread(self.fileno, dropped, position))
+        except OSError:
+            quarantine = None
+        os.ftruncate(self.fileno, position)
+        os.fsync(self.fileno)
+        cut = Cut(self.path, position, dropped, reason, quarantine)
+        log.warning(
+            "recovery cut %d bytes at position %d of %s: %s (kept in %s)",
+            dropped, position, self.path, reason, quarantine,
+        )
+        return cut
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch at or above ``offset`` (must be a batch boundary or the end)."""
+        if offset >= self.next_offset:
+            return
+        pos = self.locate(offset, self.size)
+        if pos is None:
+            return
+        os.ftruncate(self.fileno, pos)
+        self.index.truncate_to(offset)
+        self.timeindex.truncate_to(offset)
+        self.size = pos
+        self.next_offset, self.max_timestamp = self.base_offset, -1
+        for h, _ in self.headers_from(0, pos):
+            self.max_timestamp = max(self.max_timestamp, h.max_timestamp)
+            self.next_offset = h.next_offset
+        self._since_index = 0
+
+
+def _crc_ok(fd: int, pos: int, h: BatchHeader) -> bool:
+    if h.size <= _SCAN_CHUNK * 64:
+        return batch_crc_ok(os.pread(fd, h.size, pos), 0, h.size)
+    return False  # a single batch this large was never accepted: treat it as corrupt
+
+
+def _skip(buffers: list, n: int) -> list:
+    """The buffers left after the first ``n`` bytes were written."""
+    out = []
+    for b in buffers:
+        if n >= len(b):
+            n -= len(b)
+            continue
+        out.append(memoryview(b)[n:] if n else b)
+        n = 0
+    return out
