@@ -101,7 +101,8 @@ class FrameReader:
 
     ``feed(data)`` returns the events completed by ``data``: first a ``Handshake`` (when
     ``handshake=True``), then ``Frame`` objects.  Raises ``FrameTooLarge`` or
-    ``ProtocolError`` on bytes that break the protocol; the reader is then unusable and the
+    ``ProtocolError`` on bytes that break the protocol; the exception's ``events`` holds
+    what ``data`` completed before the bad bytes.  The reader is then unusable and the
     connection must be closed.
     """
 
@@ -153,8 +154,9 @@ class FrameReader:
                     return events
                 events.append(_parse(buf[pos : pos + 4 + length], length))
                 pos += 4 + length
-        except ProtocolError:
+        except ProtocolError as exc:
             self._broken = True
+            exc.events = events  # what was decoded before the error, for the caller to act on
             raise
         if pos:
             del self._buf[:pos]

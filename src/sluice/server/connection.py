@@ -81,11 +81,11 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        failure = None
         try:
             events = self.reader.feed(data)
         except ProtocolError as exc:
-            self._fail(exc)
-            return
+            events, failure = exc.events, exc
         for event in events:
             if isinstance(event, frames.Frame):
                 self._on_frame(event)
@@ -93,6 +93,8 @@ class Connection(asyncio.Protocol):
                 self._on_handshake(event)
             if self._closing:
                 return
+        if failure is not None:
+            self._fail(failure)
 
     def eof_received(self) -> bool:
         return False  # close our side too once the client is done sending

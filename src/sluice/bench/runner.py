@@ -1,0 +1,139 @@
+"""``sluice bench``: start a broker (unless given one), run workloads, print result rows.
+
+The broker runs as a separate process (its own session, so its whole process group's CPU is
+measured) on a free loopback port with a temporary data directory, and is stopped with
+SIGTERM at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version as _pkg_version
+
+import psutil
+
+from sluice.bench import workloads as w
+
+ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1"]
+
+
+class CpuMeter:
+    """CPU of this process and of the broker's process group over the measured interval."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server = psutil.Process(server_pid) if server_pid else None
+        self._t0 = self._c0 = self._s0 = 0.0
+
+    def _server_cpu(self) -> float:
+        if self.server is None:
+            return 0.0
+        procs = [self.server, *self.server.children(recursive=True)]
+        total = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def start(self) -> None:
+        self._t0, self._c0, self._s0 = time.perf_counter(), time.process_time(), self._server_cpu()
+
+    def stop(self) -> str:
+        wall = time.perf_counter() - self._t0
+        client = (time.process_time() - self._c0) / wall * 100
+        server = (self._server_cpu() - self._s0) / wall * 100 if self.server else float("nan")
+        return f"client_cpu={client:.0f}% server_cpu={server:.0f}%"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def broker_process():
+    """A broker on a free port with a temporary data dir; yields (bootstrap, pid)."""
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as data:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli.main", "serve", "--data-dir", data, "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"broker exited: {proc.stderr.read().decode()[-2000:]}")
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("broker did not start within 30 s")
+                time.sleep(0.05)
+            yield f"127.0.0.1:{port}", proc.pid
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+async def _run_one(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
+    if name == "P1-100B":
+        return await w.run_publish(bootstrap, name, 100, 200_000, w.PAGE_CACHE, meter)
+    if name == "P1-1KiB":
+        return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter)
+    if name == "P2-1KiB":
+        return await w.run_publish(bootstrap, name, 1024, 100_000, w.FSYNC_ALWAYS, meter)
+    if name == "C1":
+        return await w.run_c1(bootstrap, meter)
+    if name == "L1":
+        return await w.run_l1(bootstrap, meter)
+    raise ValueError(name)
+
+
+def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) -> list[dict]:
+    from sluice.server.app import install_uvloop
+
+    loop_name = install_uvloop()
+    names = ALL if workload.lower() == "all" else [next(n for n in ALL if n.lower() == workload.lower())]
+    version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
+    rows = []
+    with contextlib.ExitStack() as stack:
+        pid = None
+        if bootstrap is None:
+            bootstrap, pid = stack.enter_context(broker_process())
+        for name in names:
+            meter = CpuMeter(pid)
+            try:
+                row = asyncio.run(_run_one(name, bootstrap, meter)).as_dict(version)
+            except Exception as exc:  # a failed workload is a row, not a crash
+                row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
+            rows.append(row)
+            _print(row, as_json)
+    return rows
+
+
+def _print(row: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(row), flush=True)
+        return
+    from rich.console import Console
+
+    lat = f" p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms p99.9 {row['p999_ms']} ms" if row["p50_ms"] is not None else ""
+    Console().print(
+        f"[bold]{row['workload']}[/]: {row['msgs']} msgs in {row['seconds']} s = "
+        f"[green]{row['msgs_per_s']:,.0f} msg/s[/] ({row['mb_per_s']} MB/s){lat}\n  {row['notes']}"
+    )

@@ -1,0 +1,242 @@
+"""The benchmark workloads of ``shared/bench/WORKLOADS.md``, run against one broker.
+
+Each workload function takes the broker address and returns a result row in the shape of
+``peers-results.jsonl``.  Rules kept from the spec: one producer connection, at most 1000
+records unacknowledged, payloads ``os.urandom`` generated before the clock starts, topic
+deleted and re-created before each workload, ``time.perf_counter`` around the measured part
+only, nearest-rank percentiles.  P1 / C1 / L1 ack from the page cache (``flush.messages=0``,
+background fsync every second); P2 fsyncs before every ack (``flush.messages=1``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from sluice.client import Admin, Consumer, Producer
+from sluice.errors import UnknownTopic
+
+TOPIC = "bench"
+WINDOW = 1000  # records unacknowledged at most
+CHUNK = 250  # records per send_many call: four chunks in flight fill the window
+PAGE_CACHE = {"flush.messages": "0", "flush.ms": "1000"}
+FSYNC_ALWAYS = {"flush.messages": "1"}
+
+
+@dataclass
+class Row:
+    workload: str
+    msgs: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    p999_ms: float | None = None
+    max_ms: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self, version: str) -> dict:
+        s = self.seconds
+        return {
+            "system": "sluice",
+            "version": version,
+            "workload": self.workload,
+            "msgs": self.msgs,
+            "bytes": self.bytes,
+            "seconds": round(s, 3),
+            "msgs_per_s": round(self.msgs / s, 1) if s else 0.0,
+            "mb_per_s": round(self.bytes / s / 1e6, 2) if s else 0.0,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "p999_ms": self.p999_ms,
+            "max_ms": self.max_ms,
+            "notes": "; ".join(self.notes),
+        }
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    rank = max(1, math.ceil(p / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+async def reset_topic(bootstrap: str, config: dict[str, str]) -> None:
+    admin = Admin(bootstrap)
+    try:
+        try:
+            await admin.delete_topic(TOPIC)
+        except UnknownTopic:
+            pass
+        await admin.create_topic(TOPIC, partitions=1, config=config)
+    finally:
+        await admin.close()
+
+
+async def publish(producer: Producer, payloads: list[bytes], deadline: float) -> tuple[int, bool]:
+    """Send ``payloads`` with at most WINDOW unacknowledged; (acknowledged, stopped early)."""
+    slots = asyncio.Semaphore(WINDOW // CHUNK)
+    acked = 0
+    failure: list[BaseException] = []
+
+    def done(fut: asyncio.Future, n: int) -> None:
+        nonlocal acked
+        slots.release()
+        if fut.exception() is not None:
+            failure.append(fut.exception())
+        else:
+            acked += n
+
+    stopped = False
+    for i in range(0, len(payloads), CHUNK):
+        await slots.acquire()
+        if failure:
+            raise failure[0]
+        if time.perf_counter() > deadline:
+            stopped = True
+            break
+        part = payloads[i : i + CHUNK]
+        fut = await producer.send_many(TOPIC, part, partition=0)
+        fut.add_done_callback(lambda f, n=len(part): done(f, n))
+    await producer.flush()
+    for _ in range(WINDOW // CHUNK):
+        await slots.acquire()
+    if failure:
+        raise failure[0]
+    return acked, stopped
+
+
+def _producer(bootstrap: str, **kw) -> Producer:
+    return Producer(bootstrap, acks="leader", linger_ms=0, batch_size=1 << 20, **kw)
+
+
+async def run_publish(bootstrap: str, name: str, size: int, count: int, config: dict, meter) -> Row:
+    await reset_topic(bootstrap, config)
+    payloads = [os.urandom(size) for _ in range(count)]
+    producer = _producer(bootstrap)
+    await producer.start()
+    try:
+        await producer.send_many(TOPIC, payloads[:1], partition=0)  # warm metadata + connection
+        await producer.flush()
+        await reset_topic(bootstrap, config)
+        await producer.refresh_metadata()
+        meter.start()
+        t0 = time.perf_counter()
+        acked, stopped = await publish(producer, payloads, t0 + 60)
+        seconds = time.perf_counter() - t0
+        cpu = meter.stop()
+    finally:
+        await producer.close()
+    row = Row(name, acked, acked * size, seconds)
+    durability = "fsync before ack (flush.messages=1)" if config is FSYNC_ALWAYS else "page-cache ack (flush.messages=0, flush.ms=1000)"
+    row.notes += [durability, f"client: Producer.send_many, {CHUNK} records per call, ≤{WINDOW} unacked", cpu]
+    if stopped:
+        row.notes.append("STOPPED at the 60s cap")
+    return row
+
+
+async def run_c1(bootstrap: str, meter, count: int = 200_000, size: int = 1024) -> Row:
+    await reset_topic(bootstrap, PAGE_CACHE)
+    payloads = [os.urandom(size) for _ in range(count)]
+    producer = _producer(bootstrap)
+    await producer.start()
+    try:
+        t0 = time.perf_counter()
+        await publish(producer, payloads, t0 + 120)
+        fill = time.perf_counter() - t0
+    finally:
+        await producer.close()
+    consumer = Consumer(bootstrap, group="bench-c1", auto_offset_reset="earliest", enable_auto_commit=False)
+    received = nbytes = 0
+    try:
+        consumer.assign([(TOPIC, 0)])
+        await consumer.start()
+        await consumer.seek_to_beginning()
+        meter.start()
+        t0 = time.perf_counter()
+        commits = []
+        while received < count:
+            records = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            if not records:
+                raise RuntimeError(f"C1 stalled after {received} messages")
+            before = received
+            for rec in records:
+                nbytes += len(rec.value)
+            received += len(records)
+            if received // 100 > before // 100:  # a cumulative ack passed a 100th message
+                commits.append(asyncio.ensure_future(consumer.commit()))
+        await consumer.commit()  # the final message is acked before the clock stops
+        seconds = time.perf_counter() - t0
+        cpu = meter.stop()
+        await asyncio.gather(*commits)
+    finally:
+        await consumer.close()
+    if received != count or nbytes != count * size:
+        raise RuntimeError(f"C1 received {received} messages / {nbytes} bytes")
+    row = Row("C1", received, nbytes, seconds)
+    row.notes += [
+        f"fill {fill:.2f}s", "page-cache ack",
+        "client: Consumer.getmany (fetch long-poll, prefetch), group commit every 100th message (coalesced)",
+        cpu,
+    ]
+    return row
+
+
+async def run_l1(bootstrap: str, meter, rate: int = 5000, seconds: float = 20.0, size: int = 1024) -> Row:
+    await reset_topic(bootstrap, PAGE_CACHE)
+    total = int(rate * seconds)
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "sluice.bench.l1_consumer", bootstrap, TOPIC, str(total)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        ready = consumer.stdout.readline().strip()
+        if ready != "ready":
+            raise RuntimeError(f"L1 consumer did not start: {ready!r}")
+        tails = [os.urandom(size - 8) for _ in range(total)]
+        producer = _producer(bootstrap)
+        await producer.start()
+        try:
+            await producer.refresh_metadata()
+            meter.start()
+            t0 = time.perf_counter()
+            i = worst_backlog = 0
+            while i < total:
+                due = min(total, int((time.perf_counter() - t0) * rate) + 1)
+                worst_backlog = max(worst_backlog, due - i)
+                if due > i:
+                    batch = [time.monotonic_ns().to_bytes(8, "big") + tails[j] for j in range(i, due)]
+                    fut = await producer.send_many(TOPIC, batch, partition=0)
+                    await fut
+                    i = due
+                next_tick = t0 + (i / rate)
+                delay = max(0.0, min(0.001, next_tick - time.perf_counter()))
+                await asyncio.sleep(delay)
+            elapsed = time.perf_counter() - t0
+            cpu = meter.stop()
+        finally:
+            await producer.close()
+        out, _ = consumer.communicate(timeout=60)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    lat = sorted(result["latencies_ms"])
+    row = Row("L1", len(lat), len(lat) * size, elapsed)
+    if lat:
+        row.p50_ms, row.p99_ms = round(percentile(lat, 50), 3), round(percentile(lat, 99), 3)
+        row.p999_ms, row.max_ms = round(percentile(lat, 99.9), 3), round(lat[-1], 3)
+    row.notes += [
+        f"target {rate} msg/s; achieved {total / elapsed:.0f} msg/s; worst backlog {worst_backlog} msgs",
+        "page-cache ack; producer linger_ms=0, 1 ms tick; consumer: separate process, fetch long-poll",
+        cpu,
+    ]
+    if len(lat) != total:
+        row.notes.append(f"FAILED: consumer received {len(lat)} of {total}")
+    return row

@@ -1,0 +1,355 @@
+"""The ``sluice`` command line: thin commands over the client and the server.
+
+Documented forms (more options are welcome, these must not change)::
+
+    sluice serve [--data-dir D] [--host H] [--port P]
+    sluice [--bootstrap HOST:PORT] topic create NAME [--partitions N] | list | describe NAME | delete NAME
+    sluice produce TOPIC [--key K]                  one message per stdin line
+    sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
+                         [--max-messages N] [--timeout-ms T] [--json]
+    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all [--json]
+
+Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
+``error: NAME (code): message``, and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from sluice.errors import BrokerError, SluiceError
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
+
+
+def _fail(message: str, code: int = 1):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Turns every SluiceError into one clear line and exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokerError as exc:
+            _fail(str(exc))
+        except SluiceError as exc:
+            _fail(f"{type(exc).__name__}: {exc}")
+        except OSError as exc:
+            _fail(f"{exc.strerror or exc}")
+
+
+def _is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def _table(title: str, columns: list[str], rows: list[list]) -> None:
+    if _is_tty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title)
+        for c in columns:
+            table.add_column(c)
+        for r in rows:
+            table.add_row(*(str(x) for x in r))
+        Console().print(table)
+    else:
+        for r in rows:
+            click.echo("\t".join(str(x) for x in r))
+
+
+@click.group(cls=_Group)
+@click.option(
+    "--bootstrap", envvar="SLUICE_BOOTSTRAP", default=DEFAULT_BOOTSTRAP, show_default=True,
+    help="Broker address HOST:PORT (env SLUICE_BOOTSTRAP).",
+)
+@click.option("--log-level", default="WARNING", envvar="SLUICE_LOG_LEVEL", help="Logging level.")
+@click.version_option(package_name="sluice")
+@click.pass_context
+def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
+    """Sluice: a durable message queue."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    ctx.obj = {"bootstrap": bootstrap}
+
+
+# --------------------------------------------------------------------------- serve
+
+
+@cli.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=7400, show_default=True)
+@click.option("--node-id", type=int, default=0, show_default=True)
+@click.option(
+    "--topic-default", "topic_defaults", multiple=True, metavar="KEY=VALUE",
+    help="Default topic config, e.g. flush.messages=0 (repeatable).",
+)
+def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...]) -> None:
+    """Run a single-node broker (embedded metadata, data in DATA_DIR)."""
+    from sluice.config import ServerConfig
+    from sluice.server.app import run
+
+    if logging.getLogger().level > logging.INFO:
+        logging.getLogger("sluice").setLevel(logging.INFO)
+    config = ServerConfig(
+        data_dir=data_dir, host=host, port=port, node_id=node_id,
+        topic_defaults=_key_values(topic_defaults, "--topic-default"),
+    )
+    run(config)
+
+
+def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
+        out[key.strip()] = value.strip()
+    return out
+
+
+# --------------------------------------------------------------------------- topics
+
+
+@cli.group()
+def topic() -> None:
+    """Create, list, describe and delete topics."""
+
+
+def _admin(ctx):
+    from sluice.client.sync import SyncAdmin
+
+    return SyncAdmin(ctx.obj["bootstrap"])
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--partitions", type=int, default=1, show_default=True)
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config (repeatable).")
+@click.pass_context
+def topic_create(ctx, name: str, partitions: int, configs: tuple[str, ...]) -> None:
+    """Create topic NAME."""
+    with _admin(ctx) as admin:
+        admin.create_topic(name, partitions=partitions, config=_key_values(configs, "--config"))
+    click.echo(f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}")
+
+
+@topic.command("list")
+@click.pass_context
+def topic_list(ctx) -> None:
+    """List topics."""
+    with _admin(ctx) as admin:
+        topics = admin.list_topics()
+    _table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
+
+
+@topic.command("describe")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def topic_describe(ctx, name: str, as_json: bool) -> None:
+    """Show a topic's config and partitions."""
+    import msgspec
+
+    with _admin(ctx) as admin:
+        desc = admin.describe_topic(name)
+    if as_json or not _is_tty():
+        click.echo(msgspec.json.encode(desc).decode())
+        return
+    _table(f"Topic {name}: config", ["key", "value"], sorted(desc.config.items()))
+    _table(
+        f"Topic {name}: partitions",
+        ["partition", "leader", "log start", "high watermark", "bytes", "segments"],
+        [[p.partition, p.leader, p.log_start_offset, p.high_watermark, p.size_bytes, p.segments] for p in desc.partitions],
+    )
+
+
+@topic.command("delete")
+@click.argument("name")
+@click.pass_context
+def topic_delete(ctx, name: str) -> None:
+    """Delete topic NAME and its data."""
+    with _admin(ctx) as admin:
+        admin.delete_topic(name)
+    click.echo(f"deleted topic {name}")
+
+
+# --------------------------------------------------------------------------- produce / consume
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--key", default=None, help="Key of every message.")
+@click.option("--partition", type=int, default=None, help="Send to this partition.")
+@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Header on every message.")
+@click.pass_context
+def produce(ctx, topic_name: str, key: str | None, partition: int | None, acks: str, headers) -> None:
+    """Send each line of standard input as one message."""
+    from sluice.client.sync import SyncProducer
+
+    hdrs = [(k, v.encode()) for k, v in _key_values(headers, "--header").items()] or None
+    key_bytes = key.encode() if key is not None else None
+    failures = sent = 0
+    first_error = None
+    with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer:
+        futures = []
+        for line in sys.stdin.buffer:
+            value = line.rstrip(b"\r\n")
+            try:
+                futures.append(
+                    producer.send(topic_name, value, key=key_bytes, headers=hdrs, partition=partition)
+                )
+            except SluiceError as exc:
+                failures += 1
+                first_error = first_error or exc
+        producer.flush()
+        for fut in futures:
+            exc = fut.exception()
+            if exc is None:
+                sent += 1
+            else:
+                failures += 1
+                first_error = first_error or exc
+    if failures:
+        _fail(f"{failures} of {failures + sent} messages failed; first: {first_error}")
+    if _is_tty():
+        click.echo(f"sent {sent} message{'s' if sent != 1 else ''} to {topic_name}", err=True)
+
+
+def _text_or_b64(data: bytes | None, field: str) -> dict:
+    if data is None:
+        return {field: None}
+    try:
+        return {field: data.decode()}
+    except UnicodeDecodeError:
+        return {field: base64.b64encode(data).decode(), f"{field}_encoding": "base64"}
+
+
+def record_json(rec) -> str:
+    """One consumed record as a JSON object (text fields when UTF-8, else base64)."""
+    obj = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset, "timestamp": rec.timestamp}
+    obj.update(_text_or_b64(rec.key, "key"))
+    obj.update(_text_or_b64(rec.value, "value"))
+    obj["headers"] = {
+        k: (None if v is None else v.decode("utf-8", "backslashreplace")) for k, v in rec.headers
+    }
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def parse_from(value: str):
+    """``--from``: 'earliest', 'latest', an offset, or an ISO-8601 time (-> ms)."""
+    v = value.strip().lower()
+    if v in ("earliest", "latest"):
+        return v, None
+    if v.lstrip("-").isdigit():
+        n = int(v)
+        if n < 0:
+            raise click.BadParameter(f"offset must be ≥ 0, got {n}", param_hint="--from")
+        return "offset", n
+    try:
+        dt = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"expected earliest, latest, an offset or an ISO time, got {value!r}", param_hint="--from"
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return "time", int(dt.timestamp() * 1000)
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--from", "start", default=None, help="earliest | latest | OFFSET | ISO-TIME (default: group's committed offsets, else latest).")
+@click.option("--group", default=None, help="Consumer group: start from and commit its offsets.")
+@click.option("--partition", type=int, default=None, help="Only this partition.")
+@click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
+@click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@click.pass_context
+def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, as_json) -> None:
+    """Print messages of TOPIC, one per line."""
+    import time
+
+    from sluice.client.sync import SyncConsumer
+
+    mode = parse_from(start) if start else (None, None)
+    reset = "earliest" if mode[0] == "earliest" else "latest"
+    consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, auto_offset_reset=reset, enable_auto_commit=False)
+    count = 0
+    out = sys.stdout
+    try:
+        if partition is None:
+            consumer.subscribe([topic_name])
+        else:
+            consumer.assign([(topic_name, partition)])
+        kind, arg = mode
+        if kind == "earliest":
+            consumer.seek_to_beginning()
+        elif kind == "latest":
+            consumer.seek_to_end()
+        elif kind == "offset":
+            for tp in consumer.assignment():
+                consumer.seek(tp[0], tp[1], arg)
+        elif kind == "time":
+            consumer.seek_to_time(arg)
+        idle_since = time.monotonic()
+        while max_messages is None or count < max_messages:
+            wait = 500 if timeout_ms is None else max(1, min(500, timeout_ms))
+            records = consumer.getmany(timeout_ms=wait, max_records=(max_messages - count) if max_messages else 10000)
+            if not records:
+                if timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for rec in records:
+                if as_json:
+                    out.write(record_json(rec) + "\n")
+                else:
+                    out.write((rec.value or b"").decode("utf-8", "backslashreplace") + "\n")
+            out.flush()
+            count += len(records)
+            if group:
+                consumer.commit()
+    except BrokenPipeError:
+        pass
+    finally:
+        consumer.close()
+
+
+# --------------------------------------------------------------------------- bench
+
+
+@cli.command()
+@click.option(
+    "--workload", default="all", show_default=True,
+    type=click.Choice(["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all"], case_sensitive=False),
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per workload.")
+@click.option("--bootstrap", "bench_bootstrap", default=None, help="Use this broker instead of starting one.")
+@click.pass_context
+def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> None:
+    """Run the benchmark workloads of shared/bench/WORKLOADS.md."""
+    from sluice.bench.runner import run_workloads
+
+    run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
+
+
+def main() -> None:
+    cli(prog_name="sluice")
+
+
+if __name__ == "__main__":
+    main()
