@@ -43,7 +43,13 @@ def _error_of(event) -> m.Response:
 def _still_serves(broker) -> None:
     s, reader = _connect(broker)
     with s:
-        s.sendall(b"".join(frames.encode_frame(frames.REQUEST, m.Api.METADATA, 1, 7, m.encode(m.MetadataRequest()))))
+        s.sendall(
+            b"".join(
+                frames.encode_frame(
+                    frames.REQUEST, m.Api.METADATA, 1, 7, m.encode(m.MetadataRequest())
+                )
+            )
+        )
         events = []
         while len(events) < 2:
             events += reader.feed(s.recv(65536))
@@ -107,7 +113,11 @@ def test_declared_but_unsent_frame_does_not_allocate(broker):
 def test_unknown_api_or_version(broker, api, version, expected):
     s, _ = _connect(broker)
     with s:
-        s.sendall(b"".join(frames.encode_frame(frames.REQUEST, api, version, 42, m.encode(m.MetadataRequest()))))
+        s.sendall(
+            b"".join(
+                frames.encode_frame(frames.REQUEST, api, version, 42, m.encode(m.MetadataRequest()))
+            )
+        )
         events = _events(_read_all(s))
     frame = events[-1]
     assert frame.correlation == 42
@@ -119,7 +129,9 @@ def test_unknown_api_or_version(broker, api, version, expected):
 def test_undecodable_header(broker):
     s, _ = _connect(broker)
     with s:
-        s.sendall(b"".join(frames.encode_frame(frames.REQUEST, m.Api.PRODUCE, 1, 5, b"\xc1garbage")))
+        s.sendall(
+            b"".join(frames.encode_frame(frames.REQUEST, m.Api.PRODUCE, 1, 5, b"\xc1garbage"))
+        )
         events = _events(_read_all(s))
     assert events[-1].correlation == 5 and _error_of(events[-1]).error == 2
     _still_serves(broker)
@@ -127,7 +139,9 @@ def test_undecodable_header(broker):
 
 def test_truncated_frame_then_close(broker):
     s, _ = _connect(broker)
-    frame = b"".join(frames.encode_frame(frames.REQUEST, m.Api.METADATA, 1, 1, m.encode(m.MetadataRequest())))
+    frame = b"".join(
+        frames.encode_frame(frames.REQUEST, m.Api.METADATA, 1, 1, m.encode(m.MetadataRequest()))
+    )
     s.sendall(frame[:-3])
     s.close()
     _still_serves(broker)
@@ -156,10 +170,13 @@ def test_produce_with_corrupt_batch_is_rejected(broker):
 
     s, reader = _connect(broker)
     with s:
+
         def call(req, att=(), corr=[0]):
             corr[0] += 1
             api, ver = m.api_of(req)
-            s.sendall(b"".join(frames.encode_frame(frames.REQUEST, api, ver, corr[0], m.encode(req), att)))
+            s.sendall(
+                b"".join(frames.encode_frame(frames.REQUEST, api, ver, corr[0], m.encode(req), att))
+            )
             while True:
                 for e in reader.feed(s.recv(65536)):
                     if isinstance(e, frames.Frame):
@@ -168,7 +185,15 @@ def test_produce_with_corrupt_batch_is_rejected(broker):
         call(m.CreateTopicsRequest(topics=[m.NewTopic(name="crc", partitions=1)]))
         batch = bytearray(r.build_batch(r.encode_keyless_records([b"hello"]), 1, 1, 1))
         batch[-1] ^= 0xFF
-        resp = call(m.ProduceRequest(partitions=[m.ProducePartition(topic="crc", partition=0, size=len(batch))]), [bytes(batch)])
+        resp = call(
+            m.ProduceRequest(
+                partitions=[m.ProducePartition(topic="crc", partition=0, size=len(batch))]
+            ),
+            [bytes(batch)],
+        )
         assert resp.partitions[0].error == 21 and "CRC" in resp.partitions[0].message
-        resp = call(m.ProduceRequest(partitions=[m.ProducePartition(topic="crc", partition=0, size=10**6)]), [bytes(batch)])
+        resp = call(
+            m.ProduceRequest(partitions=[m.ProducePartition(topic="crc", partition=0, size=10**6)]),
+            [bytes(batch)],
+        )
         assert resp.error == 2  # sizes do not match the attachments

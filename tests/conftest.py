@@ -1,4 +1,4 @@
-"""Real broker processes for integration and fault tests.
+"""Shared fixtures: real broker processes for integration and fault tests.
 
 ``broker`` starts ``sluice serve`` as a child process on a free loopback port with a fresh
 data directory and stops it at the end of the test, even when the test fails.  Tests can
@@ -15,9 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+import hypothesis  # noqa: F401 - imported (and assertion-rewritten) now, see below
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+# CPython 3.11.7 can raise "SystemError: AST constructor recursion depth mismatch" when a
+# garbage collector finalizer runs while pytest's assertion rewriter parses a module; the
+# hypothesis plugin imports its modules lazily mid-run, so they are imported here instead.
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -42,9 +47,22 @@ class BrokerProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli.main", "--log-level", "INFO", "serve",
-             "--data-dir", str(self.data_dir), "--port", str(self.port), *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli.main",
+                "--log-level",
+                "INFO",
+                "serve",
+                "--data-dir",
+                str(self.data_dir),
+                "--port",
+                str(self.port),
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -94,7 +112,9 @@ def broker_factory(tmp_path):
 
     def make(data_dir: Path | None = None, extra_args: list[str] | None = None) -> BrokerProcess:
         n = len(started)
-        b = BrokerProcess(data_dir or tmp_path / f"data{n}", tmp_path / f"broker{n}.log", extra_args)
+        b = BrokerProcess(
+            data_dir or tmp_path / f"data{n}", tmp_path / f"broker{n}.log", extra_args
+        )
         started.append(b)
         return b
 
@@ -108,9 +128,19 @@ def broker(broker_factory) -> BrokerProcess:
     return broker_factory().start()
 
 
-def run_cli(*args: str, bootstrap: str, input: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, bootstrap: str, input: bytes | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     """Run the ``sluice`` command line against ``bootstrap``."""
     return subprocess.run(
         [sys.executable, "-m", "sluice.cli.main", "--bootstrap", bootstrap, *args],
-        input=input, capture_output=True, timeout=timeout,
+        input=input,
+        capture_output=True,
+        timeout=timeout,
     )
+
+
+@pytest.fixture
+def cli():
+    """``cli(*args, bootstrap=..., input=...)`` runs the ``sluice`` command line."""
+    return run_cli

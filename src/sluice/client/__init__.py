@@ -1,0 +1,18 @@
+"""Sluice Python clients: asyncio ``Producer`` / ``Consumer`` / ``Admin`` and their blocking
+``Sync*`` facades.  Only ``transport`` touches sockets; see each module's charter."""
+
+from sluice.client.admin import Admin
+from sluice.client.consumer import Consumer
+from sluice.client.producer import InOrderCallbacks, Producer, RecordMetadata
+from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
+
+__all__ = [
+    "Admin",
+    "Consumer",
+    "InOrderCallbacks",
+    "Producer",
+    "RecordMetadata",
+    "SyncAdmin",
+    "SyncConsumer",
+    "SyncProducer",
+]

@@ -1,0 +1,572 @@
+"""The asyncio fetch consumer: assignment, positions, prefetch, commits (DESIGN §3 "Fetch").
+
+A ``Consumer`` reads partitions by offset.  It keeps, per assigned partition, the
+*position* (next offset the application gets) and the *fetch offset* (next offset to ask the
+broker for); one fetch request per leader is kept in flight ahead of the application, so the
+broker's wait overlaps the application's work.  Records are decoded per fetch response with
+``records.decode_records`` (a fetch may start inside a batch and end with a partial one).
+
+With a ``group``, starting positions come from the group's committed offsets and
+``commit()`` stores positions (the next offset to read).  Commits coalesce: while one is in
+flight, later calls wait for it and then send only the latest positions.
+
+Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
+threads.  ``getmany`` / iteration must not run concurrently with each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from sluice import errors
+from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.protocol import messages, records
+
+__all__ = ["Consumer"]
+
+TP = tuple[str, int]
+_RESETS = ("earliest", "latest", "error")
+_ISOLATION = ("", "read_uncommitted", "read_committed")
+_METADATA_MAX_AGE = 30.0  # seconds between refreshes that pick up new partitions
+
+
+class Consumer:
+    """Reads records from assigned or subscribed partitions; see the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        group: str | None = None,
+        auto_offset_reset: str = "earliest",
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: float = 5000,
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
+        fetch_max_bytes: int = 50 * 1024 * 1024,
+        max_partition_fetch_bytes: int = 8 * 1024 * 1024,
+        check_crcs: bool = True,
+        isolation: str = "",
+        request_timeout_ms: float = 30000,
+        connect_timeout_ms: float = 10000,
+        connection_factory: ConnectionFactory | None = None,
+    ) -> None:
+        if auto_offset_reset not in _RESETS:
+            raise errors.ConfigError(
+                f"auto_offset_reset must be one of {_RESETS}, got {auto_offset_reset!r}"
+            )
+        if isolation not in _ISOLATION:
+            raise errors.ConfigError(f"isolation must be one of {_ISOLATION}, got {isolation!r}")
+        if group is not None and (not isinstance(group, str) or not group):
+            raise errors.ConfigError("group must be a non-empty string or None")
+        for name, value, low in (
+            ("auto_commit_interval_ms", auto_commit_interval_ms, 1),
+            ("fetch_max_wait_ms", fetch_max_wait_ms, 0),
+            ("fetch_min_bytes", fetch_min_bytes, 0),
+            ("fetch_max_bytes", fetch_max_bytes, 1),
+            ("max_partition_fetch_bytes", max_partition_fetch_bytes, 1),
+            ("request_timeout_ms", request_timeout_ms, 1),
+        ):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
+                raise errors.ConfigError(f"{name} must be a number >= {low}, got {value!r}")
+        if request_timeout_ms <= fetch_max_wait_ms:
+            raise errors.ConfigError("request_timeout_ms must exceed fetch_max_wait_ms")
+        self.group = group
+        self.auto_offset_reset = auto_offset_reset
+        self.auto_commit = bool(enable_auto_commit and group)
+        self.auto_commit_interval = auto_commit_interval_ms / 1000
+        self.fetch_max_wait_ms = int(fetch_max_wait_ms)
+        self.fetch_min_bytes = int(fetch_min_bytes)
+        self.fetch_max_bytes = int(fetch_max_bytes)
+        self.max_partition_fetch_bytes = int(max_partition_fetch_bytes)
+        self.check_crcs = check_crcs
+        self.isolation = isolation
+        self.request_timeout = request_timeout_ms / 1000
+        self._cluster = Cluster(
+            bootstrap,
+            connection_factory=connection_factory,
+            connect_timeout=connect_timeout_ms / 1000,
+            request_timeout=self.request_timeout,
+        )
+        self._subscription: list[str] | None = None
+        self._assigned: list[TP] = []
+        self._positions: dict[TP, int | None] = {}  # None: to initialise / reset
+        self._fetch_offsets: dict[TP, int] = {}
+        self._fetch_sizes: dict[TP, int] = {}  # grown when a batch exceeds the cap
+        self._epochs: dict[TP, int] = {}  # bumped by seek: drops in-flight results
+        self._buffer: deque[list[records.Record]] = deque()
+        self._fetches: dict[int, asyncio.Task] = {}
+        self._fetch_done: asyncio.Future | None = None
+        self._error: Exception | None = None  # raised by the next getmany
+        self._needs_refresh = False
+        self._metadata_at = 0.0
+        self._iter: deque[records.Record] = deque()
+        # commit coalescing
+        self._commit_seq = 0
+        self._committed_seq = 0
+        self._to_commit: dict[TP, int] = {}
+        self._commit_inflight: tuple[asyncio.Future, int] | None = None
+        self._committed_positions: dict[TP, int] = {}
+        self._auto_task: asyncio.Task | None = None
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect to the bootstrap brokers (called by the first ``getmany`` if need be)."""
+        if self._started:
+            return
+        if self._closed:
+            raise errors.ClientClosed("consumer is closed")
+        await self._cluster.refresh(self._subscription or sorted({t for t, _ in self._assigned}))
+        self._metadata_at = time.monotonic()
+        self._started = True
+        if self.auto_commit:
+            self._auto_task = asyncio.get_running_loop().create_task(self._auto_commit_loop())
+
+    async def close(self) -> None:
+        """Commit positions (with auto commit), stop fetching, close connections."""
+        if self._closed:
+            return
+        try:
+            if self._started and self.auto_commit and self._positions:
+                try:
+                    await self.commit()
+                except errors.SluiceError:
+                    pass  # best effort on the way out; positions are at-least-once anyway
+        finally:
+            self._closed = True
+            if self._auto_task is not None:
+                self._auto_task.cancel()
+            for t in self._fetches.values():
+                t.cancel()
+            await asyncio.gather(*self._fetches.values(), return_exceptions=True)
+            await self._cluster.close()
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ assignment
+
+    def assign(self, partitions: Iterable[TP]) -> None:
+        """Read exactly these (topic, partition) pairs; replaces any assignment."""
+        self._subscription = None
+        self._set_assignment([(t, int(p)) for t, p in partitions])
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Read every partition of ``topics``; partitions added later are picked up."""
+        self._subscription = sorted(set(topics))
+        self._needs_refresh = True
+        self._set_assignment([tp for tp in self._assigned if tp[0] in self._subscription])
+
+    def assignment(self) -> list[TP]:
+        return list(self._assigned)
+
+    def _set_assignment(self, tps: list[TP]) -> None:
+        keep = set(tps)
+        for tp in list(self._positions):
+            if tp not in keep:
+                self._drop(tp)
+        for tp in tps:
+            self._positions.setdefault(tp, None)
+            self._epochs.setdefault(tp, 0)
+        self._assigned = list(dict.fromkeys(tps))
+
+    def _drop(self, tp: TP) -> None:
+        self._positions.pop(tp, None)
+        self._fetch_offsets.pop(tp, None)
+        self._epochs[tp] = self._epochs.get(tp, 0) + 1
+        self._purge(tp)
+
+    def _purge(self, tp: TP) -> None:
+        """Drop buffered records of ``tp`` (after a seek or unassignment)."""
+        if self._buffer:
+            t, p = tp
+            kept = deque()
+            for chunk in self._buffer:
+                if chunk[0].topic == t and chunk[0].partition == p:
+                    continue
+                kept.append(chunk)
+            self._buffer = kept
+        if self._iter:
+            self._iter = deque(r for r in self._iter if (r.topic, r.partition) != tp)
+
+    # ------------------------------------------------------------------ positions
+
+    def position(self, tp: TP) -> int | None:
+        """Next offset the application will get for ``tp`` (None until initialised)."""
+        if tp not in self._positions:
+            raise errors.ConfigError(f"{tp} is not assigned")
+        return self._positions[tp]
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Make ``offset`` the next offset read from (topic, partition)."""
+        tp = (topic, partition)
+        if tp not in self._positions:
+            raise errors.ConfigError(f"{tp} is not assigned")
+        if offset < 0:
+            raise errors.ConfigError(f"offset must be >= 0, got {offset}")
+        self._positions[tp] = offset
+        self._fetch_offsets[tp] = offset
+        self._epochs[tp] += 1
+        self._purge(tp)
+
+    async def seek_to_beginning(self, *tps: TP) -> None:
+        await self._seek_to(messages.EARLIEST, tps)
+
+    async def seek_to_end(self, *tps: TP) -> None:
+        await self._seek_to(messages.LATEST, tps)
+
+    async def seek_to_time(self, timestamp_ms: int, *tps: TP) -> None:
+        """Seek to the first offset with a timestamp >= ``timestamp_ms`` (the end if none)."""
+        await self._seek_to(int(timestamp_ms), tps)
+
+    async def _seek_to(self, timestamp: int, tps: Sequence[TP]) -> None:
+        await self.start()
+        await self._ensure_assignment()
+        targets = list(tps) or list(self._assigned)
+        offsets = await self._list_offsets(targets, timestamp)
+        missing = [tp for tp, off in offsets.items() if off < 0]
+        if missing:
+            offsets.update(await self._list_offsets(missing, messages.LATEST))
+        for tp, off in offsets.items():
+            self.seek(tp[0], tp[1], off)
+
+    async def _list_offsets(self, tps: Sequence[TP], timestamp: int) -> dict[TP, int]:
+        if not tps:
+            return {}
+        req = messages.ListOffsetsRequest(
+            partitions=[
+                messages.ListOffsetsPartition(topic=t, partition=p, timestamp=timestamp)
+                for t, p in tps
+            ]
+        )
+        resp, _ = await self._cluster.request(req)
+        out = {}
+        for r in resp.partitions:
+            errors.raise_for_code(r.error, r.message)
+            out[(r.topic, r.partition)] = r.offset
+        return out
+
+    async def _ensure_assignment(self) -> None:
+        now = time.monotonic()
+        if self._subscription is None:
+            return
+        if not self._needs_refresh and now - self._metadata_at < _METADATA_MAX_AGE:
+            return
+        await self._cluster.refresh(self._subscription)
+        self._metadata_at = now
+        self._needs_refresh = False
+        tps = []
+        for topic in self._subscription:
+            info = self._cluster.topic(topic)
+            if info is not None:
+                tps.extend((topic, p) for p in range(info.partitions))
+        if tps != self._assigned:
+            self._set_assignment(tps)
+
+    async def _init_positions(self) -> None:
+        """Give every assigned partition without a position one: committed, else reset."""
+        todo = [tp for tp in self._assigned if self._positions.get(tp) is None]
+        if not todo:
+            return
+        if self.group is not None:
+            committed = await self._fetch_committed(todo)
+            for tp, off in committed.items():
+                if off is not None and off >= 0 and self._positions.get(tp, 0) is None:
+                    self._positions[tp] = self._fetch_offsets[tp] = off
+            todo = [tp for tp in todo if self._positions.get(tp) is None]
+        if todo:
+            await self._reset(todo)
+
+    async def _reset(self, tps: list[TP]) -> None:
+        if self.auto_offset_reset == "error":
+            raise errors.OffsetOutOfRange(
+                f"no valid position for {tps} and auto_offset_reset='error'"
+            )
+        ts = messages.EARLIEST if self.auto_offset_reset == "earliest" else messages.LATEST
+        for tp, off in (await self._list_offsets(tps, ts)).items():
+            if tp in self._positions:
+                self._positions[tp] = self._fetch_offsets[tp] = max(off, 0)
+                self._epochs[tp] += 1
+
+    # ------------------------------------------------------------------ fetching
+
+    async def getmany(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
+        """Records ready now or within ``timeout_ms``, at most ``max_records`` of them.
+
+        Returns ``[]`` on timeout.  Advances positions past the returned records.  Raises a
+        fetch error (``OffsetOutOfRange`` with ``auto_offset_reset='error'``, a corrupt
+        batch, a non-retriable broker error) once.
+        """
+        return await self._poll(timeout_ms, max_records, advance=True)
+
+    async def _poll(self, timeout_ms: float, max_records: int | None, advance: bool) -> list:
+        if self._closed:
+            raise errors.ClientClosed("consumer is closed")
+        if not self._started:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            if self._error is not None:
+                exc, self._error = self._error, None
+                raise exc
+            out = self._take(max_records, advance)
+            if out:
+                self._maybe_fetch()
+                return out
+            await self._ensure_assignment()
+            await self._init_positions()
+            self._maybe_fetch()
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not self._fetches:
+                if not self._fetches and remaining > 0:
+                    await asyncio.sleep(min(remaining, 0.1))  # nothing to fetch: pace
+                    continue
+                return []
+            if self._fetch_done is None or self._fetch_done.done():
+                self._fetch_done = loop.create_future()
+            waiter = self._fetch_done
+            handle = loop.call_later(remaining, _set_none, waiter)
+            try:
+                await waiter
+            finally:
+                handle.cancel()
+
+    def _take(self, max_records: int | None, advance: bool) -> list:
+        """Pop up to ``max_records`` buffered records (and advance positions past them)."""
+        buf = self._buffer
+        if not buf:
+            return []
+        positions = self._positions
+        out: list = []
+        while buf and (max_records is None or len(out) < max_records):
+            chunk = buf[0]
+            if max_records is not None and len(out) + len(chunk) > max_records:
+                n = max_records - len(out)
+                part, buf[0] = chunk[:n], chunk[n:]
+            else:
+                part = buf.popleft()
+            if advance:
+                last = part[-1]
+                positions[(last.topic, last.partition)] = last.offset + 1
+            if out:
+                out.extend(part)
+            else:
+                out = part
+        return out
+
+    def _maybe_fetch(self) -> None:
+        """Keep one fetch in flight per leader while at most one response is buffered."""
+        if len(self._buffer) > 1 or self._closed:
+            return
+        by_node: dict[int, list[TP]] = {}
+        busy = set(self._fetches)
+        for tp in self._assigned:
+            if tp not in self._fetch_offsets:
+                continue
+            node = self._cluster.leader(*tp)
+            if node < 0:
+                self._needs_refresh = True
+                continue
+            if node not in busy:
+                by_node.setdefault(node, []).append(tp)
+        loop = asyncio.get_running_loop()
+        for node, tps in by_node.items():
+            task = loop.create_task(self._fetch(node, tps))
+            self._fetches[node] = task
+
+    async def _fetch(self, node: int, tps: list[TP]) -> None:
+        epochs = {tp: self._epochs[tp] for tp in tps}
+        offsets = {tp: self._fetch_offsets[tp] for tp in tps}
+        req = messages.FetchRequest(
+            partitions=[
+                messages.FetchPartition(
+                    topic=t,
+                    partition=p,
+                    offset=offsets[(t, p)],
+                    max_bytes=self._fetch_sizes.get((t, p), self.max_partition_fetch_bytes),
+                )
+                for t, p in tps
+            ],
+            max_wait_ms=self.fetch_max_wait_ms,
+            min_bytes=self.fetch_min_bytes,
+            max_bytes=self.fetch_max_bytes,
+        )
+        try:
+            conn = await self._cluster.connection(node)
+            resp, data = await conn.request(req, (), self.request_timeout)
+            self._on_fetch(resp, data, epochs, offsets)
+        except asyncio.CancelledError:
+            raise
+        except errors.SluiceError as exc:
+            if exc.retriable:
+                self._needs_refresh = True
+                await asyncio.sleep(0.1)  # broker unreachable or busy: do not spin
+            else:
+                self._error = exc
+        finally:
+            self._fetches.pop(node, None)
+            if self._fetch_done is not None and not self._fetch_done.done():
+                self._fetch_done.set_result(None)
+
+    def _on_fetch(self, resp, data: memoryview, epochs, offsets) -> None:
+        pos = 0
+        resets: list[TP] = []
+        for r in resp.partitions:
+            tp = (r.topic, r.partition)
+            chunk = data[pos : pos + r.size]
+            pos += r.size
+            if tp not in epochs or self._epochs.get(tp) != epochs[tp]:
+                continue  # sought or unassigned while this fetch was in flight
+            if r.error:
+                exc = errors.error_for_code(r.error, r.message)
+                if isinstance(exc, errors.OffsetOutOfRange) and self.auto_offset_reset != "error":
+                    resets.append(tp)
+                elif exc.retriable:
+                    self._needs_refresh = True
+                else:
+                    self._error = exc
+                continue
+            if not r.size:
+                continue
+            start = offsets[tp]
+            recs = records.decode_records(chunk, tp[0], tp[1], start, self.check_crcs)
+            if recs:
+                self._buffer.append(recs)
+                self._fetch_offsets[tp] = recs[-1].offset + 1
+                self._fetch_sizes.pop(tp, None)
+                continue
+            # No record at or above ``start``: skip past whole batches (control batches,
+            # compacted-away offsets), or grow the cap when only a partial batch came back.
+            last = None
+            for h, _ in records.iter_batches(chunk, check_crc=False):
+                last = h
+            if last is not None:
+                self._fetch_offsets[tp] = max(start, last.next_offset)
+            else:
+                size = self._fetch_sizes.get(tp, self.max_partition_fetch_bytes)
+                self._fetch_sizes[tp] = min(size * 2, self.fetch_max_bytes)
+        for tp in resets:
+            self._positions[tp] = None
+            self._fetch_offsets.pop(tp, None)
+            self._purge(tp)
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> records.Record:
+        """Next record; its position is advanced as it is handed out."""
+        it = self._iter
+        while not it:
+            if self._closed:
+                raise StopAsyncIteration
+            it.extend(await self._poll(self.fetch_max_wait_ms, None, advance=False))
+        rec = it.popleft()
+        self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+        return rec
+
+    # ------------------------------------------------------------------ commits
+
+    async def commit(self, offsets: dict[TP, int] | None = None) -> None:
+        """Store ``offsets`` (default: current positions) for the group; durable on return.
+
+        Calls coalesce: while a commit is in flight, later calls wait for it, then one
+        request carries the latest offsets of all of them.
+        """
+        if self.group is None:
+            raise errors.ConfigError("commit() needs a consumer group (group=...)")
+        if not self._started:
+            await self.start()
+        if offsets is None:
+            offsets = {tp: off for tp, off in self._positions.items() if off is not None}
+        self._to_commit.update(offsets)
+        self._commit_seq += 1
+        mine = self._commit_seq
+        while self._committed_seq < mine:
+            inflight = self._commit_inflight
+            if inflight is None:
+                await self._send_commit()
+                continue
+            fut, covers = inflight
+            try:
+                await asyncio.shield(fut)
+            except errors.SluiceError:
+                if covers >= mine:
+                    raise
+
+    async def _send_commit(self) -> None:
+        seq = self._commit_seq
+        batch, self._to_commit = self._to_commit, {}
+        fut = asyncio.get_running_loop().create_future()
+        self._commit_inflight = (fut, seq)
+        try:
+            if batch:
+                req = messages.OffsetCommitRequest(
+                    group=self.group,
+                    offsets=[
+                        messages.CommitOffset(topic=t, partition=p, offset=o)
+                        for (t, p), o in batch.items()
+                    ],
+                )
+                resp, _ = await self._cluster.request(req)
+                for r in resp.partitions:
+                    errors.raise_for_code(r.error, r.message)
+                self._committed_positions.update(batch)
+        except BaseException as exc:
+            for tp, off in batch.items():
+                self._to_commit.setdefault(tp, off)  # retried by the next commit
+            fut.set_exception(exc)
+            fut.exception()  # waiters that do not need it must not log it
+            raise
+        else:
+            self._committed_seq = max(self._committed_seq, seq)
+            fut.set_result(None)
+        finally:
+            self._commit_inflight = None
+
+    async def committed(self, tp: TP) -> int | None:
+        """The group's committed offset for ``tp`` (next offset to read), or None."""
+        if self.group is None:
+            raise errors.ConfigError("committed() needs a consumer group (group=...)")
+        if not self._started:
+            await self.start()
+        return (await self._fetch_committed([tp])).get(tuple(tp))
+
+    async def _fetch_committed(self, tps: list[TP]) -> dict[TP, int | None]:
+        req = messages.OffsetFetchRequest(
+            group=self.group,
+            partitions=[messages.TopicPartition(topic=t, partition=p) for t, p in tps],
+        )
+        resp, _ = await self._cluster.request(req)
+        out: dict[TP, int | None] = {}
+        for r in resp.offsets:
+            errors.raise_for_code(r.error)
+            out[(r.topic, r.partition)] = r.offset if r.offset >= 0 else None
+        return out
+
+    async def _auto_commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.auto_commit_interval)
+            current = {tp: o for tp, o in self._positions.items() if o is not None}
+            if any(self._committed_positions.get(tp) != o for tp, o in current.items()):
+                try:
+                    await self.commit(current)
+                except errors.SluiceError:
+                    pass  # retried at the next interval; close() commits once more
+
+
+def _set_none(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

