@@ -169,14 +169,13 @@ def test_produce_with_corrupt_batch_is_rejected(broker):
     from sluice.protocol import records as r
 
     s, reader = _connect(broker)
+    correlations = iter(range(1, 100))
     with s:
 
-        def call(req, att=(), corr=[0]):
-            corr[0] += 1
+        def call(req, att=()):
             api, ver = m.api_of(req)
-            s.sendall(
-                b"".join(frames.encode_frame(frames.REQUEST, api, ver, corr[0], m.encode(req), att))
-            )
+            corr = next(correlations)
+            s.sendall(b"".join(frames.encode_frame(frames.REQUEST, api, ver, corr, m.encode(req), att)))
             while True:
                 for e in reader.feed(s.recv(65536)):
                     if isinstance(e, frames.Frame):

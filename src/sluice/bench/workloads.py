@@ -102,7 +102,8 @@ async def publish(producer: Producer, payloads: list[bytes], deadline: float) ->
             break
         part = payloads[i : i + CHUNK]
         fut = await producer.send_many(TOPIC, part, partition=0)
-        fut.add_done_callback(lambda f, n=len(part): done(f, n))
+        n = len(part)
+        fut.add_done_callback(lambda f, n=n: done(f, n))
     await producer.flush()
     for _ in range(WINDOW // CHUNK):
         await slots.acquire()
@@ -123,8 +124,7 @@ async def run_publish(bootstrap: str, name: str, size: int, count: int, config: 
     try:
         await producer.send_many(TOPIC, payloads[:1], partition=0)  # warm metadata + connection
         await producer.flush()
-        await reset_topic(bootstrap, config)
-        await producer.refresh_metadata()
+        await reset_topic(bootstrap, config)  # same partitions: the producer's metadata holds
         meter.start()
         t0 = time.perf_counter()
         acked, stopped = await publish(producer, payloads, t0 + 60)
@@ -190,40 +190,37 @@ async def run_c1(bootstrap: str, meter, count: int = 200_000, size: int = 1024) 
 async def run_l1(bootstrap: str, meter, rate: int = 5000, seconds: float = 20.0, size: int = 1024) -> Row:
     await reset_topic(bootstrap, PAGE_CACHE)
     total = int(rate * seconds)
-    consumer = subprocess.Popen(
-        [sys.executable, "-m", "sluice.bench.l1_consumer", bootstrap, TOPIC, str(total)],
-        stdout=subprocess.PIPE, text=True,
-    )
+    tails = [os.urandom(size - 8) for _ in range(total)]
+    producer = _producer(bootstrap)
+    await producer.start()
+    consumer = None
     try:
+        await (await producer.send_many(TOPIC, [b"warm-up"], partition=0))  # connect before the clock
+        consumer = subprocess.Popen(
+            [sys.executable, "-m", "sluice.bench.l1_consumer", bootstrap, TOPIC, str(total)],
+            stdout=subprocess.PIPE, text=True,
+        )
         ready = consumer.stdout.readline().strip()
         if ready != "ready":
             raise RuntimeError(f"L1 consumer did not start: {ready!r}")
-        tails = [os.urandom(size - 8) for _ in range(total)]
-        producer = _producer(bootstrap)
-        await producer.start()
-        try:
-            await producer.refresh_metadata()
-            meter.start()
-            t0 = time.perf_counter()
-            i = worst_backlog = 0
-            while i < total:
-                due = min(total, int((time.perf_counter() - t0) * rate) + 1)
-                worst_backlog = max(worst_backlog, due - i)
-                if due > i:
-                    batch = [time.monotonic_ns().to_bytes(8, "big") + tails[j] for j in range(i, due)]
-                    fut = await producer.send_many(TOPIC, batch, partition=0)
-                    await fut
-                    i = due
-                next_tick = t0 + (i / rate)
-                delay = max(0.0, min(0.001, next_tick - time.perf_counter()))
-                await asyncio.sleep(delay)
-            elapsed = time.perf_counter() - t0
-            cpu = meter.stop()
-        finally:
-            await producer.close()
+        meter.start()
+        t0 = time.perf_counter()
+        i = worst_backlog = 0
+        while i < total:
+            due = min(total, int((time.perf_counter() - t0) * rate) + 1)
+            worst_backlog = max(worst_backlog, due - i)
+            if due > i:
+                batch = [time.monotonic_ns().to_bytes(8, "big") + tails[j] for j in range(i, due)]
+                await (await producer.send_many(TOPIC, batch, partition=0))
+                i = due
+            delay = max(0.0, min(0.001, t0 + i / rate - time.perf_counter()))
+            await asyncio.sleep(delay)
+        elapsed = time.perf_counter() - t0
+        cpu = meter.stop()
         out, _ = consumer.communicate(timeout=60)
     finally:
-        if consumer.poll() is None:
+        await producer.close()
+        if consumer is not None and consumer.poll() is None:
             consumer.kill()
             consumer.wait()
     result = json.loads(out.strip().splitlines()[-1])

@@ -31,10 +31,10 @@ from sluice.config import ServerConfig, TopicConfig, check_partitions, check_top
 from sluice.errors import (
     BrokerError,
     CorruptRecord,
+    InvalidRecord,
     InvalidRequest,
     MessageTooLarge,
     OffsetOutOfRange,
-    InvalidRecord,
     RequestTimedOut,
     TopicAlreadyExists,
     UnknownPartition,

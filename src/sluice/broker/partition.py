@@ -3,7 +3,9 @@
 Group commit: every produce request for the partition, from every connection, is queued;
 the writer task takes *all* queued requests at once, assigns their offsets (per-batch header
 patching, no per-record work), writes them with one ``pwritev`` and at most one
-``fdatasync`` in a worker thread, then answers them all.  While the thread works the next
+``fdatasync`` in a worker thread, then answers them all.  (A small group that needs neither
+fsync nor a segment roll is written to the page cache on the event loop: cheaper than the
+thread hop.)  While the thread works the next
 group gathers.  Flush policy: ``flush.messages == 1`` fsyncs every group before its acks
 ("always"); otherwise the writer fsyncs when ``flush.messages`` messages are unflushed or
 the oldest unflushed write is ``flush.ms`` old (the writer doubles as background flusher).
@@ -29,6 +31,9 @@ from sluice.storage.log import PartitionLog, ReadResult
 from sluice.storage.segment import Segment
 
 log = logging.getLogger("sluice.broker")
+
+# Groups up to this size that need no fsync and no roll are written on the event loop.
+INLINE_WRITE_BYTES = 64 * 1024
 
 
 @dataclass
@@ -90,14 +95,16 @@ class Partition:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            timeout = self._flush_due_in()
             if not self._queue:
                 if self._closing:
                     return
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
-                except TimeoutError:
-                    pass
+                timer = None
+                due = self._flush_due_in()
+                if due is not None:
+                    timer = loop.call_later(due, self._wakeup.set)
+                await self._wakeup.wait()
+                if timer is not None:
+                    timer.cancel()
             self._wakeup.clear()
             group, self._queue = self._queue, []
             if group:
@@ -136,9 +143,13 @@ class Partition:
             cfg.flush_messages > 1 and self._unflushed + count >= cfg.flush_messages
         )
         try:
-            await loop.run_in_executor(
-                self._write_executor, self._write_blocking, rolled, segment, buffers, total, sync
-            )
+            if sync or rolled is not None or total > INLINE_WRITE_BYTES:
+                await loop.run_in_executor(
+                    self._write_executor, self._write_blocking, rolled, segment, buffers, total, sync
+                )
+            else:
+                # A small write to the page cache costs microseconds; a thread hop costs more.
+                self._write_blocking(None, segment, buffers, total, False)
         except OSError as exc:
             err = storage_error_from_os(exc, f"append to {self.topic}-{self.index}")
             log.error("%s", err)

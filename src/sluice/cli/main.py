@@ -19,7 +19,7 @@ import base64
 import json
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -266,7 +266,7 @@ def parse_from(value: str):
             f"expected earliest, latest, an offset or an ISO time, got {value!r}", param_hint="--from"
         ) from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return "time", int(dt.timestamp() * 1000)
 
 

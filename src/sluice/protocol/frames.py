@@ -39,6 +39,10 @@ HANDSHAKE_SIZE = 8
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 REQUEST, RESPONSE, PUSH = 0, 1, 2
+# A response with this API key and correlation 0 reports an error of the whole connection
+# (a broken frame); the broker closes the connection after it.  Requesters never use
+# correlation 0.
+CONNECTION_ERROR_API = 0xFFFF
 _KINDS = (REQUEST, RESPONSE, PUSH)
 
 _PREFIX = struct.Struct(">I")

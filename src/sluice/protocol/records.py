@@ -250,12 +250,12 @@ def decode_varint(buf, pos: int) -> tuple[int, int]:
         except IndexError:
             raise CorruptRecord("truncated varint") from None
         pos += 1
+        if shift == 63 and b > 1:
+            raise CorruptRecord("varint overflows 64 bits")
         result |= (b & 0x7F) << shift
         if b < 0x80:
             return (result >> 1) ^ -(result & 1), pos
         shift += 7
-        if shift > 63:
-            raise CorruptRecord("varint longer than 10 bytes")
 
 
 # --------------------------------------------------------------------------- building
@@ -309,7 +309,8 @@ def encode_keyless_records(values: Sequence[bytes], first_delta: int = 0) -> byt
         vlen = len(v)
         vl = zz[vlen] if vlen < _VARINT_TABLE_SIZE else encode_varint(vlen)
         h = head[i]
-        extend((zz[len(h) + len(vl) + vlen + 1], h, vl, v, b"\x00"))
+        body_len = len(h) + len(vl) + vlen + 1
+        extend((zz[body_len] if body_len < _VARINT_TABLE_SIZE else encode_varint(body_len), h, vl, v, b"\x00"))
     return b"".join(parts)
 
 
@@ -484,9 +485,11 @@ def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out:
             b = body[pos]
             if b == 0:
                 headers = ()
+                pos += 1
             else:
                 headers, pos = _decode_headers(body, pos)
-            pos = rec_end
+            if pos != rec_end:
+                raise CorruptRecord(f"record fields take {pos - rec_end + length} of its {length} bytes")
             offset = base_offset + off_delta
             if offset < min_offset:
                 continue

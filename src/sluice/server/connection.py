@@ -36,8 +36,6 @@ from sluice.protocol import messages as m
 
 log = logging.getLogger("sluice.server")
 
-CONNECTION_ERROR_API = 0xFFFF
-
 
 class Connection(asyncio.Protocol):
     def __init__(self, server) -> None:
@@ -173,7 +171,7 @@ class Connection(asyncio.Protocol):
         else:
             header = m.encode(m.Response(error=err.code, message=err.message))
             self.transport.writelines(
-                frames.encode_frame(frames.RESPONSE, CONNECTION_ERROR_API, 0, 0, header)
+                frames.encode_frame(frames.RESPONSE, frames.CONNECTION_ERROR_API, 0, 0, header)
             )
         self._close()
 
