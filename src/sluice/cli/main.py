@@ -45,7 +45,8 @@ class _Group(click.Group):
         except SluiceError as exc:
             _fail(f"{type(exc).__name__}: {exc}")
         except OSError as exc:
-            _fail(f"{exc.strerror or exc}")
+            where = f": {exc.filename}" if exc.filename else ""
+            _fail(f"{exc.strerror or exc}{where}")
 
 
 def _is_tty() -> bool:
@@ -96,7 +97,13 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
     "--topic-default", "topic_defaults", multiple=True, metavar="KEY=VALUE",
     help="Default topic config, e.g. flush.messages=0 (repeatable).",
 )
-def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...]) -> None:
+@click.option("--retention-check-ms", type=click.IntRange(min=10), default=30_000, show_default=True,
+              help="How often segments past retention are deleted.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
+              help="Largest request accepted; larger length prefixes close the connection.")
+def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
+          retention_check_ms: int, max_connections: int, max_frame_bytes: int) -> None:
     """Run a single-node broker (embedded metadata, data in DATA_DIR)."""
     from sluice.config import ServerConfig
     from sluice.server.app import run
@@ -106,6 +113,8 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
     config = ServerConfig(
         data_dir=data_dir, host=host, port=port, node_id=node_id,
         topic_defaults=_key_values(topic_defaults, "--topic-default"),
+        retention_check_ms=retention_check_ms, max_connections=max_connections,
+        max_frame_bytes=max_frame_bytes,
     )
     run(config)
 
