@@ -181,7 +181,7 @@ async def test_buffer_memory_waiter_is_served_when_memory_frees():
         broker, buffer_memory=2048, batch_size=1024, max_block_ms=5000, linger_ms=0
     ) as p:
         futs = []
-        for _ in range(7):
+        while p._memory.used + 224 <= 2048:
             futs.append(await p.send("t", b"x" * 200))
         blocked = asyncio.ensure_future(p.send("t", b"x" * 200))
         await asyncio.sleep(0.05)
@@ -254,7 +254,9 @@ async def test_one_request_in_flight_per_partition():
     broker = FakeBroker({"t": 1})
     broker.hold = True
     async with make(broker, linger_ms=0, batch_size=100) as p:
-        futs = [await p.send("t", b"x" * 50, partition=0) for _ in range(10)]
+        futs = [await p.send("t", b"x" * 50, partition=0)]
+        await asyncio.sleep(0.01)  # the first batch is now in flight (held)
+        futs += [await p.send("t", b"x" * 50, partition=0) for _ in range(9)]
         await asyncio.sleep(0.02)
         assert len(broker.produce_requests) == 1
         broker.release()

@@ -257,10 +257,18 @@ class Consumer:
         return out
 
     async def _ensure_assignment(self) -> None:
+        """Refresh metadata when due or needed; with a subscription, re-derive the
+        assignment from the partition counts."""
         now = time.monotonic()
-        if self._subscription is None:
-            return
+        topics = self._cluster.topics
+        if any(tp[0] not in topics for tp in self._assigned):
+            self._needs_refresh = True
         if not self._needs_refresh and now - self._metadata_at < _METADATA_MAX_AGE:
+            return
+        if self._subscription is None:
+            await self._cluster.refresh(sorted({t for t, _ in self._assigned}))
+            self._metadata_at = now
+            self._needs_refresh = False
             return
         await self._cluster.refresh(self._subscription)
         self._metadata_at = now

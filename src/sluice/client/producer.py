@@ -324,13 +324,15 @@ class Accumulator:
 
     def close_lingered(self, now: float, force: bool) -> float | None:
         """Close open batches whose linger passed (all of them with ``force``); return the
-        earliest linger deadline still pending."""
+        earliest linger or delivery deadline still pending."""
         wake_at = None
         for b in list(self.open.values()):
             if force or b.linger_at <= now:
                 self.close(b)
-            elif wake_at is None or b.linger_at < wake_at:
-                wake_at = b.linger_at
+            else:
+                due = min(b.linger_at, b.deadline)  # the deadline matters past a long linger
+                if wake_at is None or due < wake_at:
+                    wake_at = due
         return wake_at
 
     def expire(self, now: float, release: Callable[[Batch], None]) -> None:
