@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -34,7 +34,8 @@ CONFIG = LogConfig(
 )
 
 VALUES = st.lists(st.binary(max_size=24), min_size=1, max_size=4)
-BATCHES = st.lists(st.tuples(VALUES, st.integers(0, 60)), min_size=1, max_size=3)
+# (values, timestamp step): the machine's clock only moves forward (see test_reopen_keeps_...)
+BATCHES = st.lists(st.tuples(VALUES, st.integers(0, 15)), min_size=1, max_size=3)
 
 
 @dataclasses.dataclass
@@ -135,6 +136,7 @@ class LogMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="sluice-log-model-"))
         self.model = LogModel()
         self.plog = PartitionLog.open(self.dir, CONFIG)
+        self.clock = 0
 
     def teardown(self) -> None:
         self.plog.close()
@@ -146,8 +148,12 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule(batches=BATCHES)
     def append(self, batches):
-        got = append_batches(self.plog, [v for v, _ in batches], [t for _, t in batches])
-        assert got == self.model.append(batches)
+        stamped = []
+        for values, step in batches:
+            self.clock += step
+            stamped.append((values, self.clock))
+        got = append_batches(self.plog, [v for v, _ in stamped], [t for _, t in stamped])
+        assert got == self.model.append(stamped)
 
     @precondition(lambda self: self.model.next > self.model.start)
     @rule(data=st.data(), max_bytes=st.integers(12, 1200))
@@ -168,8 +174,9 @@ class LogMachine(RuleBasedStateMachine):
             with pytest.raises(OutOfRange):
                 self.plog.read(max(self.model.start - past, 0), 100)
 
-    @rule(ts=st.integers(-1, 62))
-    def offset_for_time(self, ts):
+    @rule(data=st.data())
+    def offset_for_time(self, data):
+        ts = data.draw(st.integers(-1, self.clock + 1), "ts")
         assert self.plog.offset_for_time(ts) == self.model.offset_for_time(ts)
 
     @rule(data=st.data())
@@ -182,8 +189,13 @@ class LogMachine(RuleBasedStateMachine):
         self.plog.truncate_to(offset)
         self.model.truncate_to(offset)
 
-    @rule(retention_bytes=st.integers(0, 1500))
-    def retention_by_size(self, retention_bytes):
+    @rule(data=st.data())
+    def retention_by_size(self, data):
+        sizes = [s.size for s in self.model.segments]
+        suffix_sums = [sum(sizes[i:]) for i in range(len(sizes))]  # the boundary cases
+        retention_bytes = data.draw(
+            st.one_of(st.integers(0, 1500), st.sampled_from(suffix_sums)), "retention_bytes"
+        )
         self.plog.config = dataclasses.replace(CONFIG, retention_bytes=retention_bytes)
         active = self.plog.active
         expired = self.plog.expired_segments(now_ms())
@@ -221,8 +233,8 @@ class LogMachine(RuleBasedStateMachine):
 
 
 LogMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=25,
+    max_examples=100,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -259,6 +271,26 @@ def test_rolls_keep_offsets_dense_across_segments(plog):
     assert read_all(plog) == [(i, v[0]) for i, v in enumerate(values)]
 
 
+def test_roll_only_when_the_batch_does_not_fit(plog):
+    size = len(make_batch([b"x" * 100]))
+    per_segment = SEGMENT_BYTES // size
+    config = dataclasses.replace(CONFIG, segment_bytes=size * per_segment)
+    plog.config = config
+    for _ in range(per_segment):  # fills the segment exactly: no roll
+        append_batches(plog, [[b"x" * 100]])
+    assert len(plog.segments) == 1 and plog.active.size == config.segment_bytes
+    append_batches(plog, [[b"x" * 100]])
+    assert [s.base_offset for s in plog.segments] == [0, per_segment]
+
+
+def test_a_batch_larger_than_a_segment_goes_alone_into_a_fresh_segment(plog):
+    append_batches(plog, [[b"small"]])
+    append_batches(plog, [[b"y" * (2 * SEGMENT_BYTES)]])
+    append_batches(plog, [[b"small"]])
+    assert [s.base_offset for s in plog.segments] == [0, 1, 2]
+    assert read_all(plog) == [(0, b"small"), (1, b"y" * (2 * SEGMENT_BYTES)), (2, b"small")]
+
+
 def test_retention_by_size_never_drops_the_active_segment(plog):
     for i in range(20):
         append_batches(plog, [[bytes([i]) * 40]])
@@ -288,12 +320,41 @@ def test_retention_by_age(plog):
     assert len(plog.segments) == 1 and plog.active.max_timestamp == maxima[-1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PartitionLog.read with max_bytes < 12 returns max_bytes raw bytes and no whole "
-    "batch: the first-batch extension needs 12 bytes to read batch_length",
-)
 @pytest.mark.parametrize("max_bytes", [0, 1, 11])
 def test_read_with_tiny_max_bytes_still_returns_one_batch(plog, max_bytes):
     append_batches(plog, [[b"first", b"second"]])
     assert decode(plog.read(0, max_bytes).data) == [(0, b"first"), (1, b"second")]
+
+
+@given(st.lists(st.tuples(VALUES, st.integers(0, 60)), min_size=1, max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_offset_for_time_with_out_of_order_timestamps(batches):
+    """CreateTime timestamps need not grow; the answer is still the first batch reaching ts."""
+    with tempfile.TemporaryDirectory() as d:
+        plog = PartitionLog.open(Path(d), CONFIG)
+        model = LogModel()
+        for values, ts in batches:
+            assert append_batches(plog, [values], [ts]) == model.append([(values, ts)])
+        try:
+            for ts in range(-1, 62):
+                assert plog.offset_for_time(ts) == model.offset_for_time(ts), ts
+        finally:
+            plog.close()
+
+
+def test_reopen_keeps_max_timestamp_of_unindexed_batches(tmp_path):
+    plog = PartitionLog.open(tmp_path, CONFIG)
+    append_batches(plog, [[b"a"]], [5])  # position 0: indexed
+    append_batches(plog, [[b"b" * 100]], [100])  # 81 bytes after an entry: not indexed
+    append_batches(plog, [[b"c" * 10]], [50])  # indexed (interval passed); max so far stays 100
+    append_batches(plog, [[b"d" * 300]], [10])  # rolls: segment 0 is no longer the last
+    first = plog.segments[0]
+    assert list(first.index.offsets) == [0, 2] and first.max_timestamp == 100
+    assert plog.offset_for_time(80) == 1
+    plog.close()
+    plog = PartitionLog.open(tmp_path, CONFIG)
+    try:
+        assert plog.segments[0].max_timestamp == 100
+        assert plog.offset_for_time(80) == 1
+    finally:
+        plog.close()

@@ -139,8 +139,10 @@ class Partition:
         count = offset - first
         if not self._unflushed:
             self._unflushed_since = time.monotonic()
-        sync = cfg.flush_messages == 1 or (
-            cfg.flush_messages > 1 and self._unflushed + count >= cfg.flush_messages
+        sync = (
+            cfg.flush_messages == 1
+            or (cfg.flush_messages > 1 and self._unflushed + count >= cfg.flush_messages)
+            or (cfg.flush_ms > 0 and self._unflushed and self._flush_due_in() == 0)
         )
         try:
             if sync or rolled is not None or total > INLINE_WRITE_BYTES:

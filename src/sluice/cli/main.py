@@ -49,6 +49,17 @@ class _Group(click.Group):
             _fail(f"{exc.strerror or exc}{where}")
 
 
+def _plain(obj):
+    """A protocol struct as plain data, every field included (the wire omits defaults)."""
+    import msgspec
+
+    if isinstance(obj, msgspec.Struct):
+        return {k: _plain(v) for k, v in msgspec.structs.asdict(obj).items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
+
+
 def _is_tty() -> bool:
     return sys.stdout.isatty()
 
@@ -170,12 +181,10 @@ def topic_list(ctx) -> None:
 @click.pass_context
 def topic_describe(ctx, name: str, as_json: bool) -> None:
     """Show a topic's config and partitions."""
-    import msgspec
-
     with _admin(ctx) as admin:
         desc = admin.describe_topic(name)
     if as_json or not _is_tty():
-        click.echo(msgspec.json.encode(desc).decode())
+        click.echo(json.dumps(_plain(desc)))
         return
     _table(f"Topic {name}: config", ["key", "value"], sorted(desc.config.items()))
     _table(
@@ -213,6 +222,8 @@ def produce(ctx, topic_name: str, key: str | None, partition: int | None, acks: 
     key_bytes = key.encode() if key is not None else None
     failures = sent = 0
     first_error = None
+    with _admin(ctx) as admin:
+        admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
     with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer:
         futures = []
         for line in sys.stdin.buffer:
@@ -293,17 +304,22 @@ def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, 
     import time
 
     from sluice.client.sync import SyncConsumer
+    from sluice.errors import UnknownPartition
 
     mode = parse_from(start) if start else (None, None)
     reset = "earliest" if mode[0] == "earliest" else "latest"
+    with _admin(ctx) as admin:
+        desc = admin.describe_topic(topic_name)  # UNKNOWN_TOPIC is an error, not an empty wait
+    partitions = [p.partition for p in desc.partitions]
+    if partition is not None:
+        if partition not in partitions:
+            raise UnknownPartition(f"topic {topic_name!r} has partitions 0-{len(partitions) - 1}, not {partition}")
+        partitions = [partition]
     consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, auto_offset_reset=reset, enable_auto_commit=False)
     count = 0
     out = sys.stdout
     try:
-        if partition is None:
-            consumer.subscribe([topic_name])
-        else:
-            consumer.assign([(topic_name, partition)])
+        consumer.assign([(topic_name, p) for p in partitions])
         kind, arg = mode
         if kind == "earliest":
             consumer.seek_to_beginning()
@@ -357,7 +373,15 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
 
 
 def main() -> None:
-    cli(prog_name="sluice")
+    try:
+        cli.main(prog_name="sluice", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        _fail("aborted", 130)
+    except click.ClickException as exc:
+        # one line, like every other error; `--help` shows the usage
+        _fail(exc.format_message(), exc.exit_code)
 
 
 if __name__ == "__main__":

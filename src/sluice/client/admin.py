@@ -55,8 +55,9 @@ class Admin:
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None
     ) -> None:
         """Create a topic; ``TopicAlreadyExists``, ``InvalidTopicName``, ... on failure."""
-        if not isinstance(partitions, int) or partitions < 1:
-            raise errors.ConfigError(f"partitions must be an int >= 1, got {partitions!r}")
+        if not isinstance(partitions, int) or isinstance(partitions, bool):
+            raise errors.ConfigError(f"partitions must be an int, got {partitions!r}")
+        # the range is the broker's to check: it answers INVALID_PARTITIONS
         cfg = {str(k): str(v) for k, v in (config or {}).items()}
         resp = await self._request(
             messages.CreateTopicsRequest(

@@ -516,7 +516,9 @@ class Producer:
         info = self._cluster.topics.get(topic)
         if info is not None:
             return info
-        deadline = time.monotonic() + self.delivery_timeout
+        # Like Kafka's max.block.ms: a send waits this long for its topic's metadata.
+        wait = min(self.max_block, self.delivery_timeout)
+        deadline = time.monotonic() + wait
         attempt = 0
         last: Exception | None = None
         while True:
@@ -536,7 +538,7 @@ class Producer:
             attempt += 1
             if time.monotonic() + delay > deadline:
                 raise errors.UnknownTopic(
-                    f"topic {topic!r} not found within {self.delivery_timeout:g}s"
+                    f"topic {topic!r} not found within {wait:g}s"
                     + (f" (last error: {last})" if last else "")
                 )
             await asyncio.sleep(delay)

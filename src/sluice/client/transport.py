@@ -207,6 +207,14 @@ class Connection:
                 continue
             if ev.kind != frames.RESPONSE:
                 continue  # server pushes have no consumer in this client yet
+            if ev.correlation == 0 and ev.api == frames.CONNECTION_ERROR_API:
+                # the broker reports why it is about to close the connection
+                try:
+                    err = messages.decode(ev.header, messages.Response)
+                    self._fail(errors.error_for_code(err.error, err.message))
+                except errors.SluiceError as exc:
+                    self._fail(errors.ProtocolError(f"undecodable connection error: {exc}"))
+                continue
             entry = pending.pop(ev.correlation, None)
             if entry is None:
                 continue  # timed out or cancelled: the caller is gone

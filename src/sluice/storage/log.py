@@ -23,6 +23,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.protocol.records import LOG_OVERHEAD
 from sluice.storage.checkpoint import write_atomic
 from sluice.storage.segment import Cut, Segment
 
@@ -181,11 +182,11 @@ class PartitionLog:
             limit = seg.size
             pos = seg.locate(offset, limit)
             if pos is not None:
-                end = min(limit, pos + max_bytes)
+                end = min(limit, pos + max(max_bytes, LOG_OVERHEAD))
                 data = seg.read(pos, end - pos)
                 if end < limit:
                     # extend to the end of the first batch if the cap cut it
-                    first = int.from_bytes(data[8:12], "big") + 12 if len(data) >= 12 else 0
+                    first = int.from_bytes(data[8:12], "big") + LOG_OVERHEAD
                     if first > len(data):
                         data = seg.read(pos, first)
                 return ReadResult(data, hw, start)

@@ -31,6 +31,7 @@ from sluice.storage.index import OffsetIndex, TimeIndex
 log = logging.getLogger("sluice.storage")
 
 _SCAN_CHUNK = 1 << 20
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # buffers per pwritev
 
 
 def segment_name(base_offset: int) -> str:
@@ -122,7 +123,7 @@ class Segment:
         fd, pos, written = self.fileno, self.size, 0
         try:
             while written < total:
-                n = os.pwritev(fd, buffers, pos + written)
+                n = os.pwritev(fd, buffers[:_IOV_MAX], pos + written)
                 written += n
                 if written < total:
                     buffers = _skip(buffers, n)
@@ -149,14 +150,15 @@ class Segment:
         self.size = pos
 
     def _account(self, base: int, nxt: int, max_ts: int, pos: int, size: int) -> None:
-        if self._since_index <= 0 or pos == 0:
-            self.index.append(base, pos)
-            if max_ts > self.max_timestamp:
-                self.timeindex.append(max_ts, base)
-            self._since_index = self.index_interval
-        self._since_index -= size
         if max_ts > self.max_timestamp:
             self.max_timestamp = max_ts
+        if self._since_index <= 0 or pos == 0:
+            # Both indexes gain an entry at the same batches; the time entry carries the
+            # running max, so "entry < t" proves every batch up to it is older than t.
+            self.index.append(base, pos)
+            self.timeindex.append(self.max_timestamp, base)
+            self._since_index = self.index_interval
+        self._since_index -= size
         self.next_offset = nxt
 
     def save_indexes(self) -> None:
