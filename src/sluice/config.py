@@ -9,7 +9,6 @@ errors, not silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,7 +128,7 @@ class TopicConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Broker settings. ``from_env`` reads ``SLUICE_*`` variables over the defaults."""
+    """Broker settings (``sluice serve`` options)."""
 
     data_dir: Path = Path("data")
     host: str = "127.0.0.1"
@@ -154,17 +153,3 @@ class ServerConfig:
             TopicConfig.parse(self.topic_defaults)
         except InvalidConfig as exc:
             raise ConfigError(f"bad topic default: {exc.message}") from exc
-
-    @classmethod
-    def from_env(cls, **overrides) -> ServerConfig:
-        env = {}
-        for f in dataclasses.fields(cls):
-            raw = os.environ.get(f"SLUICE_{f.name.upper()}")
-            if raw is None or f.name == "topic_defaults":
-                continue
-            try:
-                env[f.name] = Path(raw) if f.name == "data_dir" else (raw if f.type == "str" else int(raw))
-            except ValueError:
-                raise ConfigError(f"SLUICE_{f.name.upper()} must be an integer, got {raw!r}") from None
-        env.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**env)

@@ -1,0 +1,339 @@
+"""The producer's buffers: memory accounting, batches, and the per-partition accumulator.
+
+Records wait here between ``Producer.send`` and the sender: appended to the open batch of
+their partition, closed at ``batch_size`` or after ``linger_ms``, queued per partition in send
+order, retried from the front of their queue.  ``MemoryPool`` bounds the bytes buffered and
+in flight (``buffer_memory``), making senders wait up to ``max_block_ms``.
+
+Concurrency: loop-bound, used only by the producer that owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+from sluice import errors
+from sluice.protocol import records
+
+
+class RecordMetadata(NamedTuple):
+    """Where an acknowledged record landed.  ``offset`` is -1 with ``acks="none"``."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+# ---------------------------------------------------------------------- buffer memory
+
+
+class MemoryPool:
+    """Bytes of buffer memory: reserved when a record is buffered, released on its ack.
+
+    Waiters are served first come, first served; ``acquire`` fails with ``BufferExhausted``
+    after ``timeout`` seconds.  Callers take the fast path themselves
+    (``used + n <= limit and not waiters``) to avoid a coroutine per record.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.waiters: deque[list] = deque()  # [n, future]
+
+    async def acquire(self, n: int, timeout: float) -> None:
+        if n > self.limit:
+            raise errors.BufferExhausted(
+                f"{n} bytes can never fit in buffer_memory={self.limit}"
+            )
+        if self.used + n <= self.limit and not self.waiters:
+            self.used += n
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        entry = [n, fut]
+        self.waiters.append(entry)
+        handle = loop.call_later(timeout, self._expire, entry, timeout)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(n)  # granted just as we were cancelled: give it back
+            else:
+                self._remove(entry)
+            raise
+        finally:
+            handle.cancel()
+
+    def _remove(self, entry: list) -> None:
+        try:
+            self.waiters.remove(entry)
+        except ValueError:
+            pass
+        self._grant()
+
+    def _expire(self, entry: list, timeout: float) -> None:
+        fut = entry[1]
+        if not fut.done():
+            self._remove(entry)
+            fut.set_exception(
+                errors.BufferExhausted(
+                    f"buffer_memory ({self.limit} bytes) stayed full for {timeout * 1000:g} ms "
+                    f"(max_block_ms): the broker is not keeping up or not reachable"
+                )
+            )
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        if self.waiters:
+            self._grant()
+
+    def _grant(self) -> None:
+        w = self.waiters
+        while w and self.used + w[0][0] <= self.limit:
+            n, fut = w.popleft()
+            if not fut.done():
+                self.used += n
+                fut.set_result(None)
+
+
+# ---------------------------------------------------------------------- batches
+
+
+class Bulk:
+    """The one future of a ``send_many`` call, resolved when all its batches are acked."""
+
+    __slots__ = ("future", "partition", "remaining", "results", "next_index")
+
+    def __init__(self, future: asyncio.Future, partition: int) -> None:
+        self.future = future
+        self.partition = partition
+        self.remaining = 0
+        self.results: list = []
+        self.next_index = 0
+
+    def expect(self, batches: int) -> None:
+        self.remaining = batches
+        self.results = [None] * batches
+
+    def batch_done(self, index: int, base_offset: int, count: int) -> None:
+        self.results[index] = (base_offset, count)
+        self.remaining -= 1
+        if self.remaining or self.future.done():
+            return
+        res = self.results
+        first = res[0][0]
+        if first < 0:
+            self.future.set_result((self.partition, -1))
+            return
+        expected = first
+        for base, count in res:
+            if base != expected:
+                break
+            expected = base + count
+        else:
+            self.future.set_result((self.partition, first))
+            return
+        offsets: list[int] = []
+        for base, count in res:
+            offsets.extend(range(base, base + count))
+        self.future.set_result(offsets)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class Batch:
+    """One record batch of one partition: open (growing), queued, in flight, then done.
+
+    Per-record state is three parallel lists (encoded records, futures, timestamps) so
+    resolving costs one loop per batch.  A bulk batch has neither futures nor timestamps.
+    """
+
+    __slots__ = (
+        "topic", "partition", "parts", "futures", "timestamps", "count", "size", "base_ts",
+        "max_ts", "deadline", "linger_at", "reserved", "bulk", "bulk_index", "data",
+        "attempts", "last_error", "_done",
+    )  # fmt: skip
+
+    def __init__(self, topic: str, partition: int, base_ts: int, deadline: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.parts: list[bytes] | None = []
+        self.futures: list[asyncio.Future] = []
+        self.timestamps: list[int] = []
+        self.count = 0
+        self.size = 0
+        self.base_ts = self.max_ts = base_ts
+        self.deadline = deadline
+        self.linger_at = 0.0
+        self.reserved = 0
+        self.bulk: Bulk | None = None
+        self.bulk_index = 0
+        self.data: bytes | None = None
+        self.attempts = 0
+        self.last_error: Exception | None = None
+        self._done: asyncio.Future | None = None
+
+    def append(self, rec: bytes, fut: asyncio.Future, ts: int, reserved: int) -> None:
+        self.parts.append(rec)
+        self.futures.append(fut)
+        self.timestamps.append(ts)
+        self.count += 1
+        self.size += len(rec)
+        self.reserved += reserved
+        if ts > self.max_ts:
+            self.max_ts = ts
+
+    def build(self, codec: int) -> bytes:
+        """The batch's bytes (built, and compressed, once; kept for retries)."""
+        if self.data is None:
+            self.data = records.build_batch(
+                b"".join(self.parts), self.count, self.base_ts, self.max_ts, codec
+            )
+            self.parts = None
+        return self.data
+
+    def resolve(self, base_offset: int, append_time: int, meta=None) -> None:
+        if self.bulk is not None:
+            self.bulk.batch_done(self.bulk_index, base_offset, self.count)
+            return
+        topic, partition = self.topic, self.partition
+        meta = meta or RecordMetadata
+        off = base_offset
+        step = 1 if base_offset >= 0 else 0
+        for fut, ts in zip(self.futures, self.timestamps, strict=True):
+            if not fut.done():
+                fut.set_result(meta(topic, partition, off, append_time if append_time != -1 else ts))
+            off += step
+
+    def fail(self, exc: BaseException) -> None:
+        if self.bulk is not None:
+            self.bulk.fail(exc)
+            return
+        for fut in self.futures:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def timeout_error(self, delivery_timeout: float) -> errors.DeliveryTimeout:
+        last = f"; last error: {self.last_error}" if self.last_error else "; it was never sent"
+        err = errors.DeliveryTimeout(
+            f"{self.count} record(s) for {self.topic}[{self.partition}] not acknowledged "
+            f"within delivery_timeout_ms={delivery_timeout * 1000:g} "
+            f"after {self.attempts} attempt(s){last}"
+        )
+        err.__cause__ = self.last_error
+        return err
+
+    def set_done(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        self._done = False  # marks "done" for later waiters
+
+    async def wait_done(self, loop) -> None:
+        if self._done is False:
+            return
+        if self._done is None:
+            self._done = loop.create_future()
+        await self._done
+
+
+class Accumulator:
+    """Open batches per partition, and the queues of closed batches waiting to be sent.
+
+    Only the producer's loop touches it.  ``on_ready`` is called when the sender has
+    something new to look at: a batch opened (a linger timer to arm) or closed.
+    """
+
+    def __init__(self, batch_size: int, linger: float, delivery_timeout: float) -> None:
+        self.batch_size = batch_size
+        self.linger = linger
+        self.delivery_timeout = delivery_timeout
+        self.open: dict[tuple[str, int], Batch] = {}
+        self.queues: dict[tuple[str, int], deque[Batch]] = {}
+        self.incomplete: dict[Batch, None] = {}  # insertion-ordered set
+        self.on_ready: Callable[[], None] = lambda: None
+
+    def topics(self) -> set[str]:
+        return {tp[0] for tp in self.open} | {tp[0] for tp, q in self.queues.items() if q}
+
+    def new_batch(self, topic: str, partition: int, ts: int) -> Batch:
+        now = time.monotonic()
+        b = Batch(topic, partition, ts, now + self.delivery_timeout)
+        b.linger_at = now + self.linger
+        self.open[(topic, partition)] = b
+        self.incomplete[b] = None
+        self.on_ready()
+        return b
+
+    def close(self, b: Batch) -> None:
+        tp = (b.topic, b.partition)
+        if self.open.get(tp) is b:
+            del self.open[tp]
+        q = self.queues.get(tp)
+        if q is None:
+            q = self.queues[tp] = deque()
+        q.append(b)
+        self.on_ready()
+
+    def add_closed(
+        self, topic: str, partition: int, body: bytes, count: int, ts: int, reserved: int,
+        bulk: Bulk,
+    ) -> Batch:
+        b = Batch(topic, partition, ts, time.monotonic() + self.delivery_timeout)
+        b.parts = [body]
+        b.count = count
+        b.size = len(body)
+        b.reserved = reserved
+        b.bulk = bulk
+        b.bulk_index = bulk.next_index
+        bulk.next_index += 1
+        self.incomplete[b] = None
+        self.close(b)
+        return b
+
+    def close_lingered(self, now: float, force: bool) -> float | None:
+        """Close open batches whose linger passed (all of them with ``force``); return the
+        earliest linger or delivery deadline still pending."""
+        wake_at = None
+        for b in list(self.open.values()):
+            if force or b.linger_at <= now:
+                self.close(b)
+            else:
+                due = min(b.linger_at, b.deadline)  # the deadline matters past a long linger
+                if wake_at is None or due < wake_at:
+                    wake_at = due
+        return wake_at
+
+    def expire(self, now: float, release: Callable[[Batch], None]) -> None:
+        """Fail batches not in flight whose delivery deadline passed."""
+        for tp, b in list(self.open.items()):
+            if b.deadline <= now:
+                del self.open[tp]
+                self.finish(b, b.timeout_error(self.delivery_timeout), release)
+        for q in self.queues.values():
+            while q and q[0].deadline <= now:
+                b = q.popleft()
+                self.finish(b, b.timeout_error(self.delivery_timeout), release)
+
+    def finish(self, b: Batch, exc: BaseException | None, release: Callable[[Batch], None]) -> None:
+        """A batch's end: fail its futures when ``exc`` is set, release its memory."""
+        if self.incomplete.pop(b, 0) is None:
+            if exc is not None:
+                b.fail(exc)
+            release(b)
+            b.set_done()
+
+    def fail_all(self, exc: BaseException, release: Callable[[Batch], None]) -> None:
+        batches = list(self.open.values())
+        self.open.clear()
+        for q in self.queues.values():
+            batches.extend(q)
+            q.clear()
+        for b in batches:
+            self.finish(b, exc, release)
