@@ -156,12 +156,16 @@ async def test_flush_messages_1_fsyncs_every_group_before_its_ack(open_partition
     assert calls.writes == 5
 
 
-async def test_flush_messages_n_fsyncs_every_n_messages(open_partition, monkeypatch):
+async def test_flush_messages_n_fsyncs_every_n_messages_after_the_acks(open_partition, monkeypatch):
     part = open_partition(**{"flush.messages": "3", "flush.ms": "0"})
     calls = Calls(monkeypatch)
     seen = []
     for i in range(7):
         await part.append(*request([[b"%d" % i]]))
+        for _ in range(200):  # the fsync follows the ack in the background
+            await asyncio.sleep(0.005)
+            if calls.flushes == (i + 1) // 3:
+                break
         seen.append(calls.flushes)
     assert seen == [0, 0, 1, 1, 1, 2, 2]
 

@@ -57,6 +57,10 @@ class Topic:
     internal: bool = False
 
 
+def _unknown(topic: str) -> UnknownTopic:
+    return UnknownTopic(f"topic {topic!r} does not exist")
+
+
 def _err(exc: BrokerError) -> dict:
     return {"error": exc.code, "message": exc.message}
 
@@ -142,7 +146,7 @@ class Broker:
     def topic(self, name: str) -> Topic:
         t = self.topics.get(name)
         if t is None:
-            raise UnknownTopic(f"topic {name!r} does not exist")
+            raise _unknown(name)
         return t
 
     def partition(self, topic: str, index: int) -> Partition:
@@ -163,7 +167,7 @@ class Broker:
         for name in names:
             t = self.topics.get(name)
             if t is None:
-                topics.append(m.TopicMetadata(name=name, **_err(UnknownTopic(f"topic {name!r} does not exist"))))
+                topics.append(m.TopicMetadata(name=name, **_err(_unknown(name))))
                 continue
             topics.append(
                 m.TopicMetadata(
@@ -245,7 +249,7 @@ class Broker:
         for name in names:
             t = self.topics.get(name)
             if t is None:
-                out.append(m.TopicDescription(name=name, **_err(UnknownTopic(f"topic {name!r} does not exist"))))
+                out.append(m.TopicDescription(name=name, **_err(_unknown(name))))
                 continue
             out.append(
                 m.TopicDescription(

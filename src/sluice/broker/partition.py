@@ -7,8 +7,9 @@ patching, no per-record work), writes them with one ``pwritev`` and at most one
 fsync nor a segment roll is written to the page cache on the event loop: cheaper than the
 thread hop.)  While the thread works the next
 group gathers.  Flush policy: ``flush.messages == 1`` fsyncs every group before its acks
-("always"); otherwise the writer fsyncs when ``flush.messages`` messages are unflushed or
-the oldest unflushed write is ``flush.ms`` old (the writer doubles as background flusher).
+("always"); otherwise acks go out after the write, and a background fsync starts when
+``flush.messages`` messages are unflushed or the oldest unflushed write is ``flush.ms`` old
+(the writer task doubles as the flusher; appends go on while the fsync runs).
 
 Concurrency: every method except those named ``*_blocking`` runs on the event loop; the
 writer task is the only one that appends to or flushes the log.
@@ -70,6 +71,7 @@ class Partition:
         self._waiters: list[Callable[[], None]] = []
         self._unflushed = 0
         self._unflushed_since = 0.0
+        self._flush_future: asyncio.Future | None = None
         self._closing = False
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"writer {topic}-{index}"
@@ -109,8 +111,7 @@ class Partition:
             group, self._queue = self._queue, []
             if group:
                 await self._write_group(loop, group)
-            elif self._unflushed and self._flush_due_in() == 0:
-                await self._flush(loop)
+            self._maybe_flush(loop)
 
     def _flush_due_in(self) -> float | None:
         """Seconds until the time-based flush is due; None when nothing waits for one."""
@@ -136,14 +137,7 @@ class Partition:
                 offset += s.count
             assign_offsets(req.data, req.spans, bases[-1], 0, append_time)
             buffers.append(req.data)
-        count = offset - first
-        if not self._unflushed:
-            self._unflushed_since = time.monotonic()
-        sync = (
-            cfg.flush_messages == 1
-            or (cfg.flush_messages > 1 and self._unflushed + count >= cfg.flush_messages)
-            or (cfg.flush_ms > 0 and self._unflushed and self._flush_due_in() == 0)
-        )
+        sync = cfg.flush_messages == 1  # "always": the fsync is part of the acknowledgement
         try:
             if sync or rolled is not None or total > INLINE_WRITE_BYTES:
                 await loop.run_in_executor(
@@ -161,7 +155,10 @@ class Partition:
             return
         plog.next_offset = offset
         plog.appended(segment, metas, offset)
-        self._unflushed = 0 if sync else self._unflushed + count
+        if not sync:
+            if not self._unflushed:
+                self._unflushed_since = time.monotonic()
+            self._unflushed += offset - first
         result_time = append_time if append_time is not None else -1
         for req, base in zip(group, bases, strict=True):
             if not req.future.done():
@@ -188,13 +185,33 @@ class Partition:
                 os.ftruncate(segment.fileno, segment.size)
                 raise
 
-    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            await loop.run_in_executor(self._write_executor, self.log.flush)
-            self._unflushed = 0
-        except OSError as exc:
+    def _maybe_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a background fsync when ``flush.messages`` or ``flush.ms`` says so.
+
+        The fsync runs in a worker thread beside later appends (the kernel allows writes
+        to a file while it is being synced); acknowledgements do not wait for it.  At most
+        one runs at a time; what is written meanwhile waits for the next one.
+        """
+        cfg = self.config
+        if not self._unflushed or self._flush_future is not None:
+            return
+        by_count = cfg.flush_messages > 1 and self._unflushed >= cfg.flush_messages
+        if not (by_count or self._flush_due_in() == 0):
+            return
+        pending, self._unflushed = self._unflushed, 0
+        fut = loop.run_in_executor(self._write_executor, self.log.flush)
+        self._flush_future = fut
+        fut.add_done_callback(lambda f: self._flushed(f, pending))
+
+    def _flushed(self, fut: asyncio.Future, pending: int) -> None:
+        self._flush_future = None
+        exc = fut.exception()
+        if exc is not None:
             log.error("%s", storage_error_from_os(exc, f"flush of {self.topic}-{self.index}"))
-            self._unflushed_since = time.monotonic()  # try again after another flush.ms
+            if not self._unflushed:
+                self._unflushed_since = time.monotonic()  # try again after another flush.ms
+            self._unflushed += pending
+        self._wakeup.set()  # re-check: data written during the flush may be due already
 
     # ------------------------------------------------------------------ reading
 
@@ -239,6 +256,8 @@ class Partition:
         self._closing = True
         self._wakeup.set()
         await self._task
+        if self._flush_future is not None:
+            await asyncio.wait([self._flush_future])
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._write_executor, self.log.close)
         self._notify()
