@@ -78,6 +78,16 @@ async def reset_topic(bootstrap: str, config: dict[str, str]) -> None:
         await admin.close()
 
 
+async def stored_messages(bootstrap: str) -> int:
+    """Messages in the bench topic per the broker (its high watermark)."""
+    admin = Admin(bootstrap)
+    try:
+        desc = await admin.describe_topic(TOPIC)
+    finally:
+        await admin.close()
+    return sum(p.high_watermark - p.log_start_offset for p in desc.partitions)
+
+
 async def publish(producer: Producer, payloads: list[bytes], deadline: float) -> tuple[int, bool]:
     """Send ``payloads`` with at most WINDOW unacknowledged; (acknowledged, stopped early)."""
     slots = asyncio.Semaphore(WINDOW // CHUNK)
@@ -132,6 +142,9 @@ async def run_publish(bootstrap: str, name: str, size: int, count: int, config: 
         cpu = meter.stop()
     finally:
         await producer.close()
+    stored = await stored_messages(bootstrap)
+    if not stopped and (acked != count or stored != count):
+        raise RuntimeError(f"{acked} acked and {stored} stored of {count} sent")
     row = Row(name, acked, acked * size, seconds)
     durability = "fsync before ack (flush.messages=1)" if config is FSYNC_ALWAYS else "page-cache ack (flush.messages=0, flush.ms=1000)"
     row.notes += [durability, f"client: Producer.send_many, {CHUNK} records per call, ≤{WINDOW} unacked", cpu]
