@@ -118,12 +118,24 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
         for name in names:
             meter = CpuMeter(pid)
             try:
-                row = asyncio.run(_run_one(name, bootstrap, meter)).as_dict(version)
+                with _status(f"running {name}", enabled=not as_json):
+                    row = asyncio.run(_run_one(name, bootstrap, meter)).as_dict(version)
             except Exception as exc:  # a failed workload is a row, not a crash
                 row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
             rows.append(row)
             _print(row, as_json)
     return rows
+
+
+@contextlib.contextmanager
+def _status(text: str, enabled: bool):
+    if not (enabled and sys.stderr.isatty()):
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(text):
+        yield
 
 
 def _print(row: dict, as_json: bool) -> None:

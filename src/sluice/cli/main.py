@@ -16,6 +16,7 @@ Tables on a terminal, plain lines / JSON when piped.  Every failure is one line 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import sys
@@ -27,6 +28,7 @@ import click
 from sluice.errors import BrokerError, SluiceError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
+PRODUCE_CHUNK = 1000  # stdin lines per bulk send
 
 
 def _fail(message: str, code: int = 1):
@@ -186,7 +188,10 @@ def topic_describe(ctx, name: str, as_json: bool) -> None:
     if as_json or not _is_tty():
         click.echo(json.dumps(_plain(desc)))
         return
-    _table(f"Topic {name}: config", ["key", "value"], sorted(desc.config.items()))
+    from sluice.config import TopicConfig
+
+    policy = TopicConfig.parse(desc.config).flush_policy
+    _table(f"Topic {name}: config (flush {policy})", ["key", "value"], sorted(desc.config.items()))
     _table(
         f"Topic {name}: partitions",
         ["partition", "leader", "log start", "high watermark", "bytes", "segments"],
@@ -220,33 +225,81 @@ def produce(ctx, topic_name: str, key: str | None, partition: int | None, acks: 
 
     hdrs = [(k, v.encode()) for k, v in _key_values(headers, "--header").items()] or None
     key_bytes = key.encode() if key is not None else None
-    failures = sent = 0
-    first_error = None
+    counts = {"acked": 0, "failed": 0}
+    errors: list[BaseException] = []
+
+    def done(fut) -> None:  # runs on the producer's loop thread; the main thread only reads
+        exc = fut.exception()
+        if exc is None:
+            counts["acked"] += 1
+        else:
+            counts["failed"] += 1
+            errors.append(exc)
+
     with _admin(ctx) as admin:
         admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
-    with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer:
-        futures = []
-        for line in sys.stdin.buffer:
-            value = line.rstrip(b"\r\n")
-            try:
-                futures.append(
-                    producer.send(topic_name, value, key=key_bytes, headers=hdrs, partition=partition)
-                )
-            except SluiceError as exc:
-                failures += 1
-                first_error = first_error or exc
-        producer.flush()
-        for fut in futures:
-            exc = fut.exception()
-            if exc is None:
-                sent += 1
+    def send_one(producer, value: bytes) -> None:
+        try:
+            producer.send(topic_name, value, key=key_bytes, headers=hdrs, partition=partition).add_done_callback(done)
+        except SluiceError as exc:
+            counts["failed"] += 1
+            errors.append(exc)
+
+    def send_chunk(producer, values: list[bytes]) -> None:
+        """The bulk path (one call per chunk); per message only with headers or on a refusal."""
+        if hdrs:
+            for v in values:
+                send_one(producer, v)
+            return
+        try:
+            fut = producer.send_many(topic_name, values, key=key_bytes, partition=partition)
+        except SluiceError:
+            for v in values:  # find which message is refused, send the others
+                send_one(producer, v)
+            return
+
+        n = len(values)
+
+        def chunk_done(f) -> None:
+            if f.exception() is None:
+                counts["acked"] += n
             else:
-                failures += 1
-                first_error = first_error or exc
-    if failures:
-        _fail(f"{failures} of {failures + sent} messages failed; first: {first_error}")
-    if _is_tty():
+                counts["failed"] += n
+                errors.append(f.exception())
+
+        fut.add_done_callback(chunk_done)
+
+    sent = 0
+    chunk: list[bytes] = []
+    with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer, _status(f"producing to {topic_name}") as status:
+        for line in sys.stdin.buffer:
+            chunk.append(line.rstrip(b"\r\n"))
+            if len(chunk) == PRODUCE_CHUNK:
+                send_chunk(producer, chunk)
+                sent += len(chunk)
+                chunk = []
+                if status is not None:
+                    status.update(f"{topic_name}: sent {sent:,}, acknowledged {counts['acked']:,}")
+        if chunk:
+            send_chunk(producer, chunk)
+            sent += len(chunk)
+        producer.flush()
+    if counts["failed"]:
+        _fail(f"{counts['failed']} of {sent} messages failed; first: {errors[0]}")
+    if _is_tty() or sys.stderr.isatty():
         click.echo(f"sent {sent} message{'s' if sent != 1 else ''} to {topic_name}", err=True)
+
+
+@contextlib.contextmanager
+def _status(text: str):
+    """A live spinner on stderr when it is a terminal; yields it (or None when piped)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(text) as status:
+        yield status
 
 
 def _text_or_b64(data: bytes | None, field: str) -> dict:
