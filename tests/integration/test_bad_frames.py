@@ -196,3 +196,19 @@ def test_produce_with_corrupt_batch_is_rejected(broker):
             [bytes(batch)],
         )
         assert resp.error == 2  # sizes do not match the attachments
+
+
+def test_connection_limit_answers_too_many_connections(broker_factory):
+    broker = broker_factory(extra_args=["--max-connections", "2"]).start()
+    held = [_connect(broker)[0] for _ in range(2)]
+    try:
+        for s in held:
+            assert _events(s.recv(64))[0].second == 0  # both admitted
+        s, _ = _connect(broker)
+        with s:
+            verdict = _events(_read_all(s))[0]
+        assert verdict.second == 16  # TOO_MANY_CONNECTIONS, then closed
+    finally:
+        for s in held:
+            s.close()
+    _still_serves(broker)  # a freed slot is usable again

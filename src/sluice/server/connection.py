@@ -36,6 +36,8 @@ from sluice.protocol import messages as m
 
 log = logging.getLogger("sluice.server")
 
+LINGER_S = 1.0  # after an error: how long input is drained before the socket closes
+
 
 class Connection(asyncio.Protocol):
     def __init__(self, server) -> None:
@@ -188,13 +190,27 @@ class Connection(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()
 
-    def _close(self) -> None:
+    def _close(self, linger: float = LINGER_S) -> None:
+        """Close after an error: send FIN after what was written, then drop the socket.
+
+        Closing at once while the peer is still sending makes the kernel answer with RST,
+        which can destroy the error we just wrote before the peer reads it.  So the write
+        side is shut first, further input is discarded, and the socket closes ``linger``
+        seconds later (or when the peer closes).
+        """
         self._closing = True
-        if self.transport is not None:
-            self.transport.close()  # flushes what was written first
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if linger and t.can_write_eof():
+            t.write_eof()
+            t.resume_reading()  # drain what the peer still sends
+            asyncio.get_running_loop().call_later(linger, t.close)
+        else:
+            t.close()
 
     async def drain_and_close(self, grace: float) -> None:
         """Let in-flight requests finish (up to ``grace`` seconds), then close."""
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=grace)
-        self._close()
+        self._close(linger=0)
