@@ -218,16 +218,17 @@ async def run_l1(bootstrap: str, meter, rate: int = 5000, seconds: float = 20.0,
             raise RuntimeError(f"L1 consumer did not start: {ready!r}")
         meter.start()
         t0 = time.perf_counter()
-        i = worst_backlog = 0
+        i = worst_backlog = tick = 0
         while i < total:
+            # a 1 ms tick: publish every message due by now (schedule i / rate), await the acks
             due = min(total, int((time.perf_counter() - t0) * rate) + 1)
             worst_backlog = max(worst_backlog, due - i)
             if due > i:
                 batch = [time.monotonic_ns().to_bytes(8, "big") + tails[j] for j in range(i, due)]
                 await (await producer.send_many(TOPIC, batch, partition=0))
                 i = due
-            delay = max(0.0, min(0.001, t0 + i / rate - time.perf_counter()))
-            await asyncio.sleep(delay)
+            tick = max(tick + 1, int((time.perf_counter() - t0) * 1000))
+            await asyncio.sleep(max(0.0, t0 + (tick + 1) / 1000 - time.perf_counter()))
         elapsed = time.perf_counter() - t0
         cpu = meter.stop()
         out, _ = consumer.communicate(timeout=60)
