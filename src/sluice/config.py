@@ -137,6 +137,7 @@ class ServerConfig:
     max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 1024
     max_in_flight_per_connection: int = 256
+    max_in_flight_bytes_per_connection: int = 256 * 1024 * 1024
     io_threads: int = 4
     retention_check_ms: int = 30_000
     default_partitions: int = 1
@@ -147,8 +148,10 @@ class ServerConfig:
             raise ConfigError(f"port must be 0-65535, got {self.port}")
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
-        if self.max_connections < 1 or self.max_in_flight_per_connection < 1 or self.io_threads < 1:
-            raise ConfigError("max_connections, max_in_flight_per_connection and io_threads must be ≥ 1")
+        limits = (self.max_connections, self.max_in_flight_per_connection,
+                  self.max_in_flight_bytes_per_connection, self.io_threads)
+        if min(limits) < 1:
+            raise ConfigError("connection, in-flight and thread limits must be ≥ 1")
         try:
             TopicConfig.parse(self.topic_defaults)
         except InvalidConfig as exc:

@@ -52,12 +52,11 @@ async def _fill(bootstrap: str, topic: str, acked: list[bytes]) -> BaseException
                 value = f"{i:08d}".encode() + os.urandom(4088)
                 i += 1
                 futs.append((value, await producer.send(topic, value, partition=0)))
-            for value, fut in futs:
-                try:
-                    await fut
-                    acked.append(value)
-                except SluiceError as exc:
-                    return exc
+            results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
+            for (value, _), result in zip(futs, results, strict=True):
+                if isinstance(result, SluiceError):
+                    return result
+                acked.append(value)
             if i > 10_000:
                 raise AssertionError("the 6 MiB disk never filled")
     finally:

@@ -13,8 +13,9 @@ client match them.  Bad input is answered, then the connection is closed:
 Nothing a client sends can crash the broker: handler bugs are logged and answered with
 UNKNOWN_SERVER_ERROR on that request only.
 
-Flow control: at most ``max_in_flight`` requests are handled at once per connection; past
-that, and while the transport's write buffer is full, the connection stops reading.
+Flow control: per connection, at most ``max_in_flight`` requests holding at most
+``max_in_flight_bytes`` of frames are handled at once; past either, and while the
+transport's write buffer is full, the connection stops reading.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.version: int | None = None
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: dict[asyncio.Task, int] = {}  # request task -> bytes of its frame
+        self.in_flight_bytes = 0
         self.max_in_flight = server.config.max_in_flight_per_connection
+        self.max_in_flight_bytes = server.config.max_in_flight_bytes_per_connection
         self._reading_paused = False
         self._writing_paused = False
         self._closing = False
@@ -129,7 +132,9 @@ class Connection(asyncio.Protocol):
             self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
             return
         task = asyncio.ensure_future(self._handle(frame, handler, request))
-        self.tasks.add(task)
+        size = len(frame.header) + len(frame.attachments)
+        self.tasks[task] = size
+        self.in_flight_bytes += size
         task.add_done_callback(self._task_done)
         self._update_reading()
 
@@ -151,7 +156,7 @@ class Connection(asyncio.Protocol):
             self._respond(frame, response, attachments)
 
     def _task_done(self, task: asyncio.Task) -> None:
-        self.tasks.discard(task)
+        self.in_flight_bytes -= self.tasks.pop(task, 0)
         self._update_reading()
 
     def _respond(self, frame: frames.Frame, response: m.Response, attachments) -> None:
@@ -182,7 +187,11 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self._closing:
             return
-        should_pause = self._writing_paused or len(self.tasks) >= self.max_in_flight
+        should_pause = (
+            self._writing_paused
+            or len(self.tasks) >= self.max_in_flight
+            or self.in_flight_bytes >= self.max_in_flight_bytes
+        )
         if should_pause and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
