@@ -53,10 +53,11 @@ async def _fill(bootstrap: str, topic: str, acked: list[bytes]) -> BaseException
                 i += 1
                 futs.append((value, await producer.send(topic, value, partition=0)))
             results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
-            for (value, _), result in zip(futs, results, strict=True):
-                if isinstance(result, SluiceError):
-                    return result
-                acked.append(value)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            # a later, smaller batch may still fit after an earlier one failed: keep every ack
+            acked.extend(v for (v, _), r in zip(futs, results, strict=True) if not isinstance(r, BaseException))
+            if failures:
+                return failures[0]
             if i > 10_000:
                 raise AssertionError("the 6 MiB disk never filled")
     finally:
