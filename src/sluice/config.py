@@ -17,6 +17,7 @@ from sluice.errors import ConfigError, InvalidConfig, InvalidPartitions, Invalid
 from sluice.storage.log import LogConfig
 
 DAY_MS = 24 * 3600 * 1000
+_CENTURY_MS = 36_525 * DAY_MS
 MAX_PARTITIONS = 10_000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -64,13 +65,13 @@ class TopicConfig:
     index_interval_bytes: int = 4096
 
     KEYS = {
-        "retention.ms": _Key("retention_ms", -1),
-        "retention.bytes": _Key("retention_bytes", -1),
+        "retention.ms": _Key("retention_ms", -1, _CENTURY_MS),
+        "retention.bytes": _Key("retention_bytes", -1, 1 << 60),
         "segment.bytes": _Key("segment_bytes", 1024, 1 << 31),
-        "segment.ms": _Key("segment_ms", 1),
-        "max.message.bytes": _Key("max_message_bytes", 64, 64 * 1024 * 1024),
-        "flush.messages": _Key("flush_messages", 0),
-        "flush.ms": _Key("flush_ms", 0),
+        "segment.ms": _Key("segment_ms", 1, _CENTURY_MS),
+        "max.message.bytes": _Key("max_message_bytes", 64, 32 * 1024 * 1024),
+        "flush.messages": _Key("flush_messages", 0, 1 << 62),
+        "flush.ms": _Key("flush_ms", 0, DAY_MS),
         "timestamp.type": _Key("timestamp_type", 0, choices=("LogAppendTime", "CreateTime")),
         "index.interval.bytes": _Key("index_interval_bytes", 64, 1 << 24),
     }
@@ -138,6 +139,7 @@ class ServerConfig:
     max_connections: int = 1024
     max_in_flight_per_connection: int = 256
     max_in_flight_bytes_per_connection: int = 256 * 1024 * 1024
+    max_partitions: int = 4096  # every partition holds open files: bounded by the fd limit
     io_threads: int = 4
     retention_check_ms: int = 30_000
     default_partitions: int = 1
@@ -149,7 +151,7 @@ class ServerConfig:
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         limits = (self.max_connections, self.max_in_flight_per_connection,
-                  self.max_in_flight_bytes_per_connection, self.io_threads)
+                  self.max_in_flight_bytes_per_connection, self.io_threads, self.max_partitions)
         if min(limits) < 1:
             raise ConfigError("connection, in-flight and thread limits must be ≥ 1")
         try:

@@ -49,7 +49,8 @@ def append_batches(
     data = bytearray(b"".join(make_batch(v, t) for v, t in zip(batches, timestamps, strict=True)))
     spans = validate_batches(data, BIG)
     total = sum(s.size for s in spans)
-    rolled = plog.prepare_append(total, now_ms() if now is None else now)
+    count = sum(s.count for s in spans)
+    rolled = plog.prepare_append(total, count, now_ms() if now is None else now)
     segment = plog.active
     if rolled is not None:
         rolled.flush()

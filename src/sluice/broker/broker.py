@@ -31,6 +31,7 @@ from sluice.config import ServerConfig, TopicConfig, check_partitions, check_top
 from sluice.errors import (
     BrokerError,
     CorruptRecord,
+    InvalidPartitions,
     InvalidRecord,
     InvalidRequest,
     MessageTooLarge,
@@ -46,6 +47,8 @@ from sluice.protocol.records import BatchTooLarge, validate_batches
 from sluice.storage.log import OutOfRange, PartitionLog
 
 log = logging.getLogger("sluice.broker")
+
+MAX_COMMIT_METADATA = 4096
 
 
 @dataclass
@@ -73,10 +76,14 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")
         self.read_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-read")
+        # metadata writes, directory moves and deletions: never in the way of produce / fetch
+        self.housekeeping = ThreadPoolExecutor(1, thread_name_prefix="sluice-housekeeping")
+        self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
         self.metadata: EmbeddedMetadata | None = None
         self.groups: GroupOffsets | None = None
         self.host, self.port = config.host, config.port
         self._retention_task: asyncio.Task | None = None
+        self._expired: list = []  # segments out of their logs whose files are still to delete
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -85,20 +92,24 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
         self.metadata = EmbeddedMetadata(self.data_dir, self.config.node_id)
-        self.groups = GroupOffsets(self.data_dir, self.write_executor)
+        self.groups = GroupOffsets(self.data_dir, self.housekeeping)
         for record in self.metadata.topics.values():
             await self._open_topic(record)
+        for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
+            asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
 
     async def close(self) -> None:
         """Finish queued writes, fsync and close every partition."""
         if self._retention_task:
             self._retention_task.cancel()
-        for topic in self.topics.values():
-            for p in topic.partitions:
-                await p.close()
-        self.write_executor.shutdown(wait=True)
-        self.read_executor.shutdown(wait=True)
+        parts = [p for topic in self.topics.values() for p in topic.partitions]
+        results = await asyncio.gather(*(p.close() for p in parts), return_exceptions=True)
+        for p, result in zip(parts, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("closing %s-%d failed: %r", p.topic, p.index, result)
+        for executor in (self.write_executor, self.read_executor, self.housekeeping):
+            executor.shutdown(wait=True)
 
     def _log_dir(self, topic: str, index: int) -> Path:
         return self.data_dir / "logs" / f"{topic}-{index}"
@@ -107,38 +118,54 @@ class Broker:
         config = TopicConfig.parse(record.config, self.defaults)
         loop = asyncio.get_running_loop()
         partitions = []
-        for i in range(record.partitions):
-            plog = await loop.run_in_executor(
-                self.write_executor, PartitionLog.open, self._log_dir(record.name, i), config.log_config
-            )
-            for cut in plog.cuts:
-                log.warning(
-                    "partition %s-%d recovered: cut %d bytes at position %d of %s (%s)",
-                    record.name, i, cut.dropped_bytes, cut.position, cut.segment.name, cut.reason,
+        try:
+            for i in range(record.partitions):
+                plog = await loop.run_in_executor(
+                    self.write_executor, PartitionLog.open, self._log_dir(record.name, i), config.log_config
                 )
-            partitions.append(
-                Partition(record.name, i, plog, config, self.write_executor, self.read_executor)
-            )
+                for cut in plog.cuts:
+                    log.warning(
+                        "partition %s-%d recovered: cut %d bytes at position %d of %s (%s)",
+                        record.name, i, cut.dropped_bytes, cut.position, cut.segment.name, cut.reason,
+                    )
+                partitions.append(
+                    Partition(record.name, i, plog, config, self.write_executor, self.read_executor)
+                )
+        except BaseException:
+            await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
+            raise
         topic = Topic(record.name, config, dict(record.config), partitions, record.internal)
         self.topics[record.name] = topic
         return topic
 
     async def _retention_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.config.retention_check_ms / 1000)
-            await self.enforce_retention(loop)
+            try:
+                await self.enforce_retention()
+            except Exception:  # keep enforcing: the cause (a full or read-only disk) may pass
+                log.exception("retention pass failed")
 
-    async def enforce_retention(self, loop=None) -> int:
-        """Delete segments past retention; returns how many were deleted."""
-        loop = loop or asyncio.get_running_loop()
+    async def enforce_retention(self) -> int:
+        """Delete segments past retention; returns how many files sets were deleted.
+
+        Segments leave the log at once; their files are unlinked off the event loop, and a
+        deletion that fails is retried on the next pass.
+        """
+        loop = asyncio.get_running_loop()
         now = int(time.time() * 1000)
-        deleted = 0
         for topic in list(self.topics.values()):
             for p in topic.partitions:
-                for seg in p.take_expired(now):
-                    await loop.run_in_executor(self.write_executor, seg.delete)
-                    deleted += 1
+                self._expired.extend(p.take_expired(now))
+        pending, self._expired = self._expired, []
+        deleted = 0
+        for seg in pending:
+            try:
+                await loop.run_in_executor(self.housekeeping, seg.delete)
+                deleted += 1
+            except OSError as exc:
+                log.error("cannot delete expired segment %s: %s; will retry", seg.path, exc)
+                self._expired.append(seg)
         return deleted
 
     # ------------------------------------------------------------------ lookups
@@ -184,63 +211,96 @@ class Broker:
         return m.MetadataResponse(brokers=brokers, controller_id=node, topics=topics), ()
 
     async def create_topics(self, req: m.CreateTopicsRequest, _att):
+        # Admin work runs in its own task: a client that disconnects cannot cancel it half-way.
+        return await asyncio.shield(asyncio.ensure_future(self._create_topics(req)))
+
+    async def _create_topics(self, req: m.CreateTopicsRequest):
         results = []
         for new in req.topics:
             try:
-                await self._create_topic(new, req.validate_only)
+                async with self._admin_lock:
+                    await self._create_topic(new, req.validate_only)
                 results.append(m.TopicResult(name=new.name))
             except BrokerError as exc:
                 results.append(m.TopicResult(name=new.name, **_err(exc)))
         return m.CreateTopicsResponse(topics=results), ()
 
     async def _create_topic(self, new: m.NewTopic, validate_only: bool) -> None:
+        """Validate, open the partitions, then record the topic; all or nothing. Admin lock held."""
         check_topic_name(new.name)
         check_partitions(new.partitions)
         TopicConfig.parse(new.config, self.defaults)
         if new.name in self.topics:
             raise TopicAlreadyExists(f"topic {new.name!r} already exists")
+        held = sum(len(t.partitions) for t in self.topics.values())
+        if held + new.partitions > self.config.max_partitions:
+            raise InvalidPartitions(
+                f"the broker holds {held} partitions; {new.partitions} more would pass its "
+                f"limit of {self.config.max_partitions} (sluice serve --max-partitions)"
+            )
         if validate_only:
             return
         record = TopicRecord(new.name, new.partitions, dict(new.config))
+        loop = asyncio.get_running_loop()
         try:
-            for i in range(new.partitions):
-                stale = self._log_dir(new.name, i)
-                if stale.exists():  # left over from a crash during an earlier create/delete
-                    shutil.rmtree(stale)
-            self.metadata.put_topic(record)
-            await self._open_topic(record)
+            await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, record)
+            topic = await self._open_topic(record)
+            try:
+                await loop.run_in_executor(self.housekeeping, self.metadata.put_topic, record)
+            except BaseException:
+                del self.topics[record.name]
+                await asyncio.gather(*(p.abort() for p in topic.partitions), return_exceptions=True)
+                raise
         except OSError as exc:
             raise storage_error_from_os(exc, f"create topic {new.name!r}") from exc
         log.info("created topic %s with %d partitions", new.name, new.partitions)
 
+    def _set_aside_leftovers(self, record: TopicRecord) -> None:
+        """Move partition directories no topic owns (an interrupted create) out of the way.
+
+        Never deleted: they may hold the only copy of data whose metadata was lost.
+        """
+        for i in range(record.partitions):
+            d = self._log_dir(record.name, i)
+            if d.exists():
+                aside = d.with_name(f".stale-{uuid.uuid4().hex}")
+                os.replace(d, aside)
+                log.warning("moved leftover directory %s aside to %s", d, aside)
+
     async def delete_topics(self, req: m.DeleteTopicsRequest, _att):
+        return await asyncio.shield(asyncio.ensure_future(self._delete_topics(req)))
+
+    async def _delete_topics(self, req: m.DeleteTopicsRequest):
         results = []
         for name in req.names:
             try:
-                await self._delete_topic(name)
+                async with self._admin_lock:
+                    await self._delete_topic(name)
                 results.append(m.TopicResult(name=name))
             except BrokerError as exc:
                 results.append(m.TopicResult(name=name, **_err(exc)))
         return m.DeleteTopicsResponse(topics=results), ()
 
     async def _delete_topic(self, name: str) -> None:
+        """Forget the topic, let in-flight writes answer, then move its data to the trash."""
         topic = self.topic(name)
+        loop = asyncio.get_running_loop()
         try:
-            self.metadata.delete_topic(name)
+            await loop.run_in_executor(self.housekeeping, self.metadata.delete_topic, name)
         except OSError as exc:
             raise storage_error_from_os(exc, f"delete topic {name!r}") from exc
         del self.topics[name]
-        self.groups.forget_topic(name)
-        trash = []
+        await asyncio.gather(*(p.abort() for p in topic.partitions), return_exceptions=True)
+        await self.groups.forget_topic(name)
         for p in topic.partitions:
-            await p.abort()
             src = self._log_dir(name, p.index)
-            dst = src.with_name(f".{src.name}.{uuid.uuid4().hex}.deleted")
-            os.replace(src, dst)
-            trash.append(dst)
-        loop = asyncio.get_running_loop()
-        for d in trash:
-            loop.run_in_executor(self.write_executor, shutil.rmtree, d, True)
+            trash = src.with_name(f".trash-{uuid.uuid4().hex}")
+            try:
+                os.replace(src, trash)
+            except OSError as exc:  # the topic is gone either way; its files wait for a restart
+                log.error("cannot move %s to the trash: %s", src, exc)
+                continue
+            loop.run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         log.info("deleted topic %s", name)
 
     async def describe_topics(self, req: m.DescribeTopicsRequest, _att):
@@ -411,6 +471,8 @@ class Broker:
                 self.partition(c.topic, c.partition)
                 if c.offset < 0:
                     raise InvalidRequest(f"cannot commit negative offset {c.offset}")
+                if len(c.metadata) > MAX_COMMIT_METADATA:
+                    raise InvalidRequest(f"commit metadata is limited to {MAX_COMMIT_METADATA} characters")
                 ok[(c.topic, c.partition)] = (c.offset, c.metadata)
                 results.append(m.PartitionError(topic=c.topic, partition=c.partition))
             except BrokerError as exc:

@@ -26,7 +26,12 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from sluice.config import TopicConfig
-from sluice.errors import BrokerShuttingDown, storage_error_from_os
+from sluice.errors import (
+    BrokerShuttingDown,
+    UnknownServerError,
+    UnknownTopic,
+    storage_error_from_os,
+)
 from sluice.protocol.records import BatchSpan, assign_offsets
 from sluice.storage.log import PartitionLog, ReadResult
 from sluice.storage.segment import Segment
@@ -110,7 +115,14 @@ class Partition:
             self._wakeup.clear()
             group, self._queue = self._queue, []
             if group:
-                await self._write_group(loop, group)
+                try:
+                    await self._write_group(loop, group)
+                except Exception as exc:  # a bug must not kill the writer: fail this group only
+                    log.exception("writer of %s-%d failed", self.topic, self.index)
+                    err = UnknownServerError(f"append to {self.topic}-{self.index} failed: {exc!r}")
+                    for req in group:
+                        if not req.future.done():
+                            req.future.set_exception(err)
             self._maybe_flush(loop)
 
     def _flush_due_in(self) -> float | None:
@@ -125,7 +137,8 @@ class Partition:
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None
         total = sum(s.size for req in group for s in req.spans)
-        rolled = plog.prepare_append(total, now_ms)
+        count = sum(s.count for req in group for s in req.spans)
+        rolled = plog.prepare_append(total, count, now_ms)
         segment = plog.active
         first = offset = plog.next_offset
         buffers, metas, bases = [], [], []
@@ -263,17 +276,14 @@ class Partition:
         self._notify()
 
     async def abort(self) -> None:
-        """Stop the writer at once (topic deletion); queued appends fail."""
+        """Stop for a topic deletion: queued appends fail, the one being written completes."""
         self._closing = True
-        self._task.cancel()
-        for req in self._queue:
+        queued, self._queue = self._queue, []
+        for req in queued:
             if not req.future.done():
-                req.future.set_exception(BrokerShuttingDown("topic deleted"))
-        self._queue = []
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+                req.future.set_exception(UnknownTopic(f"topic {self.topic!r} was deleted"))
+        self._wakeup.set()
+        await self._task
         self._notify()
 
     def take_expired(self, now_ms: int) -> list[Segment]:

@@ -58,6 +58,8 @@ TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
 
 NO_COMPRESSION, LZ4, ZSTD = 0, 3, 4
+MIN_RECORD_SIZE = 7  # length, attributes, timestamp delta, offset delta, key, value, headers
+MAX_COMPRESSED_RECORDS = 1 << 24
 COMPRESSION_CODES = {"none": NO_COMPRESSION, "lz4": LZ4, "zstd": ZSTD}
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -163,6 +165,10 @@ def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
                 f"batch at byte {pos}: {h.records_count} records but last offset delta "
                 f"{h.last_offset_delta}"
             )
+        # A record takes at least 7 bytes; compressed, a batch still holds at most 2**24.
+        most = (size - HEADER_SIZE) // MIN_RECORD_SIZE if not h.compression else MAX_COMPRESSED_RECORDS
+        if h.records_count > most:
+            raise CorruptRecord(f"batch at byte {pos}: {h.records_count} records cannot fit {size} bytes")
         if h.compression not in (NO_COMPRESSION, LZ4, ZSTD):
             raise CorruptRecord(f"unsupported compression codec {h.compression}")
         if h.attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):

@@ -30,6 +30,7 @@ from sluice.storage.segment import Cut, Segment
 log = logging.getLogger("sluice.storage")
 
 RECOVERY_POINT = "recovery-point"
+MAX_RELATIVE_OFFSET = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,10 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ appending
 
-    def prepare_append(self, total: int, now_ms: int) -> Segment | None:
-        """Roll if ``total`` more bytes do not fit the active segment or it is too old.
+    def prepare_append(self, total: int, count: int, now_ms: int) -> Segment | None:
+        """Roll if ``total`` more bytes (``count`` offsets) do not fit the active segment, or
+        it is too old.  Offsets relative to a segment's base must stay below 2**31: the
+        indexes store them in 32 bits.
 
         Event loop.  Returns the segment that was rolled away (the caller fsyncs it, saves
         its indexes and writes the recovery point in a worker thread), or None.
@@ -148,7 +151,8 @@ class PartitionLog:
             return None
         too_big = active.size + total > self.config.segment_bytes
         too_old = now_ms - active.created_ms >= self.config.segment_ms
-        if not (too_big or too_old):
+        too_many = self.next_offset + count - active.base_offset >= MAX_RELATIVE_OFFSET
+        if not (too_big or too_old or too_many):
             return None
         self._add(Segment.create(self.directory, self.next_offset, self.config.index_interval_bytes))
         return active
