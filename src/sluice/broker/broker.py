@@ -49,6 +49,7 @@ from sluice.storage.log import OutOfRange, PartitionLog
 log = logging.getLogger("sluice.broker")
 
 MAX_COMMIT_METADATA = 4096
+FETCH_OVERHEAD = 1024 * 1024  # room in a response frame for its header
 
 
 @dataclass
@@ -360,8 +361,11 @@ class Broker:
             pending.append((len(results), part.append(chunk, spans)))
             results.append(None)
         if req.acks == m.ACKS_NONE:
+            # no answer, but the frame stays counted against the connection until written
+            if pending:
+                await asyncio.wait([f for _, f in pending])
             for _, fut in pending:
-                fut.add_done_callback(_consume_exception)
+                _consume_exception(fut)
             return None
         if pending:
             await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
@@ -385,6 +389,8 @@ class Broker:
 
     async def fetch(self, req: m.FetchRequest, _att):
         """Long poll: answer once ``min_bytes`` are there or ``max_wait_ms`` has passed."""
+        if len({(fp.topic, fp.partition) for fp in req.partitions}) != len(req.partitions):
+            raise InvalidRequest("a fetch names a partition more than once")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
         while True:
@@ -410,12 +416,26 @@ class Broker:
                     part.remove_waiter(wake)
 
     async def _fetch_once(self, req: m.FetchRequest):
+        """One pass over the partitions, within the request's byte budget.
+
+        The budget is ``max_bytes`` capped below the frame size; each partition reads at
+        most its own ``max_bytes`` of what is left.  Only the first partition with data may
+        go over (by at most one batch, itself capped by max.message.bytes) so a consumer
+        always makes progress; partitions after the budget is spent get no data this time.
+        """
         results, blobs, size = [], [], 0
-        budget = req.max_bytes
+        frame = self.config.max_frame_bytes
+        budget = min(req.max_bytes, max(frame // 2, frame - FETCH_OVERHEAD))
         for fp in req.partitions:
             try:
                 part = self.partition(fp.topic, fp.partition)
-                limit = min(fp.max_bytes, budget) if size else fp.max_bytes
+                limit = min(fp.max_bytes, budget - size)
+                if size and limit <= 0:
+                    results.append(m.FetchPartitionResult(
+                        topic=fp.topic, partition=fp.partition, high_watermark=part.high_watermark,
+                        log_start_offset=part.log_start_offset,
+                    ))
+                    continue
                 try:
                     res = await part.read(fp.offset, max(limit, 1))
                 except OutOfRange:
@@ -438,7 +458,6 @@ class Broker:
             if data:
                 blobs.append(data)
             size += len(data)
-            budget -= len(data)
         return results, blobs, size
 
     async def list_offsets(self, req: m.ListOffsetsRequest, _att):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class InOrderCallbacks:
@@ -13,7 +16,9 @@ class InOrderCallbacks:
 
     Futures from different partitions complete out of order; this holds the later ones back.
     ``add`` is O(1); completion work is amortised O(1) per future.  ``wait()`` returns when
-    every added future has been called back.  Loop-bound, not thread-safe.
+    every added future has been called back.  A callback that raises is logged and the
+    queue moves on: one bad callback never stalls the ones after it.  Loop-bound, not
+    thread-safe.
     """
 
     def __init__(self, callback: Callable[[asyncio.Future], object]) -> None:
@@ -33,7 +38,11 @@ class InOrderCallbacks:
         q = self._queue
         # Drain every completed future at the head; then watch the first pending one.
         while q and q[0].done():
-            self._callback(q.popleft())
+            fut = q.popleft()
+            try:
+                self._callback(fut)
+            except Exception:
+                log.exception("InOrderCallbacks callback raised; continuing with the next future")
         if q:
             q[0].add_done_callback(self._on_done)
         elif self._idle is not None and not self._idle.done():

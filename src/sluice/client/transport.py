@@ -14,6 +14,7 @@ an in-memory broker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -197,9 +198,14 @@ class Connection:
         try:
             events = self._reader.feed(data)
         except errors.ProtocolError as exc:
+            # Frames completed before the bad bytes are real answers: deliver them first.
+            self._on_events(getattr(exc, "events", ()))
             self._fail(exc)
             self._transport.close()
             return
+        self._on_events(events)
+
+    def _on_events(self, events) -> None:
         pending = self._pending
         for ev in events:
             if type(ev) is frames.Handshake:
@@ -273,21 +279,35 @@ class Connection:
             )
 
     def _fail(self, exc: Exception) -> None:
-        """Make the connection unusable and fail everything waiting on it with ``exc``."""
+        """Make the connection unusable and fail everything waiting on it.
+
+        Waiters get ``_waiter_error(exc)``: the broker's own error class when the broker
+        said why (a non-retriable refusal stays non-retriable), else ``ConnectionClosed``.
+        """
         if self._error is None:
             self._error = exc
         pending, self._pending = self._pending, {}
         for fut, _ in pending.values():
             if not fut.done():
-                fut.set_exception(exc if isinstance(exc, errors.ConnectionClosed) else
-                                  errors.ConnectionClosed(str(exc)))
+                fut.set_exception(_waiter_error(exc))
         if not self._handshake.done():
             self._handshake.set_exception(exc)
             self._handshake.exception()  # retrieved: open() reports it
         waiters, self._drain_waiters = self._drain_waiters, []
         for w in waiters:
             if not w.done():
-                w.set_exception(errors.ConnectionClosed(str(exc)))
+                w.set_exception(_waiter_error(exc))
+
+
+def _waiter_error(exc: Exception) -> Exception:
+    """A fresh exception for one waiter of a failed connection (see ``Connection._fail``)."""
+    if isinstance(exc, errors.BrokerError):
+        return errors.error_for_code(exc.code, exc.message)
+    if isinstance(exc, errors.ConnectionClosed):
+        return exc
+    err = errors.ConnectionClosed(str(exc))
+    err.__cause__ = exc
+    return err
 
 
 # ---------------------------------------------------------------------- cluster metadata
@@ -334,10 +354,15 @@ async def _default_factory(host: str, port: int, **kw) -> Connection:
 class Cluster:
     """Metadata cache and connection pool: (topic, partition) -> leader node -> Connection.
 
-    ``refresh(topics)`` asks any reachable broker for metadata; concurrent calls share one
-    request when one is already running.  Connections are keyed by address and reached
-    through node ids, so a single-node cluster reuses its bootstrap connection and several
-    brokers work the same way.  A broken connection is dropped and reopened on next use.
+    ``refresh(topics)`` asks any reachable broker for metadata.  Connections are keyed by
+    address and reached through node ids, so a single-node cluster reuses its bootstrap
+    connection and several brokers work the same way.  A broken connection is dropped and
+    reopened on next use.
+
+    Callers that need the same address while it is being opened share one connect task and
+    wait on it through ``asyncio.shield``: cancelling one caller never fails another, and
+    the connect finishes (or fails) for the others.  ``close()`` cancels connects still
+    running; their waiters get ``ClientClosed``.
     """
 
     def __init__(
@@ -355,12 +380,11 @@ class Cluster:
         self.request_timeout = request_timeout
         self._max_frame_bytes = max_frame_bytes
         self._conns: dict[tuple[str, int], Connection] = {}
-        self._connecting: dict[tuple[str, int], asyncio.Future] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Task] = {}
         self.brokers: dict[int, tuple[str, int]] = {}
         self.topics: dict[str, TopicInfo] = {}
         self.unknown: dict[str, errors.BrokerError] = {}  # topic -> error of last refresh
         self.controller_id = -1
-        self._refreshing: asyncio.Future | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ connections
@@ -371,28 +395,47 @@ class Cluster:
         conn = self._conns.get(addr)
         if conn is not None and not conn.closed:
             return conn
-        fut = self._connecting.get(addr)
-        if fut is not None:
-            return await asyncio.shield(fut)
-        fut = self._connecting[addr] = asyncio.get_running_loop().create_future()
+        task = self._connecting.get(addr)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._open(addr), name=f"sluice-connect-{addr[0]}:{addr[1]}"
+            )
+            self._connecting[addr] = task
+            task.add_done_callback(functools.partial(self._connect_done, addr))
         try:
-            if self._factory is not None:
-                conn = await self._factory(*addr)
-            else:
-                conn = await Connection.open(
-                    *addr,
-                    connect_timeout=self._connect_timeout,
-                    max_frame_bytes=self._max_frame_bytes,
-                )
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                # the shared connect was cancelled by close(), not this caller
+                raise errors.ClientClosed("client closed while connecting") from None
             raise
-        finally:
-            del self._connecting[addr]
+
+    async def _open(self, addr: tuple[str, int]) -> Connection:
+        """The shared connect task of ``_connect``; bounded by ``connect_timeout``."""
+        if self._factory is not None:
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    conn = await self._factory(*addr)
+            except TimeoutError:
+                raise errors.ConnectionClosed(
+                    f"connecting to {addr[0]}:{addr[1]} timed out after {self._connect_timeout:g}s"
+                ) from None
+        else:
+            conn = await Connection.open(
+                *addr, connect_timeout=self._connect_timeout, max_frame_bytes=self._max_frame_bytes
+            )
+        if self._closed:
+            conn.close()
+            raise errors.ClientClosed("client closed while connecting")
         self._conns[addr] = conn
-        fut.set_result(conn)
         return conn
+
+    def _connect_done(self, addr: tuple[str, int], task: asyncio.Task) -> None:
+        if self._connecting.get(addr) is task:
+            del self._connecting[addr]
+        if not task.cancelled():
+            task.exception()  # every waiter may be gone: nobody else would retrieve it
 
     async def connection(self, node_id: int) -> Connection:
         """The connection to broker ``node_id`` (opened on demand)."""
@@ -431,27 +474,11 @@ class Cluster:
         """Fetch metadata for ``topics`` (None: all) and update the cache.
 
         Topics the broker reports with an error are dropped from ``topics`` and their error
-        kept in ``unknown``.  A refresh already running is joined instead of doubled when it
-        covers every topic.
+        kept in ``unknown``.
         """
         wanted = None if topics is None else sorted(set(topics))
-        running = self._refreshing
-        if running is not None and wanted is None:
-            return await asyncio.shield(running)
-        fut = asyncio.get_running_loop().create_future()
-        if wanted is None:
-            self._refreshing = fut
-        try:
-            response, _ = await self.request(messages.MetadataRequest(topics=wanted))
-            self._apply(response)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()
-            raise
-        finally:
-            if self._refreshing is fut:
-                self._refreshing = None
-        fut.set_result(response)
+        response, _ = await self.request(messages.MetadataRequest(topics=wanted))
+        self._apply(response)
         return response
 
     def _apply(self, response: messages.MetadataResponse) -> None:
@@ -494,7 +521,10 @@ class Cluster:
     # ------------------------------------------------------------------ shutdown
 
     async def close(self) -> None:
+        """Close every connection and cancel connects in progress.  Idempotent."""
         self._closed = True
+        for task in list(self._connecting.values()):
+            task.cancel()
         conns, self._conns = list(self._conns.values()), {}
         for c in conns:
             c.close()

@@ -60,6 +60,8 @@ CONTROL_BIT = 0x20
 NO_COMPRESSION, LZ4, ZSTD = 0, 3, 4
 MIN_RECORD_SIZE = 7  # length, attributes, timestamp delta, offset delta, key, value, headers
 MAX_COMPRESSED_RECORDS = 1 << 24
+# Validation is per-batch work on the event loop: bound it per request.
+MAX_BATCHES_PER_PRODUCE = 32_768
 COMPRESSION_CODES = {"none": NO_COMPRESSION, "lz4": LZ4, "zstd": ZSTD}
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -154,6 +156,8 @@ def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
     if end == 0:
         raise CorruptRecord("no record batch in produce data")
     while pos < end:
+        if len(spans) == MAX_BATCHES_PER_PRODUCE:
+            raise CorruptRecord(f"more than {MAX_BATCHES_PER_PRODUCE} batches for one partition in one request")
         h = parse_header(buf, pos)
         size = h.size
         if pos + size > end:

@@ -13,6 +13,11 @@ thread runs what, following the contracts in segment.py: appends happen through
 ``prepare_append`` (event loop) -> ``Segment.write``/``flush`` (worker thread) ->
 ``appended`` (event loop).  ``high_watermark`` is the end of what readers may see; it only
 moves in ``appended``.
+
+Readers in worker threads never look at the mutable segment list: every change (append,
+roll, retention, truncation) publishes an immutable ``LogView`` — segments, their bases,
+the high watermark and the byte end of the active segment that matches it — and a read
+takes one view and works from it alone.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sluice.protocol.records import LOG_OVERHEAD
 from sluice.storage.checkpoint import write_atomic
@@ -53,6 +59,15 @@ class ReadResult:
     log_start_offset: int
 
 
+class LogView(NamedTuple):
+    """What readers see: consistent as a whole, replaced (never changed) by the loop."""
+
+    bases: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    high_watermark: int
+    active_end: int  # byte end of the last segment that belongs to high_watermark
+
+
 class OutOfRange(Exception):
     """The asked offset is below the log start or above the high watermark."""
 
@@ -62,7 +77,8 @@ class PartitionLog:
         self.directory = directory
         self.config = config
         self.segments: list[Segment] = []
-        self._bases: list[int] = []
+        self.high_watermark = self.next_offset = 0
+        self.view = LogView((), (), 0, 0)
         self.cuts: list[Cut] = []
 
     # ------------------------------------------------------------------ opening
@@ -106,6 +122,7 @@ class PartitionLog:
             self._add(Segment.create(directory, 0, config.index_interval_bytes))
         self.high_watermark = self.active.next_offset
         self.next_offset = self.high_watermark
+        self._publish()
         return self
 
     def _read_recovery_point(self) -> int:
@@ -120,7 +137,13 @@ class PartitionLog:
 
     def _add(self, seg: Segment) -> None:
         self.segments.append(seg)
-        self._bases.append(seg.base_offset)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Replace the readers' view after the segment list changed (event loop)."""
+        segs = tuple(self.segments)
+        end = segs[-1].size if segs else 0
+        self.view = LogView(tuple(s.base_offset for s in segs), segs, self.high_watermark, end)
 
     # ------------------------------------------------------------------ state
 
@@ -161,11 +184,10 @@ class PartitionLog:
         """Publish batches written to ``segment``: (base, next, max_ts, size) each. Event loop."""
         segment.appended(batches)
         self.high_watermark = next_offset
+        view = self.view
+        self.view = LogView(view.bases, view.segments, next_offset, view.segments[-1].size)
 
     # ------------------------------------------------------------------ reading
-
-    def _segment_for(self, offset: int) -> int:
-        return max(bisect_right(self._bases, offset) - 1, 0)
 
     def read(self, offset: int, max_bytes: int) -> ReadResult:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` (any thread).
@@ -174,16 +196,16 @@ class PartitionLog:
         ``max_bytes``, so a consumer always makes progress.  Empty at the high watermark.
         Raises ``OutOfRange`` below the log start or above the high watermark.
         """
-        hw, segments = self.high_watermark, self.segments
-        start = segments[0].base_offset
+        bases, segments, hw, active_end = self.view
+        start = bases[0]
         if offset < start or offset > hw:
             raise OutOfRange(f"offset {offset} is outside [{start}, {hw}]")
         if offset == hw:
             return ReadResult(b"", hw, start)
-        i = self._segment_for(offset)
-        while i < len(segments):
+        last = len(segments) - 1
+        for i in range(max(bisect_right(bases, offset) - 1, 0), last + 1):
             seg = segments[i]
-            limit = seg.size
+            limit = active_end if i == last else seg.size
             pos = seg.locate(offset, limit)
             if pos is not None:
                 end = min(limit, pos + max(max_bytes, LOG_OVERHEAD))
@@ -194,14 +216,15 @@ class PartitionLog:
                     if first > len(data):
                         data = seg.read(pos, first)
                 return ReadResult(data, hw, start)
-            i += 1
         return ReadResult(b"", hw, start)
 
     def offset_for_time(self, timestamp: int) -> int | None:
         """Offset of the first batch with a timestamp ≥ ``timestamp``; None if none (any thread)."""
-        for seg in list(self.segments):
+        view = self.view
+        for i, seg in enumerate(view.segments):
             if seg.max_timestamp >= timestamp:
-                found = seg.find_time(timestamp, seg.size)
+                limit = view.active_end if i == len(view.segments) - 1 else seg.size
+                found = seg.find_time(timestamp, limit)
                 if found is not None:
                     return found
         return None
@@ -227,19 +250,20 @@ class PartitionLog:
             if not (by_age or by_size):
                 break
             expired.append(self.segments.pop(0))
-            self._bases.pop(0)
             total -= oldest.size
+        if expired:
+            self._publish()
         return expired
 
     def truncate_to(self, offset: int) -> None:
         """Drop everything at or above ``offset``. Only while nothing else uses the log."""
         while len(self.segments) > 1 and self.active.base_offset >= offset:
             seg = self.segments.pop()
-            self._bases.pop()
             seg.close()
             seg.delete()
         self.active.truncate_to(offset)
         self.next_offset = self.high_watermark = self.active.next_offset
+        self._publish()
 
     def flush(self) -> None:
         """fsync the active segment. Worker thread."""
