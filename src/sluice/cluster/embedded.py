@@ -4,16 +4,18 @@ The default when no etcd is configured: ``sluice serve`` just works.  One JSON d
 ``<data>/meta/topics.json``, written atomically (tmp + fsync + rename) on every change, so a
 crash leaves either the old or the new definition of every topic.
 
-Concurrency: called from the event loop only; writes are small and rare (topic admin), so
-they run inline.
+Concurrency: changes come one at a time (the broker's admin lock) and run in a worker
+thread; reads of ``topics`` happen on the event loop.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.storage.checkpoint import read_json, write_json
+from sluice.errors import StorageError
+from sluice.storage.checkpoint import write_json
 
 
 @dataclass
@@ -31,10 +33,32 @@ class EmbeddedMetadata:
         self.node_id = node_id
         self.path = data_dir / "meta" / "topics.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        raw = read_json(self.path, default={"topics": {}})
-        self.topics: dict[str, TopicRecord] = {
-            name: TopicRecord(name=name, **t) for name, t in raw["topics"].items()
-        }
+        self.topics: dict[str, TopicRecord] = self._load()
+
+    def _load(self) -> dict[str, TopicRecord]:
+        """Read the topic definitions; a file that cannot be read stops the broker.
+
+        Unlike other state files it is not set aside: starting without it would make every
+        topic vanish while its data stays on disk.  The operator restores it (or moves it
+        away to start empty) and starts again.
+        """
+        try:
+            raw = json.loads(self.path.read_bytes())
+            return {
+                name: TopicRecord(
+                    name=name, partitions=int(t["partitions"]),
+                    config={str(k): str(v) for k, v in t.get("config", {}).items()},
+                    internal=bool(t.get("internal", False)),
+                )
+                for name, t in raw["topics"].items()
+            }
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StorageError(
+                f"{self.path} is unreadable ({type(exc).__name__}: {exc}); restore it, or move "
+                f"it away to start with no topics (their data stays in {self.path.parent.parent / 'logs'})"
+            ) from exc
 
     def _save(self) -> None:
         write_json(

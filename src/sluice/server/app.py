@@ -61,14 +61,16 @@ class Server:
             return
         self.stopping = True
         log.info("shutting down")
-        if self._listener is not None:
-            self._listener.close()
-        await asyncio.gather(
-            *(c.drain_and_close(SHUTDOWN_GRACE_S) for c in list(self.connections)),
-            return_exceptions=True,
-        )
-        await self.broker.close()
-        self._stopped.set()
+        try:
+            if self._listener is not None:
+                self._listener.close()
+            await asyncio.gather(
+                *(c.drain_and_close(SHUTDOWN_GRACE_S) for c in list(self.connections)),
+                return_exceptions=True,
+            )
+            await self.broker.close()
+        finally:
+            self._stopped.set()  # the process exits even if a close step failed (it is logged)
         log.info("stopped")
 
     async def serve_forever(self) -> None:

@@ -38,6 +38,7 @@ from sluice.protocol import messages as m
 log = logging.getLogger("sluice.server")
 
 LINGER_S = 1.0  # after an error: how long input is drained before the socket closes
+HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class Connection(asyncio.Protocol):
@@ -55,6 +56,7 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._closing = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -66,9 +68,21 @@ class Connection(asyncio.Protocol):
             err = TooManyConnections(f"the broker already has {self.server.config.max_connections} connections")
             transport.write(frames.encode_server_handshake(0, err.code))
             self._close()
+            return
+        # a peer that never says who it is does not get to hold a connection slot
+        self._handshake_timer = asyncio.get_running_loop().call_later(
+            HANDSHAKE_TIMEOUT_S, self._handshake_expired
+        )
+
+    def _handshake_expired(self) -> None:
+        if self.version is None and not self._closing:
+            log.info("%s: no handshake within %g s; closing", self.peer, HANDSHAKE_TIMEOUT_S)
+            self._close(linger=0)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self.server.unregister(self)
         for task in self.tasks:
             task.cancel()
@@ -112,6 +126,7 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         self.version = version
+        self._handshake_timer.cancel()
         self.transport.write(frames.encode_server_handshake(version, 0))
 
     def _on_frame(self, frame: frames.Frame) -> None:

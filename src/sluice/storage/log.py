@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sluice.protocol.records import LOG_OVERHEAD
-from sluice.storage.checkpoint import write_atomic
+from sluice.storage.checkpoint import fsync_dir, write_atomic
 from sluice.storage.segment import Cut, Segment
 
 log = logging.getLogger("sluice.storage")
@@ -91,6 +91,7 @@ class PartitionLog:
         by batch; a torn or corrupt tail is cut, kept aside as ``*.bad`` and reported in
         ``cuts`` and the log.  Segments after a cut are removed as they cannot follow it.
         """
+        created = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         self = cls(directory, config)
         for tmp in directory.glob("*.tmp"):
@@ -120,6 +121,9 @@ class PartitionLog:
                 break
         if not self.segments:
             self._add(Segment.create(directory, 0, config.index_interval_bytes))
+            fsync_dir(directory)
+        if created:
+            fsync_dir(directory.parent)  # the new partition directory itself survives a crash
         self.high_watermark = self.active.next_offset
         self.next_offset = self.high_watermark
         self._publish()

@@ -249,7 +249,7 @@ class Segment:
             if pos + h.size > file_size:
                 reason = f"torn batch: {h.size} bytes declared, {file_size - pos} present"
                 break
-            if h.base_offset < expected or h.last_offset_delta < 0:
+            if h.base_offset != expected or h.last_offset_delta < 0:
                 reason = f"batch offset {h.base_offset} does not follow {expected}"
                 break
             if verify_crc and not _crc_ok(fd, pos, h):
@@ -265,6 +265,10 @@ class Segment:
 
     def _cut(self, position: int, dropped: int, reason: str) -> Cut:
         quarantine = self.path.with_name(f"{self.path.name}.{position}.bad")
+        n = 1
+        while quarantine.exists():  # an earlier cut at the same place: keep both
+            quarantine = self.path.with_name(f"{self.path.name}.{position}.{n}.bad")
+            n += 1
         try:
             with open(quarantine, "wb") as out:
                 out.write(os.pread(self.fileno, dropped, position))
