@@ -30,7 +30,9 @@ from sluice.storage.index import OffsetIndex, TimeIndex
 
 log = logging.getLogger("sluice.storage")
 
-_SCAN_CHUNK = 1 << 20
+# No accepted batch is larger (max.message.bytes is capped below it): a bigger one is corrupt.
+_MAX_BATCH_BYTES = 64 * 1024 * 1024
+_HEADER_CHUNK = 64 * 1024  # bytes read at once when walking batch headers
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # buffers per pwritev
 
 
@@ -173,11 +175,18 @@ class Segment:
         return os.pread(self.fileno, length, position)
 
     def headers_from(self, position: int, limit: int):
-        """Yield (header, position) of the batches in [position, limit). Any thread."""
+        """Yield (header, position) of the batches in [position, limit). Any thread.
+
+        Reads the file in chunks and parses the headers that fall inside each, so a scan
+        over many small batches costs a few reads, not one per batch.
+        """
         fd = self.fileno
+        chunk, chunk_at = b"", position
         while position + HEADER_SIZE <= limit:
-            chunk = os.pread(fd, HEADER_SIZE, position)
-            h = parse_header(chunk)
+            rel = position - chunk_at
+            if rel + HEADER_SIZE > len(chunk):
+                chunk, chunk_at, rel = os.pread(fd, min(_HEADER_CHUNK, limit - position), position), position, 0
+            h = parse_header(chunk, rel)
             yield h, position
             position += h.size
 
@@ -302,9 +311,9 @@ class Segment:
 
 
 def _crc_ok(fd: int, pos: int, h: BatchHeader) -> bool:
-    if h.size <= _SCAN_CHUNK * 64:
-        return batch_crc_ok(os.pread(fd, h.size, pos), 0, h.size)
-    return False  # a single batch this large was never accepted: treat it as corrupt
+    if h.size > _MAX_BATCH_BYTES:
+        return False
+    return batch_crc_ok(os.pread(fd, h.size, pos), 0, h.size)
 
 
 def _skip(buffers: list, n: int) -> list:
