@@ -3,7 +3,10 @@
 ``FakeBroker.factory`` is passed as ``connection_factory``; ``FakeConnection.request`` answers
 protocol structs directly (no sockets, no frames) and stores produced batches per partition
 so tests can read records back with ``records.decode_records``.  Hooks: ``hold`` parks
-produce requests until released, ``produce_errors`` answers the next produces with codes.
+produce requests until released, ``produce_errors`` answers the next produces with codes,
+``delays`` slows a request type down, ``raises`` makes the connection raise the given
+exceptions for the next requests of a type.  A fetch above the end answers
+OFFSET_OUT_OF_RANGE, like the real broker.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ class FakeBroker:
         self._held: list[asyncio.Future] = []
         self.committed: dict[tuple[str, str, int], int] = {}
         self.connections: list[FakeConnection] = []
+        self.delays: dict[type, float] = {}  # request type -> seconds before answering
+        self.raises: dict[type, list[BaseException]] = {}  # request type -> next exceptions
+        self.requests: list = []  # every request, in arrival order
 
     async def factory(self, host: str, port: int) -> FakeConnection:
         conn = FakeConnection(self)
@@ -57,6 +63,11 @@ class FakeBroker:
 
     async def handle(self, req, attachments):
         kind = type(req)
+        self.requests.append(req)
+        if self.raises.get(kind):
+            raise self.raises[kind].pop(0)
+        if kind in self.delays:
+            await asyncio.sleep(self.delays[kind])
         if kind is messages.MetadataRequest:
             names = self.partitions if req.topics is None else req.topics
             topics = []
@@ -110,6 +121,13 @@ class FakeBroker:
             results, parts = [], []
             for p in req.partitions:
                 tp = (p.topic, p.partition)
+                if p.offset > self.next_offset.get(tp, 0):
+                    results.append(
+                        messages.FetchPartitionResult(
+                            topic=p.topic, partition=p.partition, error=11, message="out of range"
+                        )
+                    )
+                    continue
                 blob = b"".join(self.logs.get(tp, []))
                 results.append(
                     messages.FetchPartitionResult(

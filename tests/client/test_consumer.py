@@ -4,6 +4,7 @@ import pytest
 
 from sluice import errors
 from sluice.client import Consumer, Producer
+from sluice.protocol import messages, records
 
 from .fakebroker import FakeBroker
 
@@ -104,3 +105,104 @@ def test_sync_facades_roundtrip():
         assert [r.value for r in c.getmany(timeout_ms=1000)] == [b"hello", b"a", b"b"]
     clone = pickle.loads(pickle.dumps(SyncProducer("h:1", acks="all")))
     assert clone._config == {"acks": "all"} and clone._client is None
+
+
+# ---------------------------------------------------------------- review regressions
+
+
+async def test_out_of_range_commit_resets_instead_of_looping():
+    """B1: a committed offset past the end is reset per auto_offset_reset, not reused."""
+    broker = FakeBroker({"t": 1})
+    await fill(broker, "t", 10)
+    broker.committed[("g", "t", 0)] = 1000  # stale commit (retention, topic recreated)
+    async with make(broker, group="g", enable_auto_commit=False) as c:
+        c.assign([("t", 0)])
+        got = []
+        for _ in range(20):
+            got += await c.getmany(timeout_ms=50)
+            if len(got) >= 10:
+                break
+        assert [r.offset for r in got] == list(range(10))
+        assert c.position(("t", 0)) == 10
+    async with make(broker, group="g", enable_auto_commit=False, auto_offset_reset="latest") as c:
+        c.assign([("t", 0)])
+        assert await c.getmany(timeout_ms=100) == []
+        assert c.position(("t", 0)) == 10
+    async with make(broker, group="g", enable_auto_commit=False, auto_offset_reset="error") as c:
+        c.assign([("t", 0)])
+        with pytest.raises(errors.OffsetOutOfRange):
+            for _ in range(20):
+                await c.getmany(timeout_ms=50)
+
+
+async def test_cancelled_commit_does_not_fail_a_coalesced_one():
+    """B3: cancelling one commit() never puts CancelledError into another caller."""
+    broker = FakeBroker({"t": 1})
+    broker.delays[messages.OffsetCommitRequest] = 0.1
+    async with make(broker, group="g", enable_auto_commit=False) as c:
+        c.assign([("t", 0)])
+        a = asyncio.ensure_future(c.commit({("t", 0): 1}))
+        await asyncio.sleep(0.02)
+        b = asyncio.ensure_future(c.commit({("t", 0): 2}))
+        await asyncio.sleep(0.02)
+        a.cancel()
+        await asyncio.wait_for(b, 2)
+        assert await c.committed(("t", 0)) == 2
+
+
+async def test_auto_commit_loop_survives_a_failed_commit():
+    """B3: one failed auto commit (whatever it raised) does not stop later ones."""
+    broker = FakeBroker({"t": 1})
+    await fill(broker, "t", 3)
+    broker.raises[messages.OffsetCommitRequest] = [RuntimeError("boom")]
+    async with make(broker, group="g", auto_commit_interval_ms=20) as c:
+        c.assign([("t", 0)])
+        while len(await c.getmany(timeout_ms=100)) == 0:
+            pass
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if broker.committed.get(("g", "t", 0)) == 3:
+                break
+        assert c._auto_task is not None and not c._auto_task.done()
+        assert broker.committed.get(("g", "t", 0)) == 3
+
+
+async def test_take_keeps_chunks_whole_and_in_order():
+    """Partial takes move a head index instead of re-slicing the chunk (not quadratic)."""
+    c = Consumer("h:1")
+    recs = [records.Record("t", 0, i, 0, None, b"v") for i in range(50_000)]
+    c._buffer.append(recs)
+    c._positions[("t", 0)] = 0
+    out = []
+    while c._buffer:
+        part = c._take(100, True)
+        assert not c._buffer or c._buffer[0] is recs  # never copied
+        out += part
+        assert c._positions[("t", 0)] == out[-1].offset + 1
+    assert [r.offset for r in out] == list(range(50_000))
+
+
+async def test_getmany_after_abandoned_iteration_skips_nothing():
+    broker = FakeBroker({"t": 1})
+    await fill(broker, "t", 10)
+    async with make(broker) as c:
+        c.assign([("t", 0)])
+        seen = []
+        async for rec in c:
+            seen.append(rec.offset)
+            if len(seen) == 3:
+                break
+        assert c.position(("t", 0)) == 3
+        rest = await c.getmany(timeout_ms=100)
+        assert [r.offset for r in rest] == list(range(3, 10))
+
+
+async def test_close_wakes_a_waiting_getmany():
+    broker = FakeBroker({"t": 1})
+    c = make(broker, fetch_max_wait_ms=50)
+    c.assign([("t", 0)])
+    waiting = asyncio.ensure_future(c.getmany(timeout_ms=10_000))
+    await asyncio.sleep(0.1)
+    await c.close()
+    with pytest.raises(errors.ClientClosed):
+        await asyncio.wait_for(waiting, 2)

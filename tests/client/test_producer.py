@@ -6,7 +6,7 @@ import pytest
 from sluice import errors
 from sluice.client import InOrderCallbacks, Producer, RecordMetadata
 from sluice.client.producer import default_partitioner
-from sluice.protocol import records
+from sluice.protocol import messages, records
 
 from .fakebroker import FakeBroker
 
@@ -358,3 +358,206 @@ def test_record_batch_limit_constant_matches_codec():
     # the producer relies on encode_keyless_records' table size
     with pytest.raises(ValueError):
         records.encode_keyless_records([b""] * 32769)
+
+
+# ---------------------------------------------------------------- review regressions
+
+
+@pytest.mark.parametrize(
+    "key, value, headers",
+    [
+        (None, b"", None),
+        (b"k" * 300, b"v" * 70000, [("h", b"x"), ("é", None), ("long" * 40, b"y" * 9000)]),
+        (None, None, [("a", b"")]),
+    ],
+)
+@pytest.mark.parametrize("ts_delta, off_delta", [(0, 0), (-5, 1), (10**12, 40000)])
+def test_record_size_is_exact(key, value, headers, ts_delta, off_delta):
+    from sluice.client.producer import _record_size, _tail_size
+
+    rec = records.encode_record(off_delta, ts_delta, key, value, headers)
+    assert _record_size(_tail_size(key, value, headers), ts_delta, off_delta) == len(rec)
+
+
+async def test_too_large_record_leaves_no_empty_batch():
+    """B4: MessageTooLarge is decided before the accumulator changes."""
+    broker = FakeBroker({"t": 1}, max_message_bytes=1000)
+    async with make(broker, linger_ms=50) as p:
+        fits = max(n for n in range(900, 1000)
+                   if len(records.encode_record(0, 0, None, b"x" * n)) + records.HEADER_SIZE <= 1000)
+        with pytest.raises(errors.MessageTooLarge):
+            await p.send("t", b"x" * (fits + 1), partition=0)
+        assert p._acc.open == {} and p._memory.used == 0
+        part, base = await (await p.send_many("t", [b"a"] * 10, partition=0))
+        assert (part, base) == (0, 0)
+        # the exact limit is accepted
+        meta = await (await p.send("t", b"x" * fits, partition=0))
+        assert meta.offset == 10
+
+
+async def test_buffer_memory_released_on_every_send_error():
+    """B7: errors between acquiring memory and appending give the memory back."""
+    broker = FakeBroker({"t": 2, "empty": 0})
+    async with make(broker, partitioner=lambda k, n: 7, delivery_timeout_ms=100,
+                    retry_backoff_ms=10, retry_backoff_max_ms=20) as p:
+        with pytest.raises(errors.UnknownPartition):
+            await p.send("t", b"v", key=b"k")
+        assert p._memory.used == 0
+    async with make(broker, delivery_timeout_ms=100, retry_backoff_ms=10,
+                    retry_backoff_max_ms=20) as p:
+        with pytest.raises(TypeError):
+            await p.send("t", "not bytes", partition=0)
+        with pytest.raises(TypeError):
+            await p.send("t", b"v", partition=0, headers=[("h", "str")])
+        with pytest.raises(TypeError):
+            await p.send_many("t", [b"a", "b"], partition=0)
+        with pytest.raises(TypeError):
+            await p.send_many("t", [b"a", 5], partition=0)
+        with pytest.raises(errors.UnknownTopic):
+            await p.send("empty", b"v")  # metadata with no partitions: never usable
+        with pytest.raises(errors.UnknownPartition):
+            await p.send("empty", b"v")  # now cached with 0 partitions
+        with pytest.raises(errors.UnknownPartition):
+            await p.send_many("empty", [b"v"])
+        assert p._memory.used == 0
+        assert p._acc.open == {}
+        await (await p.send("t", b"ok", partition=0))
+    assert p._memory.used == 0
+    assert [r.value for r in broker.records("t", 0)] == [b"ok"]
+
+
+async def test_send_many_is_all_or_nothing():
+    """B9: a send_many that cannot get its memory buffers nothing at all."""
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(broker, buffer_memory=20000, batch_size=1000, max_block_ms=100,
+                    linger_ms=0) as p:
+        first = await p.send_many("t", [b"x" * 100] * 60, partition=0)  # ~7 KB
+        used = p._memory.used
+        batches = len(p._acc.incomplete)
+        with pytest.raises(errors.BufferExhausted):
+            await p.send_many("t", [b"y" * 100] * 120, partition=0)  # ~14 KB: no room
+        assert p._memory.used == used and len(p._acc.incomplete) == batches
+        with pytest.raises(errors.ConfigError, match="buffer_memory"):
+            await p.send_many("t", [b"z" * 100] * 200, partition=0)  # more than the pool
+        broker.release()
+        assert await first == (0, 0)
+    assert {r.value for r in broker.records("t", 0)} == {b"x" * 100}
+
+
+async def test_close_fails_sends_waiting_for_memory_or_metadata():
+    """B5: a send resumed after close() raises ClientClosed; no future stays pending."""
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    p = make(broker, buffer_memory=2000, batch_size=1000, linger_ms=0, max_block_ms=5000,
+             retry_backoff_ms=10, retry_backoff_max_ms=20)
+    await p.start()
+    futs = []
+
+    async def fill():
+        while True:
+            futs.append(await p.send("t", b"x" * 300, partition=0))
+
+    filler = asyncio.ensure_future(fill())
+    late = asyncio.ensure_future(p.send("late", b"v"))  # waits for its topic
+    await asyncio.sleep(0.05)
+    assert not filler.done() and not late.done()
+    broker.partitions["late"] = 1
+    closing = asyncio.ensure_future(p.close())
+    await asyncio.sleep(0.05)
+    broker.release()
+    await asyncio.wait_for(closing, 5)
+    with pytest.raises(errors.ClientClosed):
+        await filler
+    with pytest.raises(errors.ClientClosed):
+        await late
+    assert futs and all(f.done() for f in futs)
+    assert p._memory.used == 0
+
+
+async def test_cancelled_close_fails_in_flight_records():
+    """B5: close() cancelled mid-flush still leaves no record future pending."""
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    p = make(broker, linger_ms=0)
+    await p.start()
+    fut = await p.send("t", b"v")
+    await asyncio.sleep(0.01)  # in flight, held by the broker
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(p.close(), 0.05)
+    assert fut.done()
+    with pytest.raises(errors.ClientClosed):
+        fut.result()
+    await p.close()  # idempotent, and finishes the shutdown
+    assert p._memory.used == 0 and not p._acc.incomplete
+
+
+async def test_unexpected_error_in_a_request_fails_its_batches():
+    """B3: a non-Sluice exception while sending never orphans a batch."""
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0) as p:
+        broker.raises[messages.ProduceRequest] = [RuntimeError("bug")]
+        fut = await p.send("t", b"v")
+        with pytest.raises(RuntimeError, match="bug"):
+            await asyncio.wait_for(fut, 2)
+        await asyncio.wait_for(p.flush(), 2)
+        assert p._memory.used == 0 and not p._acc.incomplete
+        assert (await (await p.send("t", b"w"))).offset == 0
+
+
+async def test_shared_connect_survives_a_cancelled_caller():
+    """B3: the sender and a cancelled send share one connect; the sender still gets it."""
+    broker = FakeBroker({"t": 1})
+
+    async def slow_factory(host, port):
+        await asyncio.sleep(0.2)
+        return await broker.factory(host, port)
+
+    async with Producer("fake:1", connection_factory=slow_factory, linger_ms=0) as p:
+        await (await p.send("t", b"warm"))  # metadata of "t" is cached from now on
+        for c in list(p._cluster._conns.values()):
+            c.close()
+        other = asyncio.ensure_future(p.send("late", b"v"))  # connects for metadata
+        await asyncio.sleep(0.02)
+        fut = await p.send("t", b"r1")  # the sender joins the same connect
+        await asyncio.sleep(0.05)
+        assert p._cluster._connecting  # still connecting
+        other.cancel()
+        meta = await asyncio.wait_for(fut, 3)
+        assert meta.offset == 1
+
+
+async def test_delivery_timeout_bounds_a_request_in_flight():
+    """B6: an unanswered request fails at the delivery deadline, not the request timeout;
+    the broker is told the same bound."""
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(broker, linger_ms=0, delivery_timeout_ms=300, request_timeout_ms=10000) as p:
+        t0 = time.monotonic()
+        fut = await p.send("t", b"v")
+        with pytest.raises(errors.DeliveryTimeout):
+            await asyncio.wait_for(fut, 3)
+        assert time.monotonic() - t0 < 1.5
+        assert 0 < broker.produce_requests[0].timeout_ms <= 300
+        broker.release()
+
+
+async def test_in_order_callbacks_survive_a_raising_callback(caplog):
+    """B10: a callback that raises is logged; later futures are still called back."""
+    loop = asyncio.get_running_loop()
+    seen = []
+
+    def cb(f):
+        seen.append(f.result())
+        if f.result() == 1:
+            raise RuntimeError("user bug")
+
+    ioc = InOrderCallbacks(cb)
+    fs = [loop.create_future() for _ in range(4)]
+    for f in fs:
+        ioc.add(f)
+    for i, f in enumerate(fs):
+        f.set_result(i)
+    await asyncio.wait_for(ioc.wait(), 1)
+    assert seen == [0, 1, 2, 3]
+    assert "user bug" in caplog.text

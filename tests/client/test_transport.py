@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from sluice import errors
-from sluice.client.transport import Connection, parse_bootstrap
+from sluice.client.transport import Cluster, Connection, parse_bootstrap
 from sluice.protocol import frames, messages
 
 
@@ -29,12 +29,21 @@ class EchoServer(asyncio.Protocol):
                 continue
             if self.mode == "silent":
                 continue
+            if self.mode == "connerror":  # the broker says why it hangs up, then does
+                header = messages.encode(messages.Response(error=3, message="go away"))
+                self.t.writelines(frames.encode_frame(
+                    frames.RESPONSE, frames.CONNECTION_ERROR_API, 0, 0, header))
+                self.t.close()
+                return
             if self.mode == "error":
                 resp = messages.MetadataResponse(error=2, message="nope")
             else:
                 resp = messages.MetadataResponse(controller_id=7)
-            self.t.writelines(frames.encode_frame(
+            frame = b"".join(bytes(b) for b in frames.encode_frame(
                 frames.RESPONSE, ev.api, ev.version, ev.correlation, messages.encode(resp), [b"xy"]))
+            if self.mode == "garbage_after":  # a good answer, then bytes that break framing
+                frame += b"\x00\x00\x00\x01"
+            self.t.write(frame)
 
 
 @pytest.fixture
@@ -88,3 +97,55 @@ def test_parse_bootstrap():
     assert parse_bootstrap(["[::1]:9"]) == [("::1", 9)]
     with pytest.raises(errors.ConfigError):
         parse_bootstrap("")
+
+
+# ---------------------------------------------------------------- review regressions
+
+
+async def test_broker_error_on_close_keeps_its_class(server):
+    """A broker's non-retriable reason for closing reaches pending requests as is."""
+    conn = await Connection.open("127.0.0.1", server)
+    EchoServer.mode = "connerror"
+    with pytest.raises(errors.UnsupportedVersion, match="go away") as ei:
+        await conn.request(messages.MetadataRequest(), timeout=2)
+    assert not ei.value.retriable
+
+
+async def test_frames_before_a_protocol_error_are_delivered(server):
+    """Responses decoded before the bad bytes (``ProtocolError.events``) are answered."""
+    conn = await Connection.open("127.0.0.1", server)
+    EchoServer.mode = "garbage_after"
+    resp, _ = await conn.request(messages.MetadataRequest(), timeout=2)
+    assert resp.controller_id == 7
+    await asyncio.wait_for(conn.wait_closed(), 2)
+    assert conn.closed
+
+
+async def test_cancelled_caller_does_not_fail_a_shared_connect():
+    opened = []
+
+    async def slow_factory(host, port):
+        await asyncio.sleep(0.1)
+        opened.append((host, port))
+        return object.__new__(Connection)  # stands in: only identity matters here
+
+    cluster = Cluster("h:1", connection_factory=slow_factory)
+    a = asyncio.ensure_future(cluster._connect(("h", 1)))
+    b = asyncio.ensure_future(cluster._connect(("h", 1)))
+    await asyncio.sleep(0.02)
+    a.cancel()
+    conn = await asyncio.wait_for(b, 2)
+    assert opened == [("h", 1)] and cluster._conns[("h", 1)] is conn
+    assert a.cancelled()
+
+
+async def test_close_during_connect_gives_client_closed():
+    async def hanging_factory(host, port):
+        await asyncio.sleep(60)
+
+    cluster = Cluster("h:1", connection_factory=hanging_factory)
+    waiter = asyncio.ensure_future(cluster._connect(("h", 1)))
+    await asyncio.sleep(0.02)
+    await cluster.close()
+    with pytest.raises(errors.ClientClosed):
+        await asyncio.wait_for(waiter, 2)

@@ -36,7 +36,9 @@ class MemoryPool:
     """Bytes of buffer memory: reserved when a record is buffered, released on its ack.
 
     Waiters are served first come, first served; ``acquire`` fails with ``BufferExhausted``
-    after ``timeout`` seconds.  Callers take the fast path themselves
+    after ``timeout`` seconds, and at once with ``ConfigError`` for a request larger than
+    the whole pool (no wait could ever satisfy it).  ``fail_waiters`` fails every waiting
+    ``acquire`` (on close).  Callers take the fast path themselves
     (``used + n <= limit and not waiters``) to avoid a coroutine per record.
     """
 
@@ -47,8 +49,9 @@ class MemoryPool:
 
     async def acquire(self, n: int, timeout: float) -> None:
         if n > self.limit:
-            raise errors.BufferExhausted(
-                f"{n} bytes can never fit in buffer_memory={self.limit}"
+            raise errors.ConfigError(
+                f"{n} bytes can never fit in buffer_memory={self.limit}: "
+                f"send less per call or raise buffer_memory"
             )
         if self.used + n <= self.limit and not self.waiters:
             self.used += n
@@ -86,6 +89,13 @@ class MemoryPool:
                     f"(max_block_ms): the broker is not keeping up or not reachable"
                 )
             )
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """Fail every waiting ``acquire`` with a copy of ``exc`` (nothing is granted)."""
+        waiters, self.waiters = self.waiters, deque()
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(type(exc)(*exc.args))
 
     def release(self, n: int) -> None:
         self.used -= n
@@ -250,8 +260,7 @@ class Accumulator:
     something new to look at: a batch opened (a linger timer to arm) or closed.
     """
 
-    def __init__(self, batch_size: int, linger: float, delivery_timeout: float) -> None:
-        self.batch_size = batch_size
+    def __init__(self, linger: float, delivery_timeout: float) -> None:
         self.linger = linger
         self.delivery_timeout = delivery_timeout
         self.open: dict[tuple[str, int], Batch] = {}

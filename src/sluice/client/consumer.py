@@ -7,8 +7,11 @@ broker's wait overlaps the application's work.  Records are decoded per fetch re
 ``records.decode_records`` (a fetch may start inside a batch and end with a partial one).
 
 With a ``group``, starting positions come from the group's committed offsets and
-``commit()`` stores positions (the next offset to read).  Commits coalesce: while one is in
-flight, later calls wait for it and then send only the latest positions.
+``commit()`` stores positions (the next offset to read).  A committed offset the broker
+answers ``OffsetOutOfRange`` for is not used again: the partition is reset per
+``auto_offset_reset``.  Commits coalesce: one commit request at a time runs in its own
+task; later calls wait for it (shielded, so a cancelled caller never fails the others) and
+then send only the latest positions.
 
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
@@ -17,6 +20,7 @@ threads.  ``getmany`` / iteration must not run concurrently with each other.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -26,6 +30,8 @@ from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages, records
 
 __all__ = ["Consumer"]
+
+log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 _RESETS = ("earliest", "latest", "error")
@@ -94,10 +100,11 @@ class Consumer:
         self._subscription: list[str] | None = None
         self._assigned: list[TP] = []
         self._positions: dict[TP, int | None] = {}  # None: to initialise / reset
+        self._out_of_range: set[TP] = set()  # position None because the broker said so
         self._fetch_offsets: dict[TP, int] = {}
-        self._fetch_sizes: dict[TP, int] = {}  # grown when a batch exceeds the cap
         self._epochs: dict[TP, int] = {}  # bumped by seek: drops in-flight results
         self._buffer: deque[list[records.Record]] = deque()
+        self._head = 0  # records of _buffer[0] already taken
         self._fetches: dict[int, asyncio.Task] = {}
         self._fetch_done: asyncio.Future | None = None
         self._error: Exception | None = None  # raised by the next getmany
@@ -108,7 +115,7 @@ class Consumer:
         self._commit_seq = 0
         self._committed_seq = 0
         self._to_commit: dict[TP, int] = {}
-        self._commit_inflight: tuple[asyncio.Future, int] | None = None
+        self._commit_task: tuple[asyncio.Task, int] | None = None  # (task, seq it covers)
         self._committed_positions: dict[TP, int] = {}
         self._auto_task: asyncio.Task | None = None
         self._started = False
@@ -129,7 +136,9 @@ class Consumer:
             self._auto_task = asyncio.get_running_loop().create_task(self._auto_commit_loop())
 
     async def close(self) -> None:
-        """Commit positions (with auto commit), stop fetching, close connections."""
+        """Commit positions (with auto commit), stop fetching, close connections.
+
+        A ``getmany`` waiting meanwhile raises ``ClientClosed``; async iteration ends."""
         if self._closed:
             return
         try:
@@ -140,6 +149,8 @@ class Consumer:
                     pass  # best effort on the way out; positions are at-least-once anyway
         finally:
             self._closed = True
+            if self._fetch_done is not None and not self._fetch_done.done():
+                self._fetch_done.set_result(None)  # a waiting getmany sees the close
             if self._auto_task is not None:
                 self._auto_task.cancel()
             for t in self._fetches.values():
@@ -182,6 +193,7 @@ class Consumer:
 
     def _drop(self, tp: TP) -> None:
         self._positions.pop(tp, None)
+        self._out_of_range.discard(tp)
         self._fetch_offsets.pop(tp, None)
         self._epochs[tp] = self._epochs.get(tp, 0) + 1
         self._purge(tp)
@@ -190,14 +202,20 @@ class Consumer:
         """Drop buffered records of ``tp`` (after a seek or unassignment)."""
         if self._buffer:
             t, p = tp
+            first = self._buffer[0]
             kept = deque()
             for chunk in self._buffer:
                 if chunk[0].topic == t and chunk[0].partition == p:
                     continue
                 kept.append(chunk)
             self._buffer = kept
+            if not kept or kept[0] is not first:
+                self._head = 0
         if self._iter:
-            self._iter = deque(r for r in self._iter if (r.topic, r.partition) != tp)
+            # in place: iteration holds on to this deque across awaits
+            kept_recs = [r for r in self._iter if (r.topic, r.partition) != tp]
+            self._iter.clear()
+            self._iter.extend(kept_recs)
 
     # ------------------------------------------------------------------ positions
 
@@ -215,6 +233,7 @@ class Consumer:
         if offset < 0:
             raise errors.ConfigError(f"offset must be >= 0, got {offset}")
         self._positions[tp] = offset
+        self._out_of_range.discard(tp)
         self._fetch_offsets[tp] = offset
         self._epochs[tp] += 1
         self._purge(tp)
@@ -282,12 +301,16 @@ class Consumer:
             self._set_assignment(tps)
 
     async def _init_positions(self) -> None:
-        """Give every assigned partition without a position one: committed, else reset."""
+        """Give every assigned partition without a position one: the committed offset, else
+        a reset.  A partition whose position the broker called out of range goes straight
+        to the reset (``OffsetOutOfRange`` with ``auto_offset_reset='error'``): its
+        committed offset may be the very offset that is out of range."""
         todo = [tp for tp in self._assigned if self._positions.get(tp) is None]
         if not todo:
             return
-        if self.group is not None:
-            committed = await self._fetch_committed(todo)
+        fresh = [tp for tp in todo if tp not in self._out_of_range]
+        if self.group is not None and fresh:
+            committed = await self._fetch_committed(fresh)
             for tp, off in committed.items():
                 if off is not None and off >= 0 and self._positions.get(tp, 0) is None:
                     self._positions[tp] = self._fetch_offsets[tp] = off
@@ -302,8 +325,9 @@ class Consumer:
             )
         ts = messages.EARLIEST if self.auto_offset_reset == "earliest" else messages.LATEST
         for tp, off in (await self._list_offsets(tps, ts)).items():
-            if tp in self._positions:
+            if tp in self._positions and self._positions[tp] is None:  # not sought meanwhile
                 self._positions[tp] = self._fetch_offsets[tp] = max(off, 0)
+                self._out_of_range.discard(tp)
                 self._epochs[tp] += 1
 
     # ------------------------------------------------------------------ fetching
@@ -313,7 +337,9 @@ class Consumer:
 
         Returns ``[]`` on timeout.  Advances positions past the returned records.  Raises a
         fetch error (``OffsetOutOfRange`` with ``auto_offset_reset='error'``, a corrupt
-        batch, a non-retriable broker error) once.
+        batch, a non-retriable broker error) once, and ``ClientClosed`` when the consumer is
+        closed, also while waiting.  Records an abandoned async iteration had fetched but
+        not handed out come first.
         """
         return await self._poll(timeout_ms, max_records, advance=True)
 
@@ -325,6 +351,8 @@ class Consumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         while True:
+            if self._closed:
+                raise errors.ClientClosed("consumer closed while waiting for records")
             if self._error is not None:
                 exc, self._error = self._error, None
                 raise exc
@@ -351,19 +379,30 @@ class Consumer:
                 handle.cancel()
 
     def _take(self, max_records: int | None, advance: bool) -> list:
-        """Pop up to ``max_records`` buffered records (and advance positions past them)."""
-        buf = self._buffer
-        if not buf:
-            return []
-        positions = self._positions
+        """Pop up to ``max_records`` records (and advance positions past them): first those
+        an abandoned iteration left in ``_iter``, then buffered chunks.
+
+        O(records taken): a partly taken chunk stays whole and ``_head`` says how far.
+        """
         out: list = []
+        it = self._iter
+        while it and (max_records is None or len(out) < max_records):
+            out.append(it.popleft())
+        if out and advance:
+            for rec in out:
+                self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+        buf = self._buffer
+        positions = self._positions
         while buf and (max_records is None or len(out) < max_records):
-            chunk = buf[0]
-            if max_records is not None and len(out) + len(chunk) > max_records:
-                n = max_records - len(out)
-                part, buf[0] = chunk[:n], chunk[n:]
+            chunk, head = buf[0], self._head
+            room = len(chunk) - head if max_records is None else max_records - len(out)
+            if room < len(chunk) - head:
+                part = chunk[head : head + room]
+                self._head = head + room
             else:
-                part = buf.popleft()
+                part = chunk[head:] if head else chunk
+                buf.popleft()
+                self._head = 0
             if advance:
                 last = part[-1]
                 positions[(last.topic, last.partition)] = last.offset + 1
@@ -402,7 +441,7 @@ class Consumer:
                     topic=t,
                     partition=p,
                     offset=offsets[(t, p)],
-                    max_bytes=self._fetch_sizes.get((t, p), self.max_partition_fetch_bytes),
+                    max_bytes=self.max_partition_fetch_bytes,
                 )
                 for t, p in tps
             ],
@@ -439,7 +478,7 @@ class Consumer:
             if r.error:
                 exc = errors.error_for_code(r.error, r.message)
                 if isinstance(exc, errors.OffsetOutOfRange) and self.auto_offset_reset != "error":
-                    resets.append(tp)
+                    resets.append(tp)  # reset per auto_offset_reset, never to the commit
                 elif exc.retriable:
                     self._needs_refresh = True
                 else:
@@ -452,20 +491,22 @@ class Consumer:
             if recs:
                 self._buffer.append(recs)
                 self._fetch_offsets[tp] = recs[-1].offset + 1
-                self._fetch_sizes.pop(tp, None)
                 continue
             # No record at or above ``start``: skip past whole batches (control batches,
-            # compacted-away offsets), or grow the cap when only a partial batch came back.
+            # compacted-away offsets).  The broker always sends the first batch whole,
+            # whatever max_bytes says, so a lone partial batch is a broken answer.
             last = None
             for h, _ in records.iter_batches(chunk, check_crc=False):
                 last = h
             if last is not None:
                 self._fetch_offsets[tp] = max(start, last.next_offset)
             else:
-                size = self._fetch_sizes.get(tp, self.max_partition_fetch_bytes)
-                self._fetch_sizes[tp] = min(size * 2, self.fetch_max_bytes)
+                self._error = errors.ProtocolError(
+                    f"fetch of {tp} at offset {start} returned {r.size} bytes without a whole batch"
+                )
         for tp in resets:
             self._positions[tp] = None
+            self._out_of_range.add(tp)
             self._fetch_offsets.pop(tp, None)
             self._purge(tp)
 
@@ -475,23 +516,43 @@ class Consumer:
         return self
 
     async def __anext__(self) -> records.Record:
-        """Next record; its position is advanced as it is handed out."""
+        """Next record; its position is advanced as it is handed out.  Ends on close."""
         it = self._iter
         while not it:
             if self._closed:
                 raise StopAsyncIteration
-            it.extend(await self._poll(self.fetch_max_wait_ms, None, advance=False))
+            try:
+                it.extend(await self._poll(self.fetch_max_wait_ms, None, advance=False))
+            except errors.ClientClosed:
+                raise StopAsyncIteration from None
         rec = it.popleft()
         self._positions[(rec.topic, rec.partition)] = rec.offset + 1
         return rec
+
+    async def _next_chunk(self, timeout_ms: float) -> list[records.Record]:
+        """For the sync facade's iterator: the records iteration will hand out next (fetched
+        into ``_iter`` if it is empty), without advancing positions; ``_handed_out``
+        advances past each one as the facade yields it."""
+        if not self._iter:
+            self._iter.extend(await self._poll(timeout_ms, None, advance=False))
+        return list(self._iter)
+
+    def _handed_out(self, rec: records.Record) -> None:
+        """``rec`` (from ``_next_chunk``) reached the application: advance past it.  Ignored
+        when a seek, reassignment or ``getmany`` took it out of ``_iter`` meanwhile."""
+        it = self._iter
+        if it and it[0] is rec:
+            it.popleft()
+            self._positions[(rec.topic, rec.partition)] = rec.offset + 1
 
     # ------------------------------------------------------------------ commits
 
     async def commit(self, offsets: dict[TP, int] | None = None) -> None:
         """Store ``offsets`` (default: current positions) for the group; durable on return.
 
-        Calls coalesce: while a commit is in flight, later calls wait for it, then one
-        request carries the latest offsets of all of them.
+        Calls coalesce: one commit request runs at a time, in its own task; later calls wait
+        for it, then one request carries the latest offsets of all of them.  Cancelling a
+        caller cancels only its wait, never the request others wait on.
         """
         if self.group is None:
             raise errors.ConfigError("commit() needs a consumer group (group=...)")
@@ -503,22 +564,22 @@ class Consumer:
         self._commit_seq += 1
         mine = self._commit_seq
         while self._committed_seq < mine:
-            inflight = self._commit_inflight
-            if inflight is None:
-                await self._send_commit()
-                continue
-            fut, covers = inflight
+            running = self._commit_task
+            if running is None:
+                task = asyncio.get_running_loop().create_task(self._send_commit())
+                task.add_done_callback(self._commit_done)
+                running = self._commit_task = (task, self._commit_seq)
+            task, covers = running
             try:
-                await asyncio.shield(fut)
+                await asyncio.shield(task)
             except errors.SluiceError:
                 if covers >= mine:
                     raise
 
     async def _send_commit(self) -> None:
+        """The commit task: send everything in ``_to_commit`` (up to ``_commit_seq``)."""
         seq = self._commit_seq
         batch, self._to_commit = self._to_commit, {}
-        fut = asyncio.get_running_loop().create_future()
-        self._commit_inflight = (fut, seq)
         try:
             if batch:
                 req = messages.OffsetCommitRequest(
@@ -532,17 +593,18 @@ class Consumer:
                 for r in resp.partitions:
                     errors.raise_for_code(r.error, r.message)
                 self._committed_positions.update(batch)
-        except BaseException as exc:
+        except BaseException:
             for tp, off in batch.items():
                 self._to_commit.setdefault(tp, off)  # retried by the next commit
-            fut.set_exception(exc)
-            fut.exception()  # waiters that do not need it must not log it
             raise
         else:
             self._committed_seq = max(self._committed_seq, seq)
-            fut.set_result(None)
-        finally:
-            self._commit_inflight = None
+
+    def _commit_done(self, task: asyncio.Task) -> None:
+        if self._commit_task is not None and self._commit_task[0] is task:
+            self._commit_task = None
+        if not task.cancelled():
+            task.exception()  # its waiters may all be gone; they re-raise it themselves
 
     async def committed(self, tp: TP) -> int | None:
         """The group's committed offset for ``tp`` (next offset to read), or None."""
@@ -571,8 +633,8 @@ class Consumer:
             if any(self._committed_positions.get(tp) != o for tp, o in current.items()):
                 try:
                     await self.commit(current)
-                except errors.SluiceError:
-                    pass  # retried at the next interval; close() commits once more
+                except Exception as exc:  # retried at the next interval; close() commits too
+                    log.warning("auto commit of group %r failed: %s", self.group, exc)
 
 
 def _set_none(fut: asyncio.Future) -> None:

@@ -18,6 +18,7 @@ not thread-safe (use ``client.sync.SyncProducer`` from threads).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from bisect import bisect_right
@@ -41,6 +42,40 @@ _MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
 # Upper bound of a record's framing around its value in the bulk path: length varint,
 # attributes, timestamp delta, offset delta, null key, value length varint, header count.
 _BULK_OVERHEAD = 16
+# Bytes a record can grow by between its size in a batch of its own (deltas 0) and its size
+# in any batch: timestamp delta (up to 10 bytes, not 1), offset delta, length varint.
+_DELTA_SLACK = 16
+
+log = logging.getLogger(__name__)
+
+
+def _zz_len(n: int) -> int:
+    """Bytes of the zig-zag varint of ``n`` (``records.encode_varint``)."""
+    u = n << 1 if n >= 0 else (~n << 1) | 1
+    return (u.bit_length() + 6) // 7 or 1
+
+
+def _tail_size(key: bytes | None, value: bytes | None, headers) -> int:
+    """Exact bytes of an encoded record after its offset delta: key, value, headers.
+
+    Mirrors ``records.encode_record``; ``_record_size`` adds the framing around it.
+    """
+    n = 1 if key is None else _zz_len(len(key)) + len(key)
+    n += 1 if value is None else _zz_len(len(value)) + len(value)
+    if headers:
+        n += _zz_len(len(headers))
+        for hk, hv in headers:
+            kl = len(hk.encode())
+            n += _zz_len(kl) + kl + (1 if hv is None else _zz_len(len(hv)) + len(hv))
+    else:
+        n += 1
+    return n
+
+
+def _record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
+    """Exact ``len(records.encode_record(offset_delta, timestamp_delta, ...))``."""
+    body = 1 + _zz_len(timestamp_delta) + _zz_len(offset_delta) + tail
+    return _zz_len(body) + body
 
 
 def default_partitioner(key: bytes, partitions: int) -> int:
@@ -120,7 +155,6 @@ class Producer:
         self.request_timeout = request_timeout_ms / 1000
         self.max_request_size = int(max_request_size)
         self.partitioner = partitioner
-        self._bootstrap = bootstrap
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -128,7 +162,7 @@ class Producer:
             request_timeout=self.request_timeout,
         )
         self._memory = MemoryPool(int(buffer_memory))
-        self._acc = Accumulator(self.batch_size, self.linger, self.delivery_timeout)
+        self._acc = Accumulator(self.linger, self.delivery_timeout)
         self._sticky: dict[str, int] = {}
         self._inflight_tps: set[tuple[str, int]] = set()
         self._inflight_nodes: dict[int, int] = {}
@@ -141,11 +175,14 @@ class Producer:
         self._flushing = 0
         self._closing = False
         self._closed = False
+        self._closer: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Connect to the bootstrap brokers and start the sender task."""
+        if self._closing:
+            raise errors.ClientClosed("producer is closed")
         if self._sender is not None:
             return
         self._loop = asyncio.get_running_loop()
@@ -154,26 +191,42 @@ class Producer:
         self._sender = self._loop.create_task(self._run_sender(), name="sluice-producer-sender")
 
     async def close(self) -> None:
-        """Flush everything buffered, wait for acks, then stop.  Idempotent."""
+        """Flush everything buffered, wait for acks, then stop.  Idempotent.
+
+        Sends still waiting for metadata or buffer memory fail with ``ClientClosed``.  When
+        close ends, every record future is resolved or failed: records not acknowledged by
+        then fail with ``ClientClosed`` (the broker may still have stored one that was in
+        flight).  That holds also when close() is cancelled or times out mid-flush.
+        """
         if self._closed:
+            if self._closer is not None:
+                await asyncio.shield(self._closer)
             return
         self._closing = True
+        self._memory.fail_waiters(errors.ClientClosed("producer closed while the send waited for memory"))
         try:
             if self._sender is not None:
                 await self.flush()
         finally:
-            self._closed = True
-            self._acc.fail_all(errors.ClientClosed("producer closed"), self._release)
-            self._wake()
-            if self._sender is not None:
-                self._sender.cancel()
-                await asyncio.gather(self._sender, return_exceptions=True)
-            for t in list(self._requests):
-                t.cancel()
-            await asyncio.gather(*self._requests, return_exceptions=True)
-            if self._refresh_task is not None:
-                self._refresh_task.cancel()
-            await self._cluster.close()
+            if not self._closed:
+                self._abort(errors.ClientClosed("producer closed before the record was acknowledged"))
+            await asyncio.shield(self._closer)
+
+    def _abort(self, exc: errors.ClientClosed) -> None:
+        """Synchronously fail every record not acknowledged yet and stop every task; the
+        awaitable rest of the shutdown runs in ``self._closer``."""
+        self._closed = self._closing = True
+        self._acc.fail_all(exc, self._release)  # open and queued batches
+        for b in list(self._acc.incomplete):  # in flight: the answer will not be awaited
+            self._acc.finish(b, exc, self._release)
+        tasks = [t for t in (self._sender, self._refresh_task, *self._requests) if t is not None]
+        for t in tasks:
+            t.cancel()
+        self._closer = asyncio.get_running_loop().create_task(self._finish_close(tasks))
+
+    async def _finish_close(self, tasks: list[asyncio.Task]) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._cluster.close()
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -221,6 +274,8 @@ class Producer:
                     + (f" (last error: {last})" if last else "")
                 )
             await asyncio.sleep(delay)
+            if self._closing:
+                raise errors.ClientClosed("producer closed while the send waited for metadata")
 
     def _max_batch_bytes(self, info) -> int:
         limit = self.max_request_size
@@ -279,61 +334,79 @@ class Producer:
 
         Waits only for metadata of a topic not seen yet and for buffer memory (up to
         ``max_block_ms``, then ``BufferExhausted``).  Raises ``MessageTooLarge`` at once when
-        the record cannot fit in a batch the topic accepts.
+        the record cannot fit in a batch the topic accepts, and ``ClientClosed`` when the
+        producer is closed, also while waiting.  When it raises, nothing was buffered.
         """
         self._check_open()
-        info = self._cluster.topics.get(topic) or await self._topic(topic)
+        info = self._cluster.topics.get(topic)
+        if info is None:
+            info = await self._topic(topic)
+            self._check_open()
         n = info.partitions
+        if n <= 0:
+            raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
         limit = self._max_batch_bytes(info)
-        size = 24 + (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
-        if headers:
-            size += sum(len(k) + (len(v) if v is not None else 0) + 8 for k, v in headers)
-        if size - 16 + records.HEADER_SIZE > limit:
+        tail = _tail_size(key, value, headers)
+        alone = _record_size(tail, 0, 0)  # exact size in a batch of its own
+        if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
-                f"record of about {size - 16} bytes exceeds the {limit}-byte limit of {topic!r}"
+                f"record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "
+                f"exceeds the {limit}-byte limit of {topic!r}"
             )
-        mem = self._memory
-        if mem.used + size > mem.limit or mem.waiters:
-            await mem.acquire(size, self.max_block)
-        else:
-            mem.used += size
-        if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
         if partition is None:
             partition = self._partition_for(topic, key, n)
             sticky = key is None and self.partitioner is None
         else:
             if not 0 <= partition < n:
-                mem.release(size)
                 raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
             sticky = False
+        reserve = alone + _DELTA_SLACK
+        mem = self._memory
+        if mem.used + reserve > mem.limit or mem.waiters:
+            await mem.acquire(reserve, self.max_block)
+        else:
+            mem.used += reserve
+        try:
+            if self._closing:
+                raise errors.ClientClosed("producer closed while the send waited for memory")
+            if timestamp_ms is None:
+                timestamp_ms = int(time.time() * 1000)
+            return self._append(
+                topic, partition, n, sticky, limit, key, value, headers, timestamp_ms, tail, reserve
+            )
+        except BaseException:
+            mem.release(reserve)
+            raise
+
+    def _append(
+        self, topic, partition, n, sticky, limit, key, value, headers, ts, tail, reserve
+    ) -> asyncio.Future:
+        """Put one record (known to fit in a batch of its own) in its partition's open batch.
+
+        The record is encoded, once, before the accumulator changes, so an encoding error
+        leaves no empty open batch behind.  Synchronous: no await between choice and append.
+        """
         acc = self._acc
-        batch = acc.open.get((topic, partition))
-        if batch is None:
-            batch = acc.new_batch(topic, partition, timestamp_ms)
-        rec = records.encode_record(
-            batch.count, timestamp_ms - batch.base_ts, key, value, headers
-        )
         cap = min(self.batch_size, limit) - records.HEADER_SIZE  # record bytes per batch
-        if batch.count and batch.size + len(rec) > cap:
+        batch = acc.open.get((topic, partition))
+        if batch is not None and batch.size + _record_size(tail, ts - batch.base_ts, batch.count) > cap:
             acc.close(batch)
+            batch = None
             if sticky:
                 partition = self._switch_sticky(topic, n, partition)
                 batch = acc.open.get((topic, partition))
-                if batch is None:
-                    batch = acc.new_batch(topic, partition, timestamp_ms)
-            else:
-                batch = acc.new_batch(topic, partition, timestamp_ms)
-            rec = records.encode_record(
-                batch.count, timestamp_ms - batch.base_ts, key, value, headers
-            )
-        if len(rec) + records.HEADER_SIZE > limit:
-            mem.release(size)
-            raise errors.MessageTooLarge(
-                f"record of {len(rec)} bytes exceeds the {limit}-byte limit of {topic!r}"
-            )
+                if batch is not None and (
+                    batch.size + _record_size(tail, ts - batch.base_ts, batch.count) > cap
+                ):
+                    acc.close(batch)
+                    batch = None
+        if batch is None:
+            rec = records.encode_record(0, 0, key, value, headers)
+            batch = acc.new_batch(topic, partition, ts)
+        else:
+            rec = records.encode_record(batch.count, ts - batch.base_ts, key, value, headers)
         fut = self._loop.create_future()
-        batch.append(rec, fut, timestamp_ms, size)
+        batch.append(rec, fut, ts, reserve)
         if batch.size >= cap:
             acc.close(batch)
             if sticky:
@@ -355,19 +428,29 @@ class Producer:
         and encoded in bulk; with a key every record carries it.  They are split into batches
         of at most ``batch_size`` that are sent at once (no linger).
 
+        All or nothing: the memory of the whole call is reserved up front, so either every
+        record is buffered and the future returned, or the call raises and none is
+        (``BufferExhausted``, ``ClientClosed``, ``MessageTooLarge``, an encoding error).  A
+        call needing more than ``buffer_memory`` raises ``ConfigError``: split it.
+
         The future resolves to ``(partition, base_offset)`` when the records got consecutive
         offsets (the usual case), else to the list of their offsets in send order.  With
         ``acks="none"`` it resolves to ``(partition, -1)``.  Records of one call stay in order;
         a concurrent ``send`` to the same partition may land between two of its batches.
         """
         self._check_open()
-        fut = self._loop.create_future()
         count = len(values)
         if count == 0:
+            fut = self._loop.create_future()
             fut.set_result((partition if partition is not None else -1, -1))
             return fut
-        info = self._cluster.topics.get(topic) or await self._topic(topic)
+        info = self._cluster.topics.get(topic)
+        if info is None:
+            info = await self._topic(topic)
+            self._check_open()
         n = info.partitions
+        if n <= 0:
+            raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
         limit = self._max_batch_bytes(info)
         if partition is None:
             sticky = key is None and self.partitioner is None
@@ -376,24 +459,20 @@ class Producer:
             sticky = False
             if not 0 <= partition < n:
                 raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
+        lens = list(map(len, values))
+        biggest = max(lens)
         klen = len(key) if key is not None else 0
-        overhead = _BULK_OVERHEAD + klen + (4 if klen else 0)
-        biggest = max(map(len, values))
-        if biggest + overhead + records.HEADER_SIZE > limit:
+        key_tail = 1 if key is None else _zz_len(klen) + klen
+        alone = _record_size(key_tail + _zz_len(biggest) + biggest + 1, 0, 0)
+        if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
-                f"a record of {biggest} bytes exceeds the {limit}-byte limit of {topic!r}"
+                f"a record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "
+                f"exceeds the {limit}-byte limit of {topic!r}"
             )
+        overhead = _BULK_OVERHEAD + klen + (4 if klen else 0)
         bytes_per_batch = min(self.batch_size, limit) - records.HEADER_SIZE
         # cum[i] bounds the encoded size of values[:i]; C-level, no Python per record.
-        cum = list(accumulate(map(add, map(len, values), repeat(overhead)), initial=0))
-        tp = (topic, partition)
-        acc = self._acc
-        open_batch = acc.open.get(tp)
-        if open_batch is not None:
-            acc.close(open_batch)  # records sent before this call go first
-        bulk = Bulk(fut, partition)
-        slow = key is not None
-        ts = int(time.time() * 1000)
+        cum = list(accumulate(map(add, lens, repeat(overhead)), initial=0))
         spans = []
         i = 0
         while i < count:
@@ -401,30 +480,38 @@ class Producer:
             j = min(max(j, i + 1), i + _MAX_KEYLESS)
             spans.append((i, j))
             i = j
-        bulk.expect(len(spans))
+        total = cum[count]
         mem = self._memory
-        for i, j in spans:
-            size = cum[j] - cum[i]
-            try:
-                if mem.used + size > mem.limit or mem.waiters:
-                    await mem.acquire(size, self.max_block)
-                else:
-                    mem.used += size
-            except errors.BufferExhausted as exc:
-                bulk.fail(exc)
-                raise
+        if mem.used + total > mem.limit or mem.waiters:
+            await mem.acquire(total, self.max_block)
+        else:
+            mem.used += total
+        try:
             if self._closing:
-                mem.release(size)
-                bulk.fail(errors.ClientClosed("producer closed"))
-                break
-            chunk = values[i:j]
-            if slow:
-                body = b"".join(
-                    [records.encode_record(d, 0, key, v) for d, v in enumerate(chunk)]
-                )
-            else:
-                body = records.encode_keyless_records(chunk)
-            acc.add_closed(topic, partition, body, j - i, ts, size, bulk)
+                raise errors.ClientClosed("producer closed while the send waited for memory")
+            bodies = []
+            for i, j in spans:
+                chunk = values[i:j]
+                if key is not None:
+                    bodies.append(
+                        b"".join([records.encode_record(d, 0, key, v) for d, v in enumerate(chunk)])
+                    )
+                else:
+                    bodies.append(records.encode_keyless_records(chunk))
+        except BaseException:
+            mem.release(total)
+            raise
+        # Everything is encoded and paid for; from here nothing awaits or raises.
+        acc = self._acc
+        open_batch = acc.open.get((topic, partition))
+        if open_batch is not None:
+            acc.close(open_batch)  # records sent before this call go first
+        fut = self._loop.create_future()
+        bulk = Bulk(fut, partition)
+        bulk.expect(len(spans))
+        ts = int(time.time() * 1000)
+        for (i, j), body in zip(spans, bodies, strict=True):
+            acc.add_closed(topic, partition, body, j - i, ts, cum[j] - cum[i], bulk)
         if sticky:
             self._switch_sticky(topic, n, partition)
         return fut
@@ -541,6 +628,42 @@ class Producer:
         return out
 
     async def _send_request(self, node: int, batches: dict[tuple[str, int], list[Batch]]) -> None:
+        """One produce request: every batch it holds ends acknowledged, failed or requeued,
+        whatever is raised (a bug, a foreign error, cancellation by ``close``)."""
+        try:
+            try:
+                response = await self._exchange(node, batches)
+                if response is None:  # acks=none: written is all we will know
+                    for bs in batches.values():
+                        for b in bs:
+                            self._complete(b, -1, -1)
+                else:
+                    self._on_response(batches, response)
+            except asyncio.CancelledError:
+                # only close() cancels requests, and it has failed these batches already
+                self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
+                raise
+            except errors.SluiceError as exc:
+                self._on_request_error(batches, exc)
+            except OSError as exc:
+                self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
+            except Exception as exc:
+                log.exception("produce request to broker %s failed unexpectedly", node)
+                self._abandon(batches, exc)
+        finally:
+            self._inflight_nodes[node] -= 1
+            for tp in batches:
+                self._inflight_tps.discard(tp)
+            self._wake()
+
+    async def _exchange(self, node: int, batches: dict[tuple[str, int], list[Batch]]):
+        """Connect, write and await the answer (None with ``acks="none"``), all bounded by
+        ``request_timeout_ms`` and by the earliest delivery deadline of ``batches``; the
+        broker is told the same bound.  ``RequestTimedOut`` when it passes."""
+        deadline = min(b.deadline for bs in batches.values() for b in bs)
+        timeout = min(self.request_timeout, deadline - time.monotonic())
+        if timeout <= 0:
+            raise errors.RequestTimedOut("delivery deadline passed before the request was sent")
         partitions = []
         attachments = []
         for (topic, partition), bs in batches.items():
@@ -550,47 +673,48 @@ class Producer:
                 size += len(b.data)
             partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
         request = messages.ProduceRequest(
-            partitions=partitions, acks=self.acks, timeout_ms=int(self.request_timeout * 1000)
+            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(timeout * 1000))
         )
         try:
-            try:
+            async with asyncio.timeout(timeout):
                 conn = await self._cluster.connection(node)
                 if self.acks == messages.ACKS_NONE:
                     await conn.drain()
                     conn.send_noreply(request, attachments)
-                    for bs in batches.values():
-                        for b in bs:
-                            self._complete(b, -1, -1)
-                    return
-                response, _ = await conn.request(request, attachments, self.request_timeout)
-            except errors.SluiceError as exc:
-                self._on_request_error(batches, exc)
-                return
-            except OSError as exc:
-                self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
-                return
-            results = {(r.topic, r.partition): r for r in response.partitions}
-            for tp, bs in batches.items():
-                r = results.get(tp)
-                if r is None:
-                    self._retry(tp, bs, errors.UnknownServerError(f"no result for {tp} in the produce response"))
-                elif r.error:
-                    exc = errors.error_for_code(r.error, r.message)
-                    if exc.retriable:
-                        self._retry(tp, bs, exc)
-                    else:
-                        self._fail_batches(tp, bs, exc)
+                    return None
+                response, _ = await conn.request(request, attachments, timeout)
+                return response
+        except TimeoutError:
+            raise errors.RequestTimedOut(
+                f"produce to broker {node} not done within {timeout:g}s "
+                f"(request_timeout_ms or the delivery deadline)"
+            ) from None
+
+    def _on_response(self, batches, response: messages.ProduceResponse) -> None:
+        results = {(r.topic, r.partition): r for r in response.partitions}
+        for tp, bs in batches.items():
+            r = results.get(tp)
+            if r is None:
+                self._retry(tp, bs, errors.UnknownServerError(f"no result for {tp} in the produce response"))
+            elif r.error:
+                exc = errors.error_for_code(r.error, r.message)
+                if exc.retriable:
+                    self._retry(tp, bs, exc)
                 else:
-                    offset = r.base_offset
-                    for b in bs:
-                        self._complete(b, offset, r.log_append_time)
-                        offset += b.count
-                    self._inflight_tps.discard(tp)
-        finally:
-            self._inflight_nodes[node] -= 1
-            for tp in batches:
-                self._inflight_tps.discard(tp)
-            self._wake()
+                    self._fail_batches(bs, exc)
+            else:
+                offset = r.base_offset
+                for b in bs:
+                    self._complete(b, offset, r.log_append_time)
+                    offset += b.count
+
+    def _abandon(self, batches, exc: BaseException) -> None:
+        """Fail every batch of ``batches`` still unfinished and not requeued."""
+        for tp, bs in batches.items():
+            q = self._acc.queues.get(tp, ())
+            for b in bs:
+                if b in self._acc.incomplete and b not in q:
+                    self._acc.finish(b, exc, self._release)
 
     def _on_request_error(self, batches, exc: errors.SluiceError) -> None:
         retriable = exc.retriable or isinstance(exc, errors.ConnectionClosed)
@@ -598,21 +722,22 @@ class Producer:
             if retriable:
                 self._retry(tp, bs, exc)
             else:
-                self._fail_batches(tp, bs, exc)
+                self._fail_batches(bs, exc)
 
     def _retry(self, tp, bs: list[Batch], exc: Exception) -> None:
-        """Requeue ``bs`` at the front of their partition (order kept), after a backoff."""
+        """Requeue ``bs`` at the front of their partition (order kept), after a backoff that
+        ends no later than their delivery deadline (where ``expire`` fails them)."""
         now = time.monotonic()
         if isinstance(exc, errors.NotLeader):
             self._cluster.mark_stale(tp[0])
         if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed):
             self._request_refresh()
+        attempts = max(b.attempts for b in bs) + 1
+        retry_at = now + self._backoff_delay(attempts - 1)
         keep = []
-        attempts = 0
         for b in bs:
             b.last_error = exc
             b.attempts += 1
-            attempts = max(attempts, b.attempts)
             if b.deadline <= now:
                 self._acc.finish(b, b.timeout_error(self.delivery_timeout), self._release)
             elif self.retries is not None and b.attempts > self.retries:
@@ -621,13 +746,13 @@ class Producer:
                 keep.append(b)
         if keep:
             self._acc.queues.setdefault(tp, deque()).extendleft(reversed(keep))
-            self._retry_at[tp] = now + self._backoff_delay(attempts - 1)
+            self._retry_at[tp] = min(retry_at, min(b.deadline for b in keep))
 
     def _backoff_delay(self, attempt: int) -> float:
         delay = min(self.backoff * (2 ** min(attempt, 30)), self.backoff_max)
         return delay * random.uniform(0.8, 1.2) if delay else 0.0
 
-    def _fail_batches(self, tp, bs: list[Batch], exc: Exception) -> None:
+    def _fail_batches(self, bs: list[Batch], exc: Exception) -> None:
         for b in bs:
             self._acc.finish(b, exc, self._release)
 

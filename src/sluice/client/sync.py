@@ -1,9 +1,11 @@
 """Blocking facades over the asyncio clients, for the CLI, scripts and Spark executors.
 
 Each facade owns a private event loop running in a daemon thread and forwards calls with
-``asyncio.run_coroutine_threadsafe``; the asyncio client is created inside that loop.  The
-facades are safe to call from any thread (calls are serialised onto the loop).  They pickle
-as their configuration only: an unpickled facade opens its own connections on first use.
+``asyncio.run_coroutine_threadsafe``; the asyncio client is created inside that loop on first
+use.  The facades are safe to call from any thread (calls are serialised onto the loop).
+``close()`` is final: calls still blocked in other threads then fail with ``ClientClosed``,
+and so does every later call (a closed facade never reopens).  They pickle as their
+configuration only: an unpickled facade opens its own connections on first use.
 """
 
 from __future__ import annotations
@@ -22,11 +24,17 @@ __all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin"]
 
 
 class _LoopThread:
-    """An event loop running forever in a daemon thread."""
+    """An event loop running forever in a daemon thread.
+
+    ``run`` blocks the calling thread on a coroutine run in the loop; ``stop`` cancels
+    whatever still runs there, so blocked callers get ``ClientClosed`` instead of hanging.
+    """
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._lock = threading.Lock()
+        self._stopped = False
         self.thread.start()
 
     def _run(self) -> None:
@@ -37,12 +45,46 @@ class _LoopThread:
         if threading.current_thread() is self.thread:
             coro.close()
             raise errors.ClientError("blocking call from the client's own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        with self._lock:
+            if self._stopped:
+                coro.close()
+                raise errors.ClientClosed("client is closed")
+            cf = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return cf.result(timeout)
+        except concurrent.futures.CancelledError:
+            if self._stopped:
+                raise errors.ClientClosed("client closed during the call") from None
+            raise
+
+    def call_soon(self, fn, *args) -> None:
+        """Schedule ``fn(*args)`` on the loop without waiting; FIFO with ``run``."""
+        with self._lock:
+            if self._stopped:
+                raise errors.ClientClosed("client is closed")
+            self.loop.call_soon_threadsafe(fn, *args)
 
     def stop(self) -> None:
+        """Cancel what still runs on the loop (its callers get ``ClientClosed``), stop it."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(10)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
+
+
+async def _cancel_all() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _SyncBase:
@@ -54,7 +96,8 @@ class _SyncBase:
         self._config = config
         self._lt: _LoopThread | None = None
         self._client = None
-        self._lock = threading.Lock()
+        self._closed = False
+        self._lock = threading.Lock()  # guards _lt, _client, _closed
 
     def __getstate__(self):
         return {"bootstrap": self._bootstrap, "config": self._config}
@@ -62,8 +105,11 @@ class _SyncBase:
     def __setstate__(self, state) -> None:
         self.__init__(state["bootstrap"], **state["config"])
 
-    def _ensure(self):
+    def _ensure(self) -> tuple:
+        """``(client, loop thread)``, created on first use; ``ClientClosed`` once closed."""
         with self._lock:
+            if self._closed:
+                raise errors.ClientClosed(f"{type(self).__name__} is closed")
             if self._client is None:
                 lt = _LoopThread(self._thread_name)
                 try:
@@ -72,7 +118,7 @@ class _SyncBase:
                     lt.stop()
                     raise
                 self._lt = lt
-            return self._client
+            return self._client, self._lt
 
     async def _create(self):
         client = self._client_cls(self._bootstrap, **self._config)
@@ -80,12 +126,16 @@ class _SyncBase:
         return client
 
     def _call(self, coro_fn, *args, **kw):
-        client = self._ensure()
-        return self._lt.run(coro_fn(client, *args, **kw))
+        client, lt = self._ensure()
+        return lt.run(coro_fn(client, *args, **kw))
 
     def close(self) -> None:
-        """Close the client (flushing a producer) and stop the loop thread.  Idempotent."""
+        """Close the client (flushing a producer) and stop the loop thread.  Idempotent.
+
+        Calls blocked in other threads fail with ``ClientClosed``; so do later calls.
+        """
         with self._lock:
+            self._closed = True
             client, lt = self._client, self._lt
             self._client = self._lt = None
         if client is not None:
@@ -145,40 +195,54 @@ async def _chained_send_many(p: Producer, topic, values, **kw):
 
 class SyncConsumer(_SyncBase):
     """Blocking ``Consumer``.  ``assign`` / ``subscribe`` / ``seek`` may be called before
-    first use; iteration yields records, blocking up to ``poll_timeout_ms`` per poll."""
+    first use; iteration yields records, blocking up to ``poll_timeout_ms`` per poll.
+
+    Iteration advances the position past each record as it is yielded, never further:
+    after a ``break``, ``position`` and ``commit`` stand right after the last record the
+    loop body saw, and ``getmany`` returns the records iteration had fetched but not
+    yielded.  A seek (or new assignment) made through this facade during iteration drops
+    the records fetched before it.  Iteration ends when the consumer is closed.
+    """
 
     _client_cls = Consumer
     _thread_name = "sluice-consumer"
 
     def __init__(self, bootstrap, **config) -> None:
         super().__init__(bootstrap, **config)
-        self._iter_buf: list = []
+        self._generation = 0  # bumped by calls that move positions; iteration re-fetches
 
     def assign(self, partitions) -> None:
+        self._generation += 1
         self._call(_run_sync, Consumer.assign, list(partitions))
 
     def subscribe(self, topics) -> None:
+        self._generation += 1
         self._call(_run_sync, Consumer.subscribe, list(topics))
 
     def assignment(self) -> list:
         return self._call(_run_sync, Consumer.assignment)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
+        self._generation += 1
         self._call(_run_sync, Consumer.seek, topic, partition, offset)
 
     def position(self, tp):
         return self._call(_run_sync, Consumer.position, tuple(tp))
 
     def seek_to_beginning(self, *tps) -> None:
+        self._generation += 1
         self._call(Consumer.seek_to_beginning, *tps)
 
     def seek_to_end(self, *tps) -> None:
+        self._generation += 1
         self._call(Consumer.seek_to_end, *tps)
 
     def seek_to_time(self, timestamp_ms: int, *tps) -> None:
+        self._generation += 1
         self._call(Consumer.seek_to_time, timestamp_ms, *tps)
 
     def getmany(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
+        self._generation += 1
         return self._call(Consumer.getmany, timeout_ms, max_records)
 
     def commit(self, offsets=None) -> None:
@@ -189,9 +253,22 @@ class SyncConsumer(_SyncBase):
 
     def __iter__(self) -> Iterator:
         while True:
-            if self._client is not None and self._client._closed:
+            try:
+                client, lt = self._ensure()
+                chunk = lt.run(client._next_chunk(500))
+            except errors.ClientClosed:
                 return
-            yield from self.getmany(timeout_ms=500)
+            generation = self._generation
+            for rec in chunk:
+                if self._generation != generation:
+                    break  # sought meanwhile: these records are stale
+                try:
+                    # FIFO with later calls from this thread: position() or commit() in
+                    # the loop body already see this record as consumed.
+                    lt.call_soon(client._handed_out, rec)
+                except errors.ClientClosed:
+                    return
+                yield rec
 
 
 async def _run_sync(client, fn, *args):
