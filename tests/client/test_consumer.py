@@ -206,3 +206,20 @@ async def test_close_wakes_a_waiting_getmany():
     await c.close()
     with pytest.raises(errors.ClientClosed):
         await asyncio.wait_for(waiting, 2)
+
+
+@pytest.mark.timeout(10)  # the bug was a busy loop: it blocks the event loop, so no wait_for fires
+async def test_commit_started_while_the_previous_commit_finishes_does_not_spin():
+    """Regression: a commit whose first step runs after the running commit task finished, but
+    before that task's done-callback ran, used to see the finished task and spin forever."""
+    broker = FakeBroker({"t": 1})
+    await fill(broker, "t", 100)
+    async with make(broker, group="g", enable_auto_commit=False) as c:
+        c.assign([("t", 0)])
+        burst = []
+        for i in range(50):  # the bench's pattern: many un-awaited commits in a row
+            burst.append(asyncio.ensure_future(c.commit({("t", 0): i})))
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*burst), 5)
+        await asyncio.wait_for(c.commit({("t", 0): 99}), 5)
+        assert await c.committed(("t", 0)) == 99

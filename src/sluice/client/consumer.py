@@ -565,7 +565,9 @@ class Consumer:
         mine = self._commit_seq
         while self._committed_seq < mine:
             running = self._commit_task
-            if running is None:
+            # A finished task may still be recorded (its done-callback has not run yet):
+            # awaiting it would not yield, so this loop would spin.  Start the next one.
+            if running is None or running[0].done():
                 task = asyncio.get_running_loop().create_task(self._send_commit())
                 task.add_done_callback(self._commit_done)
                 running = self._commit_task = (task, self._commit_seq)

@@ -1,0 +1,27 @@
+"""The benchmark workloads at toy sizes: `sluice bench` must keep working (not a speed test)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sluice.bench import workloads as w
+from sluice.bench.runner import CpuMeter
+
+
+@pytest.mark.timeout(120)
+def test_every_workload_runs_and_checks_its_counts(broker):
+    meter = CpuMeter(broker.proc.pid)
+    p1 = asyncio.run(w.run_publish(broker.bootstrap, "P1-100B", 100, 3000, w.PAGE_CACHE, meter))
+    assert p1.msgs == 3000 and p1.bytes == 300_000 and "server_cpu=" in p1.notes[-1]
+    p2 = asyncio.run(w.run_publish(broker.bootstrap, "P2-1KiB", 1024, 2000, w.FSYNC_ALWAYS, meter))
+    assert p2.msgs == 2000
+    c1 = asyncio.run(w.run_c1(broker.bootstrap, meter, count=5000))
+    assert c1.msgs == 5000 and c1.bytes == 5000 * 1024
+    l1 = asyncio.run(w.run_l1(broker.bootstrap, meter, rate=500, seconds=1.0))
+    assert l1.msgs == 500 and l1.p50_ms is not None and l1.p99_ms >= l1.p50_ms
+    assert not any("FAILED" in n for n in l1.notes)
+    row = l1.as_dict("test")
+    assert set(row) >= {"system", "workload", "msgs", "bytes", "seconds", "msgs_per_s", "mb_per_s",
+                        "p50_ms", "p99_ms", "p999_ms", "max_ms", "notes"}
