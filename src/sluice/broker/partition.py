@@ -40,6 +40,7 @@ log = logging.getLogger("sluice.broker")
 
 # Groups up to this size that need no fsync and no roll are written on the event loop.
 INLINE_WRITE_BYTES = 64 * 1024
+FLUSH_RETRY_S = 1.0  # after a failed background fsync
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Partition:
         self._unflushed = 0
         self._unflushed_since = 0.0
         self._flush_future: asyncio.Future | None = None
+        self._retry_flush_at = 0.0
         self._closing = False
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"writer {topic}-{index}"
@@ -126,8 +128,9 @@ class Partition:
             self._maybe_flush(loop)
 
     def _flush_due_in(self) -> float | None:
-        """Seconds until the time-based flush is due; None when nothing waits for one."""
-        if not self._unflushed or self.config.flush_ms <= 0:
+        """Seconds until the time-based flush is due; None when nothing waits for one (a
+        running flush wakes the writer when it ends)."""
+        if not self._unflushed or self.config.flush_ms <= 0 or self._flush_future is not None:
             return None
         due = self._unflushed_since + self.config.flush_ms / 1000
         return max(0.0, due - time.monotonic())
@@ -208,6 +211,8 @@ class Partition:
         cfg = self.config
         if not self._unflushed or self._flush_future is not None:
             return
+        if time.monotonic() < self._retry_flush_at:  # the last fsync failed: do not hammer the disk
+            return
         by_count = cfg.flush_messages > 1 and self._unflushed >= cfg.flush_messages
         if not (by_count or self._flush_due_in() == 0):
             return
@@ -221,8 +226,8 @@ class Partition:
         exc = fut.exception()
         if exc is not None:
             log.error("%s", storage_error_from_os(exc, f"flush of {self.topic}-{self.index}"))
-            if not self._unflushed:
-                self._unflushed_since = time.monotonic()  # try again after another flush.ms
+            self._unflushed_since = time.monotonic()  # try again after another flush.ms
+            self._retry_flush_at = time.monotonic() + FLUSH_RETRY_S
             self._unflushed += pending
         self._wakeup.set()  # re-check: data written during the flush may be due already
 

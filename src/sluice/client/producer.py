@@ -277,6 +277,16 @@ class Producer:
             if self._closing:
                 raise errors.ClientClosed("producer closed while the send waited for metadata")
 
+    async def _usable_topic(self, topic: str):
+        """Metadata of ``topic`` (waiting for it if new); it must have partitions."""
+        info = self._cluster.topics.get(topic)
+        if info is None:
+            info = await self._topic(topic)
+            self._check_open()
+        if info.partitions <= 0:
+            raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
+        return info
+
     def _max_batch_bytes(self, info) -> int:
         limit = self.max_request_size
         if info.max_message_bytes > 0:
@@ -338,13 +348,8 @@ class Producer:
         producer is closed, also while waiting.  When it raises, nothing was buffered.
         """
         self._check_open()
-        info = self._cluster.topics.get(topic)
-        if info is None:
-            info = await self._topic(topic)
-            self._check_open()
+        info = await self._usable_topic(topic)
         n = info.partitions
-        if n <= 0:
-            raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
         limit = self._max_batch_bytes(info)
         tail = _tail_size(key, value, headers)
         alone = _record_size(tail, 0, 0)  # exact size in a batch of its own
@@ -444,13 +449,8 @@ class Producer:
             fut = self._loop.create_future()
             fut.set_result((partition if partition is not None else -1, -1))
             return fut
-        info = self._cluster.topics.get(topic)
-        if info is None:
-            info = await self._topic(topic)
-            self._check_open()
+        info = await self._usable_topic(topic)
         n = info.partitions
-        if n <= 0:
-            raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
         limit = self._max_batch_bytes(info)
         if partition is None:
             sticky = key is None and self.partitioner is None
