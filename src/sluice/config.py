@@ -142,7 +142,6 @@ class ServerConfig:
     max_partitions: int = 4096  # every partition holds open files: bounded by the fd limit
     io_threads: int = 4
     retention_check_ms: int = 30_000
-    default_partitions: int = 1
     topic_defaults: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

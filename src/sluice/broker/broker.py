@@ -56,7 +56,6 @@ FETCH_OVERHEAD = 1024 * 1024  # room in a response frame for its header
 class Topic:
     name: str
     config: TopicConfig
-    overrides: dict[str, str]
     partitions: list[Partition]
     internal: bool = False
 
@@ -135,7 +134,7 @@ class Broker:
         except BaseException:
             await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
             raise
-        topic = Topic(record.name, config, dict(record.config), partitions, record.internal)
+        topic = Topic(record.name, config, partitions, record.internal)
         self.topics[record.name] = topic
         return topic
 

@@ -45,8 +45,7 @@ import msgspec
 from sluice.errors import CorruptRecord, ProtocolError
 
 HEADER_SIZE = 61
-LENGTH_OFFSET = 8  # batch_length sits here; the log-overhead prefix is 12 bytes
-LOG_OVERHEAD = 12
+LOG_OVERHEAD = 12  # base offset + batch length: the bytes batch_length does not count
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
 MAX_TIMESTAMP_OFFSET = 35
