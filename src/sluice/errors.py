@@ -89,6 +89,11 @@ class BufferExhausted(ClientError):
     retriable = True
 
 
+class DataLoss(ClientError):
+    """Records a read was planned to return are gone: deleted by retention, or the topic
+    was deleted (and maybe created again) since."""
+
+
 class DeliveryTimeout(ClientError):
     """A send was not acknowledged within ``delivery_timeout_ms`` (retries included)."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from sluice import errors
 from sluice.client.admin import Admin
@@ -165,6 +165,18 @@ class SyncProducer(_SyncBase):
     def send_many(self, topic: str, values: Sequence[bytes], **kw) -> concurrent.futures.Future:
         return self._call(_chained_send_many, topic, values, **kw)
 
+    def send_batch(self, messages: Iterable[tuple]) -> concurrent.futures.Future:
+        """Buffer many records in one hop onto the loop; return one future for the lot.
+
+        Each message is ``(topic, value, key, headers, partition)`` (``key``, ``headers``
+        and ``partition`` may be None) and goes through ``Producer.send``: its own
+        partitioning, size checks and memory wait.  The future resolves to the number of
+        records once every one is acknowledged, or fails with the first failure.  Raises at
+        once where ``send`` would; the records buffered before the failing one are still
+        sent.
+        """
+        return self._call(_send_batch, messages)
+
     def flush(self) -> None:
         self._call(Producer.flush)
 
@@ -191,6 +203,18 @@ async def _chained_send(p: Producer, topic, value, **kw):
 
 async def _chained_send_many(p: Producer, topic, values, **kw):
     return await _chained(await p.send_many(topic, values, **kw))
+
+
+async def _send_batch(p: Producer, messages):
+    futs = [
+        await p.send(topic, value, key=key, headers=headers, partition=partition)
+        for topic, value, key, headers, partition in messages
+    ]
+    return await _chained(asyncio.ensure_future(_count(asyncio.gather(*futs))))
+
+
+async def _count(fut) -> int:
+    return len(await fut)
 
 
 class SyncConsumer(_SyncBase):

@@ -1,0 +1,171 @@
+"""Executor side of a read: one offset range of one partition → Arrow record batches.
+
+An ``OffsetRange`` is the input partition Spark ships to an executor: plain data, picklable.
+``read_range`` reads it with the blocking consumer, a fetch at a time (never a request per
+record), and yields one Arrow ``RecordBatch`` per fetched chunk, so rows cross into Spark in
+columnar form.  Reading the same range twice yields the same rows: that is what lets Spark
+replay a micro-batch and its file sink keep each message exactly once.
+
+Data loss: when the range starts (or, racing retention, continues) below the partition's
+first kept offset, or the partition now ends before the range does (a topic deleted and
+created again), ``failOnDataLoss=true`` raises ``DataLoss``; ``false`` logs a warning and
+reads what is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from sluice import errors
+from sluice.client.sync import SyncAdmin, SyncConsumer
+from sluice.protocol import messages
+from sluice.spark.options import ReadOptions
+
+__all__ = ["OffsetRange", "read_range", "arrow_schema", "spark_schema"]
+
+log = logging.getLogger("sluice.spark")
+
+_STALL_CHECK_S = 2.0  # without records for this long, ask the broker where the log ends
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    """Offsets ``[start, end)`` of ``topic``/``partition``, read with ``options``."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    options: ReadOptions
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    fields = [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+    ]
+    if include_headers:
+        fields.append(("headers", _HEADERS))
+    return pa.schema(fields)
+
+
+def spark_schema(include_headers: bool) -> str:
+    """The DDL of the rows a read yields (the columns of Spark's Kafka source, less
+    ``timestampType``)."""
+    ddl = (
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
+    )
+    if include_headers:
+        ddl += ", headers array<struct<key: string, value: binary>>"
+    return ddl
+
+
+def read_range(rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``rng`` in offset order as Arrow batches (see the module doc)."""
+    if rng.start >= rng.end:
+        return
+    opts = rng.options
+    tp = (rng.topic, rng.partition)
+    consumer = SyncConsumer(
+        opts.bootstrap, auto_offset_reset="error", enable_auto_commit=False, fetch_max_wait_ms=200
+    )
+    admin: SyncAdmin | None = None
+    schema = arrow_schema(opts.include_headers)
+    try:
+        consumer.assign([tp])
+        consumer.seek(rng.topic, rng.partition, rng.start)
+        pos, idle_since = rng.start, time.monotonic()
+        while pos < rng.end:
+            try:
+                recs = consumer.getmany(timeout_ms=500)
+            except errors.OffsetOutOfRange:
+                admin = admin or SyncAdmin(opts.bootstrap)
+                pos = _skip_lost(admin, consumer, rng, pos)
+                continue
+            if recs:
+                if recs[-1].offset >= rng.end:
+                    recs = [r for r in recs if r.offset < rng.end]
+                if recs:
+                    pos = recs[-1].offset + 1
+                    yield _to_arrow(recs, rng, schema)
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > _STALL_CHECK_S:
+                admin = admin or SyncAdmin(opts.bootstrap)
+                pos = _check_end(admin, rng, pos)
+                idle_since = time.monotonic()
+    finally:
+        consumer.close()
+        if admin is not None:
+            admin.close()
+
+
+def _lost(rng: OffsetRange, what: str) -> None:
+    msg = f"{rng.topic}/{rng.partition}: {what}"
+    if rng.options.fail_on_data_loss:
+        raise errors.DataLoss(
+            msg + " (set failOnDataLoss=false to skip lost offsets and go on with a warning)"
+        )
+    log.warning("%s; skipped (failOnDataLoss=false)", msg)
+
+
+def _offset(admin: SyncAdmin, rng: OffsetRange, which: int) -> int:
+    return admin.list_offsets(rng.topic, [rng.partition], which)[rng.partition]
+
+
+def _skip_lost(admin: SyncAdmin, consumer: SyncConsumer, rng: OffsetRange, pos: int) -> int:
+    """The broker said ``pos`` is out of range: find out why, raise or skip ahead."""
+    earliest = _offset(admin, rng, messages.EARLIEST)
+    if earliest > pos:
+        _lost(rng, f"offsets {pos}..{min(earliest, rng.end) - 1} were deleted by retention")
+        pos = min(earliest, rng.end)
+    else:
+        pos = _check_end(admin, rng, pos)
+    if pos < rng.end:
+        consumer.seek(rng.topic, rng.partition, pos)
+    return pos
+
+
+def _check_end(admin: SyncAdmin, rng: OffsetRange, pos: int) -> int:
+    """If the log now ends before the range does, the rest of it is gone: raise, or return
+    ``rng.end`` to finish the read."""
+    latest = _offset(admin, rng, messages.LATEST)
+    if latest < rng.end and latest <= pos:
+        _lost(rng, f"the log ends at {latest} but offsets up to {rng.end - 1} were planned")
+        return rng.end
+    return pos
+
+
+def _to_arrow(recs: list, rng: OffsetRange, schema: pa.Schema) -> pa.RecordBatch:
+    n = len(recs)
+    columns = [
+        pa.array([rng.topic] * n, pa.string()),
+        pa.array([rng.partition] * n, pa.int32()),
+        pa.array([r.offset for r in recs], pa.int64()),
+        pa.array([r.timestamp * 1000 for r in recs], pa.int64()).cast(schema.field(3).type),
+        pa.array([r.key for r in recs], pa.binary()),
+        pa.array([r.value for r in recs], pa.binary()),
+    ]
+    if len(schema) == 7:
+        columns.append(
+            pa.array(
+                [[{"key": k, "value": v} for k, v in r.headers] for r in recs], schema.field(6).type
+            )
+        )
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
