@@ -425,6 +425,11 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
 
 
+from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
+
+cli.add_command(pipeline)
+
+
 def main() -> None:
     try:
         cli.main(prog_name="sluice", standalone_mode=False)

@@ -1,0 +1,160 @@
+"""Data pipelines shipped with Sluice, runnable on ``local[*]`` or on a Spark cluster.
+
+``archive`` copies topics to Parquet, partitioned by topic and by the UTC date of each
+message's timestamp (``<output>/topic=<t>/date=<yyyy-mm-dd>/part-….parquet``).  It is a
+streaming query over the ``sluice`` source with a checkpoint, in one of two modes:
+
+- one-shot (``continuous=False``): archive what the topics hold now, then stop
+  (``Trigger.AvailableNow``).  Run it again later and it archives only what came since.
+- continuous: keep archiving, one micro-batch per ``trigger_interval``.
+
+Each message lands in the output exactly once, across stops, crashes and restarts, as long
+as the same ``checkpoint`` is used: the offsets of every micro-batch are in the checkpoint,
+and Spark's file sink lists the files of committed micro-batches in
+``<output>/_spark_metadata``.  Spark readers honour that list; a reader that lists files
+itself should skip files a crashed run left behind, which that list does not name.
+
+The code is the same on a cluster: pass another ``master``.  Then ``output`` and
+``checkpoint`` must be on storage every node sees, and the executors' Python must have
+Sluice installed (``PYSPARK_PYTHON``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+
+from sluice.errors import ConfigError
+
+__all__ = ["ArchiveRun", "archive", "archive_frame", "session"]
+
+log = logging.getLogger("sluice.spark")
+
+_MICROS_PER_DAY = 86_400_000_000
+
+
+def session(
+    master: str = "local[*]", app_name: str = "sluice", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A ``SparkSession`` for a pipeline (``conf`` on top of quiet defaults).
+
+    Executors run this Python unless ``PYSPARK_PYTHON`` says otherwise.  The ``sluice``
+    data source needs no registering: PySpark finds it (module ``pyspark_sluice``).
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    defaults = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
+    for key, value in {**defaults, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def archive_frame(messages: DataFrame) -> DataFrame:
+    """The archive's rows: the message columns plus ``date``, the UTC day of ``timestamp``
+    (computed from the epoch, whatever the session's time zone)."""
+    day = F.floor(F.unix_micros("timestamp") / F.lit(_MICROS_PER_DAY)).cast("int")
+    return messages.withColumn("date", F.date_from_unix_date(day))
+
+
+@dataclass(frozen=True)
+class ArchiveRun:
+    """What a one-shot run archived."""
+
+    messages: int
+    batches: int
+
+
+def archive(
+    spark: SparkSession,
+    *,
+    bootstrap: str,
+    output: str,
+    checkpoint: str,
+    topics: Sequence[str] = (),
+    pattern: str | None = None,
+    continuous: bool = False,
+    trigger_interval: str = "10 seconds",
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+) -> ArchiveRun | StreamingQuery:
+    """Archive ``topics`` (or the topics matching ``pattern``) to Parquet under ``output``.
+
+    One-shot: blocks until everything there is now is archived; returns an ``ArchiveRun``.
+    Continuous: returns the running ``StreamingQuery`` (``stop()`` it to end).
+    ``starting_offsets`` applies to the first run of a checkpoint only.
+    """
+    if bool(topics) == bool(pattern):
+        raise ConfigError("archive needs topics or a pattern (not both)")
+    reader = (
+        spark.readStream.format("sluice")
+        .option("bootstrap", bootstrap)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", starting_offsets)
+    )
+    reader = reader.option("topicPattern", pattern) if pattern else reader.option(
+        "topics", ",".join(topics)
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    writer = (
+        archive_frame(reader.load())
+        .writeStream.format("parquet")
+        .partitionBy("topic", "date")
+        .option("path", output)
+        .option("checkpointLocation", checkpoint)
+        .queryName("sluice-archive")
+    )
+    if continuous:
+        return writer.trigger(processingTime=trigger_interval).start()
+    counter = _ProgressCounter()
+    spark.streams.addListener(counter)
+    try:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+        last = query.lastProgress
+        if last is not None:  # progress events arrive asynchronously: wait for the last one
+            counter.wait_for(str(query.id), last["batchId"], timeout=30)
+    finally:
+        spark.streams.removeListener(counter)
+    return ArchiveRun(*counter.totals(str(query.id)))
+
+
+class _ProgressCounter(StreamingQueryListener):
+    """Adds up the input rows and non-empty micro-batches of each query."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._seen: dict[str, tuple[int, int, int]] = {}  # id: (rows, batches, last batch)
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        p = event.progress
+        with self._cond:
+            rows, batches, _ = self._seen.get(str(p.id), (0, 0, -1))
+            rows += p.numInputRows
+            self._seen[str(p.id)] = (rows, batches + (1 if p.numInputRows else 0), p.batchId)
+            self._cond.notify_all()
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+    def wait_for(self, query_id: str, batch_id: int, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._seen.get(query_id, (0, 0, -1))[2] >= batch_id, timeout)
+
+    def totals(self, query_id: str) -> tuple[int, int]:
+        rows, batches, _ = self._seen.get(query_id, (0, 0, -1))
+        return rows, batches
