@@ -11,11 +11,14 @@ import sys
 
 import pytest
 
+# Spark binds the driver and its block manager on loopback only, here and in the Spark
+# processes tests start (they inherit the environment).
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
 
 @pytest.fixture(scope="session")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     session = (

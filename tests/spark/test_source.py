@@ -20,14 +20,23 @@ from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
 
 def create(bootstrap: str, name: str, partitions: int = 1, **config: str) -> None:
     with SyncAdmin(bootstrap) as admin:
-        admin.create_topic(name, partitions, config={k.replace("_", "."): v for k, v in config.items()})
+        admin.create_topic(
+            name, partitions, config={k.replace("_", "."): v for k, v in config.items()}
+        )
 
 
 def produce(bootstrap: str, records: list[dict]) -> list[tuple]:
     """Send ``records`` (``send`` keyword arguments plus ``topic`` and ``value``); return
     ``(topic, partition, offset, timestamp)`` of each, in order, once all are acknowledged."""
     with SyncProducer(bootstrap, linger_ms=1) as p:
-        futs = [p.send(r["topic"], r["value"], **{k: v for k, v in r.items() if k not in ("topic", "value")}) for r in records]
+        futs = [
+            p.send(
+                r["topic"],
+                r["value"],
+                **{k: v for k, v in r.items() if k not in ("topic", "value")},
+            )
+            for r in records
+        ]
         p.flush()
         metas = [f.result(30) for f in futs]
     return [(m.topic, m.partition, m.offset, m.timestamp) for m in metas]
@@ -115,7 +124,9 @@ def run_available_now(writer, timeout: float = 120):
 def parquet_rows(spark, path) -> list[tuple]:
     return sorted(
         (r.topic, r.partition, r.offset, bytes(r.value))
-        for r in spark.read.parquet(str(path)).select("topic", "partition", "offset", "value").collect()
+        for r in spark.read.parquet(str(path))
+        .select("topic", "partition", "offset", "value")
+        .collect()
     )
 
 
@@ -173,8 +184,10 @@ def test_batch_read_exact_offset_ranges(spark, broker):
     assert "headers" not in df.columns
     got = rows(df, "partition", "offset", "key", "value")
     want = sorted(
-        ((p, o, by_pos[(p, o)][0]["key"], by_pos[(p, o)][0]["value"])
-         for p, o in [(0, o) for o in range(10)] + [(1, 8), (1, 9)]),
+        (
+            (p, o, by_pos[(p, o)][0]["key"], by_pos[(p, o)][0]["value"])
+            for p, o in [(0, o) for o in range(10)] + [(1, 8), (1, 9)]
+        ),
         key=repr,
     )
     assert got == want
@@ -464,9 +477,13 @@ def test_bad_options_give_clear_errors(spark, broker, tmp_path):
     assert "topic(s) nope do not exist" in text
     text = error_text(lambda: reader(spark, b, topic="here", startingOfsets="earliest").collect())
     assert "unknown option(s) startingofsets for format 'sluice'" in text
-    text = error_text(lambda: reader(spark, b, topic="here", endingOffsets='{"here": {"0": 9}}').collect())
+    text = error_text(
+        lambda: reader(spark, b, topic="here", endingOffsets='{"here": {"0": 9}}').collect()
+    )
     assert "here/0: ending offset 9 is past the end of the log (3)" in text
-    text = error_text(lambda: reader(spark, b, topic="here", startingOffsets='{"here": {"7": 0}}').collect())
+    text = error_text(
+        lambda: reader(spark, b, topic="here", startingOffsets='{"here": {"7": 0}}').collect()
+    )
     assert "here/7" in text and "does not cover" in text
     w = (
         stream(spark, b, topic="here", endingOffsets='{"here": {"0": 1}}')
@@ -477,7 +494,13 @@ def test_bad_options_give_clear_errors(spark, broker, tmp_path):
     assert "endingOffsets / endingTimestamp apply to batch reads only" in text
     df = spark.createDataFrame([(b"x",)], "payload binary")
     text = error_text(
-        lambda: df.write.format("sluice").option("bootstrap", b).option("topic", "here").mode("append").save()
+        lambda: (
+            df.write.format("sluice")
+            .option("bootstrap", b)
+            .option("topic", "here")
+            .mode("append")
+            .save()
+        )
     )
     assert "writing to sluice needs a 'value' column" in text
     assert end_offsets(b, "here") == {0: 3}

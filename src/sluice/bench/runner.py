@@ -24,6 +24,7 @@ import psutil
 from sluice.bench import workloads as w
 
 ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1"]
+SPARK = ["S1", "S2"]  # need the spark extra; run with --workload S1, S2 or spark
 
 
 class CpuMeter:
@@ -90,7 +91,15 @@ def broker_process():
                     proc.wait()
 
 
-async def _run_one(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
+def _run_one(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
+    if name in SPARK:
+        from sluice.bench import spark
+
+        return spark.run_s1(bootstrap, meter) if name == "S1" else spark.run_s2(bootstrap, meter)
+    return asyncio.run(_run_async(name, bootstrap, meter))
+
+
+async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
     if name == "P1-100B":
         return await w.run_publish(bootstrap, name, 100, 200_000, w.PAGE_CACHE, meter)
     if name == "P1-1KiB":
@@ -108,7 +117,8 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
     from sluice.server.app import install_uvloop
 
     loop_name = install_uvloop()
-    names = ALL if workload.lower() == "all" else [next(n for n in ALL if n.lower() == workload.lower())]
+    groups = {"all": ALL, "spark": SPARK}
+    names = groups.get(workload.lower()) or [n for n in ALL + SPARK if n.lower() == workload.lower()]
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
     rows = []
     with contextlib.ExitStack() as stack:
@@ -119,7 +129,7 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
             meter = CpuMeter(pid)
             try:
                 with _status(f"running {name}", enabled=not as_json):
-                    row = asyncio.run(_run_one(name, bootstrap, meter)).as_dict(version)
+                    row = _run_one(name, bootstrap, meter).as_dict(version)
             except Exception as exc:  # a failed workload is a row, not a crash
                 row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
             rows.append(row)

@@ -66,14 +66,14 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[rank - 1]
 
 
-async def reset_topic(bootstrap: str, config: dict[str, str]) -> None:
+async def reset_topic(bootstrap: str, config: dict[str, str], partitions: int = 1) -> None:
     admin = Admin(bootstrap)
     try:
         try:
             await admin.delete_topic(TOPIC)
         except UnknownTopic:
             pass
-        await admin.create_topic(TOPIC, partitions=1, config=config)
+        await admin.create_topic(TOPIC, partitions=partitions, config=config)
     finally:
         await admin.close()
 

@@ -7,7 +7,8 @@ Documented forms (more options are welcome, these must not change)::
     sluice produce TOPIC [--key K]                  one message per stdin line
     sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
                          [--max-messages N] [--timeout-ms T] [--json]
-    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all [--json]
+    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark [--json]
+    sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
 Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
 ``error: NAME (code): message``, and a non-zero exit status.
@@ -413,13 +414,16 @@ def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, 
 @cli.command()
 @click.option(
     "--workload", default="all", show_default=True,
-    type=click.Choice(["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all"], case_sensitive=False),
+    type=click.Choice(
+        ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all", "S1", "S2", "spark"], case_sensitive=False
+    ),
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per workload.")
 @click.option("--bootstrap", "bench_bootstrap", default=None, help="Use this broker instead of starting one.")
 @click.pass_context
 def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> None:
-    """Run the benchmark workloads of shared/bench/WORKLOADS.md."""
+    """Run the benchmark workloads of shared/bench/WORKLOADS.md (all), or the Spark
+    connector's (S1: batch read throughput, S2: streaming latency; spark: both)."""
     from sluice.bench.runner import run_workloads
 
     run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
