@@ -65,10 +65,12 @@ def _expected(bootstrap: str, topics: list[str]) -> Counter:
 
 
 def _archived(output) -> tuple[Counter, list]:
-    """{(topic, date): rows} and every (topic, partition, offset) of the Parquet archive."""
-    table = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(
-        columns=["topic", "date", "partition", "offset", "value", "headers"]
-    )
+    """{(topic, date): rows} and every (topic, partition, offset) of the Parquet archive,
+    read with pyarrow from the files the file sink's log lists as committed."""
+    files = [str(f) for f in pipelines.archived_files(output)]
+    table = ds.dataset(
+        files, format="parquet", partitioning="hive", partition_base_dir=str(output)
+    ).to_table(columns=["topic", "date", "partition", "offset", "value", "headers"])
     rows = table.to_pylist()
     counts = Counter((r["topic"], str(r["date"])) for r in rows)
     ids = [(r["topic"], r["partition"], r["offset"]) for r in rows]
@@ -80,8 +82,8 @@ def _archived(output) -> tuple[Counter, list]:
 def _archived_so_far(output) -> int:
     """Rows archived, while a query may still be writing (0 if a file is half-written)."""
     try:
-        return sum(_archived(output)[0].values()) if output.exists() else 0
-    except (OSError, pa.ArrowException):  # no data file yet, or one still being written
+        return sum(_archived(output)[0].values())
+    except (OSError, pa.ArrowException):  # no committed batch yet
         return 0
 
 
@@ -185,3 +187,34 @@ def test_continuous_cli_stops_on_sigterm(broker, tmp_path):
             proc.kill()
             proc.wait()
     assert _archived(out)[0] == _expected(broker.bootstrap, ["clicks"])
+
+
+def test_archive_killed_mid_run_resumes_exactly_once(broker, tmp_path):
+    """kill -9 the whole pipeline (Python and Spark's JVM) while it writes; a second run on
+    the same checkpoint completes the archive with every message once."""
+    with SyncAdmin(broker.bootstrap) as admin:
+        admin.create_topic("audit", 2, config=CREATE_TIME)
+    _produce(broker.bootstrap, "audit", 3000, 0, 2)
+    out, ck = tmp_path / "archive", tmp_path / "checkpoint"
+    args = ["--topic", "audit", "--output", str(out), "--checkpoint", str(ck)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli.main", "--bootstrap", broker.bootstrap,
+         "pipeline", "archive", *args, "--max-offsets-per-trigger", "100", "--master", "local[2]"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _archived_so_far(out) < 300:
+            assert proc.poll() is None, "the pipeline ended before it was killed"
+            assert time.monotonic() < deadline, "nothing archived in 120 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert _archived_so_far(out) < 3000, "killed too late to test anything"
+
+    rerun = _run_cli(broker.bootstrap, *args)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    counts, ids = _archived(out)
+    assert counts == _expected(broker.bootstrap, ["audit"])
+    assert len(ids) == len(set(ids)) == 3000

@@ -11,8 +11,8 @@ streaming query over the ``sluice`` source with a checkpoint, in one of two mode
 Each message lands in the output exactly once, across stops, crashes and restarts, as long
 as the same ``checkpoint`` is used: the offsets of every micro-batch are in the checkpoint,
 and Spark's file sink lists the files of committed micro-batches in
-``<output>/_spark_metadata``.  Spark readers honour that list; a reader that lists files
-itself should skip files a crashed run left behind, which that list does not name.
+``<output>/_spark_metadata``.  Spark readers honour that list; other readers can take
+their file list from ``archived_files`` and so skip what a crashed run left behind.
 
 The code is the same on a cluster: pass another ``master``.  Then ``output`` and
 ``checkpoint`` must be on storage every node sees, and the executors' Python must have
@@ -21,12 +21,15 @@ Sluice installed (``PYSPARK_PYTHON``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,7 +37,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from sluice.errors import ConfigError
 
-__all__ = ["ArchiveRun", "archive", "archive_frame", "session"]
+__all__ = ["ArchiveRun", "archive", "archive_frame", "archived_files", "session"]
 
 log = logging.getLogger("sluice.spark")
 
@@ -125,6 +128,30 @@ def archive(
     finally:
         spark.streams.removeListener(counter)
     return ArchiveRun(*counter.totals(str(query.id)))
+
+
+def archived_files(output: str | Path) -> list[Path]:
+    """The Parquet files of the committed micro-batches of a local archive, from the file
+    sink's log ``<output>/_spark_metadata`` (batch files, from the newest ``.compact`` on)."""
+    log_dir = Path(output) / "_spark_metadata"
+    entries = sorted(
+        (int(p.name.split(".")[0]), p) for p in log_dir.iterdir() if p.name[0].isdigit()
+    )
+    newest_compact = max((n for n, p in entries if p.suffix == ".compact"), default=-1)
+    files: dict[str, None] = {}
+    for n, p in entries:
+        if n < newest_compact:
+            continue
+        version, *lines = p.read_text().splitlines()
+        if version != "v1":
+            raise ConfigError(f"{p}: file sink log version {version!r} is not v1")
+        for line in lines:
+            entry = json.loads(line)
+            if entry["action"] == "add":
+                files[entry["path"]] = None
+            else:
+                files.pop(entry["path"], None)
+    return [Path(unquote(urlparse(uri).path)) for uri in files]
 
 
 class _ProgressCounter(StreamingQueryListener):
