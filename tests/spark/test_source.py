@@ -171,7 +171,7 @@ def test_batch_read_exact_offset_ranges(spark, broker):
         r, ts = by_pos[(p, o)]
         headers = tuple(r["headers"])
         want.append(("orders", p, o, r["key"], r["value"], headers, ts))
-    got = [g[:6] + (int(g[6].timestamp() * 1000),) for g in got]
+    got = [g[:6] + (round(g[6].timestamp() * 1000),) for g in got]
     assert sorted(got, key=repr) == sorted(want, key=repr)
     # a record with headers, one without, and the record with no key are among them
     assert any(g[5] == (("h", b"0-3"), ("empty", None)) for g in got)
@@ -224,7 +224,7 @@ def test_batch_read_by_timestamp(spark, broker):
         endingTimestamp=str(base + 1500),
     )
     got = sorted(
-        (p, o, v, int(ts.timestamp() * 1000))
+        (p, o, v, round(ts.timestamp() * 1000))
         for p, o, v, ts in rows(df, "partition", "offset", "value", "timestamp")
     )
     assert got == expected_band
@@ -380,38 +380,41 @@ HEADERS_T = "array<struct<key: string, value: binary>>"
 
 
 def test_batch_write_reads_back(spark, broker):
+    """Values, keys (string), headers (some null), the topic and the partition from columns."""
     b = broker.bootstrap
     create(b, "w-a", 3)
     create(b, "w-b", 2)
-    data = []
-    for i in range(24):
-        data.append(
-            (
-                f"val-{i}".encode(),
-                None if i % 5 == 0 else f"key-{i}",
-                None if i % 3 == 0 else [("n", f"{i}".encode()), ("z", None)],
-                "w-a" if i % 2 else None,  # null topic: the topic option
-                i % 3 if i % 2 else i % 2,
-            )
+    data = [
+        (
+            f"val-{i}".encode(),
+            None if i % 5 == 0 else f"key-{i}",
+            None if i % 3 == 0 else [("n", f"{i}".encode()), ("z", None)],
+            "w-a" if i % 2 else "w-b",
+            i % 3 if i % 2 else i % 4 // 2,
         )
+        for i in range(24)
+    ]
     schema = f"value binary, key string, headers {HEADERS_T}, topic string, partition int"
     df = spark.createDataFrame(data, schema).repartition(2)
-    df.write.format("sluice").option("bootstrap", b).option("topic", "w-b").mode("append").save()
+    df.write.format("sluice").option("bootstrap", b).mode("append").save()
 
-    want = Counter()
-    for value, key, headers, topic, partition in data:
-        key = key.encode() if key is not None else None
-        want[(topic or "w-b", partition, key, value, tuple(headers or ()))] += 1
-    got = Counter()
-    for topic in ("w-a", "w-b"):
-        for t, p, _, k, v, h in consume_all(b, topic):
-            got[(t, p, k, v, h)] += 1
+    want = Counter(
+        (topic, partition, key.encode() if key is not None else None, value, tuple(headers or ()))
+        for value, key, headers, topic, partition in data
+    )
+    got = Counter(
+        (t, p, k, v, h) for topic in ("w-a", "w-b") for t, p, _, k, v, h in consume_all(b, topic)
+    )
     assert got == want
-    # offsets are dense per partition: nothing written twice, nothing lost
-    for topic, n in (("w-a", 3), ("w-b", 2)):
-        ends = end_offsets(b, topic)
-        assert sum(ends.values()) == sum(c for k, c in want.items() if k[0] == topic)
-        assert len(ends) == n
+    assert {t: len(end_offsets(b, t)) for t in ("w-a", "w-b")} == {"w-a": 3, "w-b": 2}
+    # every partition got rows
+    assert {(t, p) for t, p, *_ in got} == {
+        ("w-a", 0),
+        ("w-a", 1),
+        ("w-a", 2),
+        ("w-b", 0),
+        ("w-b", 1),
+    }
 
 
 def test_stream_write_topic_to_topic(spark, broker, tmp_path):
@@ -503,4 +506,14 @@ def test_bad_options_give_clear_errors(spark, broker, tmp_path):
         )
     )
     assert "writing to sluice needs a 'value' column" in text
+    df = spark.createDataFrame([(b"x",)], "value binary")
+    text = error_text(
+        lambda: df.write.format("sluice").option("bootstrap", b).mode("append").save()
+    )
+    assert "give the topic option or a 'topic' column" in text
+    df = spark.createDataFrame([(b"x", None)], "value binary, topic string")
+    text = error_text(
+        lambda: df.write.format("sluice").option("bootstrap", b).mode("append").save()
+    )
+    assert "a row has a null topic and no topic option is set" in text
     assert end_offsets(b, "here") == {0: 3}

@@ -102,8 +102,8 @@ class ReadOptions:
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """``bootstrap``; ``topic`` for rows without a topic column (or a null topic); and the
-    producer settings ``acks``, ``compression``, ``lingerMs``, ``batchSize``."""
+    """``bootstrap``; ``topic``, the topic of every row (else each row's ``topic`` column);
+    and the producer settings ``acks``, ``compression``, ``lingerMs``, ``batchSize``."""
 
     bootstrap: str
     topic: str | None = None

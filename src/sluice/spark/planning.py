@@ -102,13 +102,13 @@ def ranges(start: Mapping[TP, int], end: Mapping[TP, int], opts: ReadOptions) ->
 
 def split_ranges(rngs: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
     """Cut ranges so there are at least ``min_partitions`` of them when there are that many
-    offsets: ranges longer than total/min_partitions are cut into near-equal pieces."""
+    offsets: ranges longer than ⌊total/min_partitions⌋ are cut into near-equal pieces."""
     if not min_partitions or len(rngs) >= min_partitions:
         return rngs
     total = sum(r.size for r in rngs)
     if total == 0:
         return rngs
-    target = max(1, -(-total // min_partitions))  # ceil
+    target = max(1, total // min_partitions)  # pieces ≤ target long: ≥ total/target ≥ min of them
     out = []
     for r in rngs:
         pieces = max(1, -(-r.size // target))

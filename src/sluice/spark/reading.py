@@ -155,8 +155,8 @@ def _check_end(admin: SyncAdmin, rng: OffsetRange, pos: int) -> int:
 def _to_arrow(recs: list, rng: OffsetRange, schema: pa.Schema) -> pa.RecordBatch:
     n = len(recs)
     columns = [
-        pa.array([rng.topic] * n, pa.string()),
-        pa.array([rng.partition] * n, pa.int32()),
+        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
         pa.array([r.offset for r in recs], pa.int64()),
         pa.array([r.timestamp * 1000 for r in recs], pa.int64()).cast(schema.field(3).type),
         pa.array([r.key for r in recs], pa.binary()),

@@ -1,9 +1,10 @@
 """Writing a DataFrame to Sluice: ``df.write.format("sluice")`` and ``writeStream``.
 
 Columns: ``value`` (binary or string, required); optional ``key`` (binary or string),
-``headers`` (array of struct<key: string, value: binary>), ``topic`` (string; else the
-``topic`` option) and ``partition`` (int; else the producer's partitioner).  Other columns
-are ignored, so a DataFrame read from one topic can be written to another as it is.
+``headers`` (array of struct<key: string, value: binary>), ``topic`` (string; the
+``topic`` option, when given, wins over it, as in Spark's Kafka sink) and ``partition``
+(int; else the producer's partitioner).  Other columns are ignored, so a DataFrame read
+from one topic can be written to another as it is.
 
 Each Spark task sends its rows with its own producer, an Arrow batch at a time, and
 returns only once every record is acknowledged; a failed send fails the task.
@@ -104,7 +105,7 @@ class _Sender:
         return Written(total)
 
 
-def _messages(batch: pa.RecordBatch, default_topic: str | None) -> list[tuple]:
+def _messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple]:
     """``(topic, value, key, headers, partition)`` per row, as ``send_batch`` takes them."""
     n = batch.num_rows
     names = [name.lower() for name in batch.schema.names]
@@ -115,10 +116,8 @@ def _messages(batch: pa.RecordBatch, default_topic: str | None) -> list[tuple]:
         values = batch.column(names.index(name)).to_pylist()
         return [v.encode() if isinstance(v, str) and name != "topic" else v for v in values]
 
-    topics = column("topic")
-    if default_topic is not None:
-        topics = [t if t is not None else default_topic for t in topics]
-    elif None in topics:
+    topics = [topic_option] * n if topic_option is not None else column("topic")
+    if None in topics:
         raise errors.ConfigError("a row has a null topic and no topic option is set")
     headers = [
         None if h is None else [(kv["key"], kv["value"]) for kv in h] for h in column("headers")
