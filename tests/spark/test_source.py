@@ -8,6 +8,7 @@ exact sets of ``(topic, partition, offset)``: a missing or duplicated record fai
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 
@@ -307,6 +308,56 @@ def test_stream_to_parquet_restarts_exactly_once(spark, broker, tmp_path):
     q3 = run()
     assert sum(progress_rows(q3)) == 0
     assert parquet_rows(spark, out) == sorted(want)
+
+
+def test_stream_from_latest_while_producing(spark, broker, tmp_path):
+    """A query starting at ``latest`` while a producer writes: Spark asks for the initial
+    offset again when it plans the first micro-batch, which must not have moved (it did:
+    the query died with a bogus DataLoss).  Every record after the start arrives once."""
+    create(broker.bootstrap, "busy", 2)
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        with SyncProducer(broker.bootstrap, linger_ms=0) as p:
+            i = 0
+            while not stop.is_set():
+                p.send("busy", str(i).encode(), partition=i % 2).result(10)
+                i += 1
+
+    producer = threading.Thread(target=keep_producing)
+    producer.start()
+    out = tmp_path / "out"
+    query = None
+    try:
+        time.sleep(0.5)
+        query = (
+            stream(spark, broker.bootstrap, topic="busy")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        deadline = time.monotonic() + 60
+        while len([p for p in query.recentProgress if p["numInputRows"]]) < 3:
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "no three non-empty micro-batches in 60 s"
+            time.sleep(0.2)
+        stop.set()
+        producer.join()
+        query.processAllAvailable()
+        assert query.exception() is None
+    finally:
+        stop.set()
+        producer.join()
+        if query is not None:
+            query.stop()
+    got = parquet_rows(spark, out)
+    assert len(got) == len(set(got))
+    ends = end_offsets(broker.bootstrap, "busy")
+    for p in (0, 1):
+        offsets = sorted(o for _, part, o, _ in got if part == p)
+        assert offsets == list(range(offsets[0], ends[p])), f"partition {p} has gaps"
 
 
 def test_max_offsets_per_trigger(spark, broker, tmp_path):

@@ -49,6 +49,7 @@ class OffsetRange(InputPartition):
         return self.end - self.start
 
 
+_MILLIS = pa.timestamp("ms", tz="UTC")  # record timestamps; Spark takes microseconds
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
@@ -158,7 +159,7 @@ def _to_arrow(recs: list, rng: OffsetRange, schema: pa.Schema) -> pa.RecordBatch
         pa.repeat(pa.scalar(rng.topic, pa.string()), n),
         pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
         pa.array([r.offset for r in recs], pa.int64()),
-        pa.array([r.timestamp * 1000 for r in recs], pa.int64()).cast(schema.field(3).type),
+        pa.array([r.timestamp for r in recs], _MILLIS).cast(schema.field(3).type),
         pa.array([r.key for r in recs], pa.binary()),
         pa.array([r.value for r in recs], pa.binary()),
     ]

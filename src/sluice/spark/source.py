@@ -106,10 +106,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.planner = Planner(opts)
         self.target: planning.Offsets | None = None  # Trigger.AvailableNow: read up to here
+        self.initial: dict | None = None
 
     def initialOffset(self) -> dict:
-        tps = self.planner.partitions()
-        return planning.to_json(self.planner.resolve(self.opts.starting or "latest", tps, "latest"))
+        """Resolved once per reader: Spark asks again when it plans the first micro-batch,
+        and ``latest`` must not have moved by then."""
+        if self.initial is None:
+            tps = self.planner.partitions()
+            spec = self.opts.starting or "latest"
+            self.initial = planning.to_json(self.planner.resolve(spec, tps, "latest"))
+        return self.initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
@@ -130,19 +136,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = planning.limit_offsets(begin, latest, limit.max_rows)
         return planning.to_json(latest)
 
-    def reportLatestOffset(self) -> dict:
-        return planning.to_json(self._latest())
-
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
         begin = self._with_new_partitions(planning.from_json(start))
         stop = planning.from_json(end)
         for tp, off in stop.items():
-            if tp in begin and off < begin[tp]:
-                self._lost(
-                    f"{tp[0]}/{tp[1]} went back from offset {begin[tp]} to {off} "
-                    "(deleted and created again?); reading it from its earliest offset"
+            if tp not in begin or off >= begin[tp]:
+                continue
+            if self.planner.list_offsets([tp], LATEST)[tp] >= begin[tp]:
+                # The log did not shrink: ``start`` is a start position resolved anew
+                # (``latest``, a time) by a query restarted before its first micro-batch
+                # committed.  The offsets before it were not read in the first run either.
+                log.warning(
+                    "%s/%s: first micro-batch replanned from offset %d, past its end %d; "
+                    "a fixed startingOffsets keeps the first micro-batch stable",
+                    *tp, begin[tp], off,
                 )
-                begin[tp] = self.planner.list_offsets([tp], EARLIEST)[tp]
+                begin[tp] = off
+                continue
+            self._lost(
+                f"{tp[0]}/{tp[1]} went back from offset {begin[tp]} to {off} "
+                "(deleted and created again?); reading it from its earliest offset"
+            )
+            begin[tp] = self.planner.list_offsets([tp], EARLIEST)[tp]
         return planning.ranges(begin, stop, self.opts)
 
     def read(self, partition: OffsetRange):
