@@ -19,18 +19,15 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
+    from sluice.spark.pipelines import session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sluice-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+    }
+    spark = session("local[2]", "sluice-tests", conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    yield spark
+    spark.stop()

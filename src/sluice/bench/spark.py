@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
 import time
 
@@ -24,17 +23,10 @@ TRIGGER = "1 second"
 
 
 def _session():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from sluice.spark.pipelines import session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sluice-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+    spark = session("local[2]", "sluice-bench", conf)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
