@@ -143,13 +143,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if tp not in begin or off >= begin[tp]:
                 continue
             if self.planner.list_offsets([tp], LATEST)[tp] >= begin[tp]:
-                # The log did not shrink: ``start`` is a start position resolved anew
-                # (``latest``, a time) by a query restarted before its first micro-batch
-                # committed.  The offsets before it were not read in the first run either.
+                # The log did not shrink: ``start`` is ``startingOffsets`` (``latest``, a
+                # time) resolved anew by a query restarted before its first micro-batch
+                # committed; Spark keeps no start for that batch.  It reads from its end on.
                 log.warning(
-                    "%s/%s: first micro-batch replanned from offset %d, past its end %d; "
-                    "a fixed startingOffsets keeps the first micro-batch stable",
-                    *tp, begin[tp], off,
+                    "%s/%s: first micro-batch replanned from offset %d, past its end %d: "
+                    "offsets before %d are skipped (JSON startingOffsets keep it stable)",
+                    *tp, begin[tp], off, off,
                 )
                 begin[tp] = off
                 continue
