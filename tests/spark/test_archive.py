@@ -131,6 +131,16 @@ def test_cli_needs_topics_or_pattern(broker, tmp_path):
     assert "--topic" in res.stderr and "--pattern" in res.stderr
 
 
+def test_cli_unknown_topic_is_one_clear_line(broker, tmp_path):
+    res = _run_cli(
+        broker.bootstrap, "--topic", "nosuch", "--output", str(tmp_path / "o"),
+        "--checkpoint", str(tmp_path / "ck"),
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert "error: UNKNOWN_TOPIC" in res.stderr and "nosuch" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+
+
 def test_continuous_archive_follows_new_messages(spark, broker, tmp_path):
     with SyncAdmin(broker.bootstrap) as admin:
         admin.create_topic("events", 2, config=CREATE_TIME)

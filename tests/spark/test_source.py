@@ -360,6 +360,63 @@ def test_stream_from_latest_while_producing(spark, broker, tmp_path):
         assert offsets == list(range(offsets[0], ends[p])), f"partition {p} has gaps"
 
 
+def test_nothing_to_read(spark, broker, tmp_path):
+    """Spark plans a stand-in partition when a batch read has none: still zero rows."""
+    b = broker.bootstrap
+    create(b, "empty", 2)
+    assert reader(spark, b, topic="empty").count() == 0
+    create(b, "full", 1)
+    fill(b, "full", 0, 3)
+    assert reader(spark, b, topic="full", startingOffsets="latest").count() == 0
+    assert reader(spark, b, topicPattern="nothing-matches-.*").count() == 0
+
+
+def test_stream_from_timestamp_zero_reads_everything(spark, broker, tmp_path):
+    b = broker.bootstrap
+    create(b, "ts0", 1)
+    fill(b, "ts0", 0, 5)
+    w = (
+        stream(spark, b, topic="ts0", startingTimestamp="0")
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+    )
+    run_available_now(w)
+    assert [o for _, _, o, _ in parquet_rows(spark, tmp_path / "out")] == [0, 1, 2, 3, 4]
+
+
+def test_stream_over_a_deleted_topic(spark, broker, tmp_path):
+    """A named topic deleted between runs: ``DataLoss``, or skipped with
+    ``failOnDataLoss=false`` while the other topic is still read."""
+    b = broker.bootstrap
+    create(b, "stays", 1)
+    create(b, "goes", 1)
+    fill(b, "stays", 0, 2)
+    fill(b, "goes", 0, 2)
+
+    def run(fail: str):
+        df = stream(
+            spark, b, topics="stays,goes", startingOffsets="earliest", failOnDataLoss=fail
+        )
+        return run_available_now(
+            df.writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+        )
+
+    run("true")
+    with SyncAdmin(b) as admin:
+        admin.delete_topic("goes")
+    fill(b, "stays", 0, 3, tag="-new")
+    with pytest.raises(Exception, match="no longer exists"):
+        run("true")
+    run("false")
+    got = parquet_rows(spark, tmp_path / "out")
+    assert sorted((t, o) for t, _, o, _ in got) == [("goes", 0), ("goes", 1)] + [
+        ("stays", o) for o in range(5)
+    ]
+
+
 def test_max_offsets_per_trigger(spark, broker, tmp_path):
     b = broker.bootstrap
     create(b, "capped", 2)

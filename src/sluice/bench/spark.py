@@ -84,8 +84,11 @@ def run_s2(bootstrap: str, meter, rate: int = 2000, seconds: float = 20.0, size:
             .selectExpr("unix_millis(timestamp) AS ts")
         )
         query = stream.writeStream.foreachBatch(sink).trigger(processingTime=TRIGGER).start()
+        deadline = time.monotonic() + 60
         while query.lastProgress is None:  # first (empty) micro-batch done: the query runs
-            time.sleep(0.1)
+            query.awaitTermination(0.1)  # raises if the query failed
+            if time.monotonic() > deadline:
+                raise TimeoutError("the streaming query ran no micro-batch in 60 s")
         meter.start()
         sent = threading.Thread(target=asyncio.run, args=(_paced(bootstrap, rate, seconds, size),))
         sent.start()

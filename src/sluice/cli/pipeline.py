@@ -6,12 +6,13 @@ Needs the ``spark`` extra; without it the command says so.  Spark is started her
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 
 import click
 
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, SluiceError
 
 
 @click.group()
@@ -49,6 +50,8 @@ def archive_command(ctx, topics, pattern, output, checkpoint, continuous, trigge
         from sluice.spark import pipelines
     except ImportError as exc:
         raise ConfigError(f"the Spark pipelines need the spark extra: pip install 'sluice[spark]' ({exc})") from None
+    from pyspark.errors import PySparkException
+
     spark = pipelines.session(master, "sluice-archive", _key_values(confs, "--conf"))
     spark.sparkContext.setLogLevel("WARN")
     try:
@@ -68,12 +71,15 @@ def archive_command(ctx, topics, pattern, output, checkpoint, continuous, trigge
             _run_until_signalled(result)
         else:
             click.echo(f"archived {result.messages} messages in {result.batches} micro-batches to {output}")
+    except PySparkException as exc:
+        raise SluiceError(f"archive query failed: {_cause(exc)}") from None
     finally:
         spark.stop()
 
 
 def _run_until_signalled(query) -> None:
-    """Wait for the query; SIGINT / SIGTERM stop it after the running micro-batch."""
+    """Wait for the query; SIGINT / SIGTERM stop it (a micro-batch cut short is run again
+    by the next run, from the checkpoint)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -82,4 +88,11 @@ def _run_until_signalled(query) -> None:
         stop.wait(0.5)
     query.stop()
     if query.exception() is not None:
-        raise ConfigError(f"archive query failed: {query.exception()}")
+        raise SluiceError(f"archive query failed: {_cause(query.exception())}")
+
+
+def _cause(exc) -> str:
+    """The sluice error at the root of a Spark failure, else Spark's first line."""
+    text = str(exc)
+    found = re.findall(r"sluice\.errors\.(\w+: [^\n]*)", text)
+    return found[-1] if found else text.strip().splitlines()[0]

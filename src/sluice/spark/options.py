@@ -27,6 +27,21 @@ __all__ = ["EARLIEST", "LATEST", "ReadOptions", "WriteOptions", "OffsetSpec"]
 EARLIEST = -2
 LATEST = -1
 
+# Canonical spellings, for messages (Spark hands keys over in any case).
+_NAMES = {
+    n.lower(): n
+    for n in (
+        "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
+        "maxOffsetsPerTrigger", "minPartitions", "includeHeaders", "failOnDataLoss",
+        "topicPattern", "lingerMs", "batchSize",
+    )
+}  # fmt: skip
+
+
+def _n(name: str) -> str:
+    return _NAMES.get(name, name)
+
+
 # Options Spark itself may add to those the user gave.
 _SPARK_OWN = {"path", "checkpointlocation", "queryname"}
 
@@ -119,7 +134,7 @@ class WriteOptions:
         topic = opts.get("topic")
         if topic is not None and not topic.strip():
             raise ConfigError("topic must not be empty")
-        return cls(
+        parsed = cls(
             bootstrap=_bootstrap(opts),
             topic=topic.strip() if topic else None,
             acks=opts.get("acks", "all"),
@@ -127,6 +142,10 @@ class WriteOptions:
             linger_ms=_int(opts, "lingerms", 5, minimum=0),
             batch_size=_int(opts, "batchsize", 262144, minimum=1),
         )
+        from sluice.client.producer import Producer
+
+        Producer(parsed.bootstrap, **parsed.producer_config())  # checks the settings; no I/O
+        return parsed
 
     def producer_config(self) -> dict:
         return {
@@ -160,9 +179,9 @@ def _int(opts: Mapping[str, str], name: str, default: int, minimum: int) -> int:
     try:
         value = int(opts[name])
     except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {opts[name]!r}") from None
+        raise ConfigError(f"{_n(name)} must be an integer, got {opts[name]!r}") from None
     if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+        raise ConfigError(f"{_n(name)} must be >= {minimum}, got {value}")
     return value
 
 
@@ -180,7 +199,7 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
         return default
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ConfigError(f"{name} must be true or false, got {value!r}")
+    raise ConfigError(f"{_n(name)} must be true or false, got {value!r}")
 
 
 def _offsets(opts: Mapping[str, str], name: str, allow_earliest: bool) -> OffsetSpec | None:
@@ -194,9 +213,9 @@ def _offsets(opts: Mapping[str, str], name: str, allow_earliest: bool) -> Offset
         spec = json.loads(raw)
     except ValueError:
         allowed = "earliest, latest" if allow_earliest else "latest"
-        raise ConfigError(f"{name} must be {allowed} or JSON per partition, got {raw!r}") from None
+        raise ConfigError(f"{_n(name)} must be {allowed} or JSON per partition, got {raw!r}") from None
     if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
-        raise ConfigError(f'{name} JSON must look like {{"topic": {{"0": 42}}}}, got {raw!r}')
+        raise ConfigError(f'{_n(name)} JSON must look like {{"topic": {{"0": 42}}}}, got {raw!r}')
     out: dict[str, dict[int, int]] = {}
     for topic, parts in spec.items():
         out[topic] = {}
@@ -204,9 +223,9 @@ def _offsets(opts: Mapping[str, str], name: str, allow_earliest: bool) -> Offset
             try:
                 partition = int(p)
             except ValueError:
-                raise ConfigError(f"{name}: partition {p!r} of {topic!r} is not a number") from None
+                raise ConfigError(f"{_n(name)}: partition {p!r} of {topic!r} is not a number") from None
             low = EARLIEST if allow_earliest else LATEST
             if not isinstance(off, int) or isinstance(off, bool) or off < low:
-                raise ConfigError(f"{name}: bad offset {off!r} for {topic}/{partition}")
+                raise ConfigError(f"{_n(name)}: bad offset {off!r} for {topic}/{partition}")
             out[topic][partition] = off
     return out

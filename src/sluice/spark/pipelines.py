@@ -36,6 +36,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from sluice.errors import ConfigError
+from sluice.spark.options import ReadOptions
+from sluice.spark.planning import Planner
 
 __all__ = ["ArchiveRun", "archive", "archive_frame", "archived_files", "session"]
 
@@ -96,15 +98,20 @@ def archive(
     """
     if bool(topics) == bool(pattern):
         raise ConfigError("archive needs topics or a pattern (not both)")
+    selection = {"topicPattern": pattern} if pattern else {"topics": ",".join(topics)}
+    planner = Planner(ReadOptions.parse({"bootstrap": bootstrap, **selection}))
+    try:
+        planner.partitions()  # a clear UnknownTopic now rather than from the query
+    finally:
+        planner.close()
     reader = (
         spark.readStream.format("sluice")
         .option("bootstrap", bootstrap)
         .option("includeHeaders", "true")
         .option("startingOffsets", starting_offsets)
     )
-    reader = reader.option("topicPattern", pattern) if pattern else reader.option(
-        "topics", ",".join(topics)
-    )
+    for key, value in selection.items():
+        reader = reader.option(key, value)
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (

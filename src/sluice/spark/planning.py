@@ -41,11 +41,11 @@ class Planner:
             self._admin.close()
             self._admin = None
 
-    def partitions(self) -> list[TP]:
+    def partitions(self, strict: bool = True) -> list[TP]:
         """Every partition of the read's topics, now.  A named topic that does not exist is
-        ``UnknownTopic``; a pattern may match nothing yet."""
+        ``UnknownTopic`` when ``strict`` (else left out); a pattern may match nothing."""
         found = {t.name: len(t.partitions) for t in self.admin.list_topics()}
-        if self.opts.pattern is None:
+        if strict and self.opts.pattern is None:
             missing = [t for t in self.opts.topics if t not in found]
             if missing:
                 raise errors.UnknownTopic(f"topic(s) {', '.join(missing)} do not exist")

@@ -14,6 +14,7 @@ reads what is there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from sluice.client.sync import SyncAdmin, SyncConsumer
 from sluice.protocol import messages
 from sluice.spark.options import ReadOptions
 
-__all__ = ["OffsetRange", "read_range", "arrow_schema", "spark_schema"]
+__all__ = ["OffsetRange", "arrow_schema", "data_lost", "read_range", "spark_schema"]
 
 log = logging.getLogger("sluice.spark")
 
@@ -83,58 +84,75 @@ def read_range(rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     if rng.start >= rng.end:
         return
     opts = rng.options
-    tp = (rng.topic, rng.partition)
-    consumer = SyncConsumer(
-        opts.bootstrap, auto_offset_reset="error", enable_auto_commit=False, fetch_max_wait_ms=200
-    )
-    admin: SyncAdmin | None = None
-    schema = arrow_schema(opts.include_headers)
-    try:
-        consumer.assign([tp])
+    with contextlib.ExitStack() as stack:
+        consumer = SyncConsumer(
+            opts.bootstrap, auto_offset_reset="error", enable_auto_commit=False, fetch_max_wait_ms=200
+        )
+        stack.callback(consumer.close)
+        admin = _LazyAdmin(opts.bootstrap)
+        stack.callback(admin.close)
+        schema = arrow_schema(opts.include_headers)
+        consumer.assign([(rng.topic, rng.partition)])
         consumer.seek(rng.topic, rng.partition, rng.start)
         pos, idle_since = rng.start, time.monotonic()
         while pos < rng.end:
             try:
                 recs = consumer.getmany(timeout_ms=500)
             except errors.OffsetOutOfRange:
-                admin = admin or SyncAdmin(opts.bootstrap)
                 pos = _skip_lost(admin, consumer, rng, pos)
                 continue
+            except (errors.UnknownTopic, errors.UnknownPartition):
+                pos = _check_end(admin, rng, pos)  # deleted: raises, or ends the read
+                continue
             if recs:
+                # offsets only grow: past whatever came, even if none of it is in range
+                pos = max(pos, min(recs[-1].offset + 1, rng.end))
                 if recs[-1].offset >= rng.end:
                     recs = [r for r in recs if r.offset < rng.end]
                 if recs:
-                    pos = recs[-1].offset + 1
                     yield _to_arrow(recs, rng, schema)
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > _STALL_CHECK_S:
-                admin = admin or SyncAdmin(opts.bootstrap)
                 pos = _check_end(admin, rng, pos)
                 idle_since = time.monotonic()
-    finally:
-        consumer.close()
-        if admin is not None:
-            admin.close()
 
 
-def _lost(rng: OffsetRange, what: str) -> None:
-    msg = f"{rng.topic}/{rng.partition}: {what}"
-    if rng.options.fail_on_data_loss:
-        raise errors.DataLoss(
-            msg + " (set failOnDataLoss=false to skip lost offsets and go on with a warning)"
-        )
-    log.warning("%s; skipped (failOnDataLoss=false)", msg)
+def data_lost(opts: ReadOptions, what: str) -> None:
+    """Raise ``DataLoss`` about ``what``, or with ``failOnDataLoss=false`` log a warning."""
+    if opts.fail_on_data_loss:
+        raise errors.DataLoss(what + " (failOnDataLoss=false skips it with a warning)")
+    log.warning("%s; skipped (failOnDataLoss=false)", what)
 
 
-def _offset(admin: SyncAdmin, rng: OffsetRange, which: int) -> int:
-    return admin.list_offsets(rng.topic, [rng.partition], which)[rng.partition]
+class _LazyAdmin:
+    """The admin client a read needs only when something is odd: opened on first use."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.client: SyncAdmin | None = None
+
+    def offset(self, rng: OffsetRange, which: int) -> int | None:
+        """``rng``'s partition offset at ``which``; None if the topic is gone."""
+        self.client = self.client or SyncAdmin(self.bootstrap)
+        try:
+            return self.client.list_offsets(rng.topic, [rng.partition], which)[rng.partition]
+        except (errors.UnknownTopic, errors.UnknownPartition):
+            return None
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
 
 
-def _skip_lost(admin: SyncAdmin, consumer: SyncConsumer, rng: OffsetRange, pos: int) -> int:
+def _skip_lost(admin: _LazyAdmin, consumer: SyncConsumer, rng: OffsetRange, pos: int) -> int:
     """The broker said ``pos`` is out of range: find out why, raise or skip ahead."""
-    earliest = _offset(admin, rng, messages.EARLIEST)
-    if earliest > pos:
-        _lost(rng, f"offsets {pos}..{min(earliest, rng.end) - 1} were deleted by retention")
+    earliest = admin.offset(rng, messages.EARLIEST)
+    if earliest is not None and earliest > pos:
+        data_lost(
+            rng.options,
+            f"{rng.topic}/{rng.partition}: offsets {pos}..{min(earliest, rng.end) - 1} "
+            "were deleted by retention",
+        )
         pos = min(earliest, rng.end)
     else:
         pos = _check_end(admin, rng, pos)
@@ -143,12 +161,19 @@ def _skip_lost(admin: SyncAdmin, consumer: SyncConsumer, rng: OffsetRange, pos: 
     return pos
 
 
-def _check_end(admin: SyncAdmin, rng: OffsetRange, pos: int) -> int:
-    """If the log now ends before the range does, the rest of it is gone: raise, or return
-    ``rng.end`` to finish the read."""
-    latest = _offset(admin, rng, messages.LATEST)
+def _check_end(admin: _LazyAdmin, rng: OffsetRange, pos: int) -> int:
+    """If the log now ends before the range does (or the topic is gone), the rest of the
+    range is lost: raise, or return ``rng.end`` to finish the read."""
+    latest = admin.offset(rng, messages.LATEST)
+    if latest is None:
+        data_lost(rng.options, f"{rng.topic}/{rng.partition}: the topic was deleted")
+        return rng.end
     if latest < rng.end and latest <= pos:
-        _lost(rng, f"the log ends at {latest} but offsets up to {rng.end - 1} were planned")
+        data_lost(
+            rng.options,
+            f"{rng.topic}/{rng.partition}: the log ends at {latest} "
+            f"but offsets up to {rng.end - 1} were planned",
+        )
         return rng.end
     return pos
 

@@ -4,7 +4,8 @@ Columns: ``value`` (binary or string, required); optional ``key`` (binary or str
 ``headers`` (array of struct<key: string, value: binary>), ``topic`` (string; the
 ``topic`` option, when given, wins over it, as in Spark's Kafka sink) and ``partition``
 (int; else the producer's partitioner).  Other columns are ignored, so a DataFrame read
-from one topic can be written to another as it is.
+from one topic can be written to another as it is, keeping each record's partition (drop
+the ``partition`` column to let the producer choose, e.g. for a topic with fewer).
 
 Each Spark task sends its rows with its own producer, an Arrow batch at a time, and
 returns only once every record is acknowledged; a failed send fails the task.

@@ -32,7 +32,7 @@ from sluice import errors
 from sluice.spark import planning
 from sluice.spark.options import EARLIEST, LATEST, ReadOptions, WriteOptions
 from sluice.spark.planning import Planner
-from sluice.spark.reading import OffsetRange, read_range, spark_schema
+from sluice.spark.reading import OffsetRange, data_lost, read_range, spark_schema
 
 __all__ = ["SluiceDataSource"]
 
@@ -77,7 +77,8 @@ class BatchReader(DataSourceReader):
         planner = Planner(self.opts)
         try:
             tps = planner.partitions()
-            start = planner.resolve(self.opts.starting or "earliest", tps, "earliest")
+            starting = "earliest" if self.opts.starting is None else self.opts.starting
+            start = planner.resolve(starting, tps, "earliest")
             end = planner.resolve(self.opts.ending, tps, "latest")
             latest = end if self.opts.ending == "latest" else planner.list_offsets(tps, LATEST)
         finally:
@@ -94,7 +95,7 @@ class BatchReader(DataSourceReader):
         return planning.ranges(start, end, self.opts)
 
     def read(self, partition: OffsetRange):
-        return read_range(partition)
+        return _read(partition)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -113,7 +114,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         and ``latest`` must not have moved by then."""
         if self.initial is None:
             tps = self.planner.partitions()
-            spec = self.opts.starting or "latest"
+            spec = "latest" if self.opts.starting is None else self.opts.starting
             self.initial = planning.to_json(self.planner.resolve(spec, tps, "latest"))
         return self.initial
 
@@ -123,26 +124,33 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._latest()
+        self.target = self._latest(self.planner.partitions(strict=False))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = self._with_new_partitions(planning.from_json(start))
-        latest = self._latest()
+        tps = self.planner.partitions(strict=False)
+        begin = self._with_new_partitions(planning.from_json(start), tps)
+        latest = self._latest(tps)
         if self.target is not None:
-            latest = {tp: min(off, self.target.get(tp, begin[tp])) for tp, off in latest.items()}
-        for tp in begin.keys() - latest.keys():
-            self._lost(f"{tp[0]}/{tp[1]} no longer exists")
+            # Never below begin: Spark asks for the target before the initial offset, so a
+            # query starting at ``latest`` may begin past it.
+            latest = {
+                tp: min(off, max(self.target.get(tp, begin[tp]), begin[tp]))
+                for tp, off in latest.items()
+            }
+        for t, p in begin.keys() - latest.keys():
+            data_lost(self.opts, f"{t}/{p} no longer exists")
         if isinstance(limit, ReadMaxRows):
             latest = planning.limit_offsets(begin, latest, limit.max_rows)
         return planning.to_json(latest)
 
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+        first = start == self.initial
         begin = self._with_new_partitions(planning.from_json(start))
         stop = planning.from_json(end)
         for tp, off in stop.items():
             if tp not in begin or off >= begin[tp]:
                 continue
-            if self.planner.list_offsets([tp], LATEST)[tp] >= begin[tp]:
+            if first and self.planner.list_offsets([tp], LATEST)[tp] >= begin[tp]:
                 # The log did not shrink: ``start`` is ``startingOffsets`` (``latest``, a
                 # time) resolved anew by a query restarted before its first micro-batch
                 # committed; Spark keeps no start for that batch.  It reads from its end on.
@@ -153,15 +161,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 begin[tp] = off
                 continue
-            self._lost(
+            data_lost(
+                self.opts,
                 f"{tp[0]}/{tp[1]} went back from offset {begin[tp]} to {off} "
-                "(deleted and created again?); reading it from its earliest offset"
+                "(deleted and created again?); reading it from its earliest offset",
             )
             begin[tp] = self.planner.list_offsets([tp], EARLIEST)[tp]
         return planning.ranges(begin, stop, self.opts)
 
     def read(self, partition: OffsetRange):
-        return read_range(partition)
+        return _read(partition)
 
     def commit(self, end: dict) -> None:
         pass  # the broker keeps everything until retention: nothing to release
@@ -171,18 +180,22 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ------------------------------------------------------------------ helpers
 
-    def _latest(self) -> planning.Offsets:
-        return self.planner.list_offsets(self.planner.partitions(), LATEST)
+    def _latest(self, tps: list) -> planning.Offsets:
+        return self.planner.list_offsets(tps, LATEST)
 
-    def _with_new_partitions(self, start: planning.Offsets) -> planning.Offsets:
-        """``start`` plus the partitions that appeared since, at their earliest offsets."""
-        new = [tp for tp in self.planner.partitions() if tp not in start]
+    def _with_new_partitions(self, start: planning.Offsets, tps: list | None = None):
+        """``start`` plus the partitions (of ``tps``, else all now) that appeared since, at
+        their earliest offsets."""
+        if tps is None:
+            tps = self.planner.partitions(strict=False)
+        new = [tp for tp in tps if tp not in start]
         if new:
             log.info("new partitions %s: reading them from their earliest offsets", new)
             start = {**start, **self.planner.list_offsets(new, EARLIEST)}
         return start
 
-    def _lost(self, what: str) -> None:
-        if self.opts.fail_on_data_loss:
-            raise errors.DataLoss(what + " (failOnDataLoss=false skips it with a warning)")
-        log.warning("%s (failOnDataLoss=false)", what)
+
+def _read(partition: OffsetRange):
+    if not isinstance(partition, OffsetRange):
+        return iter(())  # Spark's stand-in partition when partitions() returned none
+    return read_range(partition)
