@@ -22,7 +22,6 @@ Sluice installed (``PYSPARK_PYTHON``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
@@ -40,8 +39,6 @@ from sluice.spark.options import ReadOptions
 from sluice.spark.planning import Planner
 
 __all__ = ["ArchiveRun", "archive", "archive_frame", "archived_files", "session"]
-
-log = logging.getLogger("sluice.spark")
 
 _MICROS_PER_DAY = 86_400_000_000
 
