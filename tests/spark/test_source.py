@@ -625,3 +625,21 @@ def test_bad_options_give_clear_errors(spark, broker, tmp_path):
     )
     assert "a row has a null topic and no topic option is set" in text
     assert end_offsets(b, "here") == {0: 3}
+
+
+def test_write_failures_fail_the_job(spark, broker):
+    """A record the topic refuses, or a producer setting that is wrong, fails the write
+    with the sluice error; nothing is silently dropped."""
+    b = broker.bootstrap
+    create(b, "small", 1, max_message_bytes="2048")
+    df = spark.createDataFrame([(b"ok",), (b"x" * 10_000,)], "value binary")
+    text = error_text(
+        lambda: df.write.format("sluice").option("bootstrap", b).option("topic", "small")
+        .mode("append").save()
+    )  # fmt: skip
+    assert "MessageTooLarge" in text or "MESSAGE_TOO_LARGE" in text, text[-2000:]
+    text = error_text(
+        lambda: df.write.format("sluice").option("bootstrap", b).option("topic", "small")
+        .option("acks", "sometimes").mode("append").save()
+    )  # fmt: skip
+    assert "acks must be one of" in text
