@@ -435,3 +435,13 @@ def test_json_form():
     }
     assert planning.from_json({"t": {"0": "5", "3": 9}}) == {("t", 0): 5, ("t", 3): 9}
     assert planning.to_json({}) == {} and planning.from_json({}) == {}
+
+
+def test_input_partitions_and_readers_pickle():
+    """What Spark ships to executors is plain data."""
+    from sluice.spark.source import StreamReader
+
+    rng = OffsetRange("a", 1, 5, 9, read(topic="a", startingOffsets='{"a": {"1": 5}}'))
+    assert pickle.loads(pickle.dumps(rng)) == rng
+    reader = StreamReader(read(topic="a"))
+    assert pickle.loads(pickle.dumps(reader)).opts == reader.opts
