@@ -26,6 +26,7 @@ from pathlib import Path
 
 import click
 
+from sluice.cli.params import key_values
 from sluice.errors import BrokerError, SluiceError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
@@ -126,21 +127,11 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
         logging.getLogger("sluice").setLevel(logging.INFO)
     config = ServerConfig(
         data_dir=data_dir, host=host, port=port, node_id=node_id,
-        topic_defaults=_key_values(topic_defaults, "--topic-default"),
+        topic_defaults=key_values(topic_defaults, "--topic-default"),
         retention_check_ms=retention_check_ms, max_connections=max_connections,
         max_frame_bytes=max_frame_bytes,
     )
     run(config)
-
-
-def _key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
-        out[key.strip()] = value.strip()
-    return out
 
 
 # --------------------------------------------------------------------------- topics
@@ -165,7 +156,7 @@ def _admin(ctx):
 def topic_create(ctx, name: str, partitions: int, configs: tuple[str, ...]) -> None:
     """Create topic NAME."""
     with _admin(ctx) as admin:
-        admin.create_topic(name, partitions=partitions, config=_key_values(configs, "--config"))
+        admin.create_topic(name, partitions=partitions, config=key_values(configs, "--config"))
     click.echo(f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}")
 
 
@@ -224,7 +215,7 @@ def produce(ctx, topic_name: str, key: str | None, partition: int | None, acks: 
     """Send each line of standard input as one message."""
     from sluice.client.sync import SyncProducer
 
-    hdrs = [(k, v.encode()) for k, v in _key_values(headers, "--header").items()] or None
+    hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header").items()] or None
     key_bytes = key.encode() if key is not None else None
     counts = {"acked": 0, "failed": 0}
     errors: list[BaseException] = []

@@ -12,6 +12,7 @@ import threading
 
 import click
 
+from sluice.cli.params import key_values
 from sluice.errors import ConfigError, SluiceError
 
 
@@ -42,8 +43,6 @@ def archive_command(ctx, topics, pattern, output, checkpoint, continuous, trigge
     One-shot by default: archives what is there now and stops; a later run with the same
     --checkpoint archives only what came since.
     """
-    from sluice.cli.main import _key_values
-
     if bool(topics) == bool(pattern):
         raise click.UsageError("give --topic (repeatable) or --pattern")
     try:
@@ -52,7 +51,7 @@ def archive_command(ctx, topics, pattern, output, checkpoint, continuous, trigge
         raise ConfigError(f"the Spark pipelines need the spark extra: pip install 'sluice[spark]' ({exc})") from None
     from pyspark.errors import PySparkException
 
-    spark = pipelines.session(master, "sluice-archive", _key_values(confs, "--conf"))
+    spark = pipelines.session(master, "sluice-archive", key_values(confs, "--conf"))
     spark.sparkContext.setLogLevel("WARN")
     try:
         result = pipelines.archive(
