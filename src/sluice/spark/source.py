@@ -124,12 +124,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._latest(self.planner.partitions(strict=False))
+        self.target = self.planner.list_offsets(self.planner.partitions(strict=False), LATEST)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         tps = self.planner.partitions(strict=False)
         begin = self._with_new_partitions(planning.from_json(start), tps)
-        latest = self._latest(tps)
+        latest = self.planner.list_offsets(tps, LATEST)
         if self.target is not None:
             # Never below begin: Spark asks for the target before the initial offset, so a
             # query starting at ``latest`` may begin past it.
@@ -145,7 +145,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
         first = start == self.initial
-        begin = self._with_new_partitions(planning.from_json(start))
+        tps = self.planner.partitions(strict=False)
+        begin = self._with_new_partitions(planning.from_json(start), tps)
         stop = planning.from_json(end)
         for tp, off in stop.items():
             if tp not in begin or off >= begin[tp]:
@@ -180,14 +181,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ------------------------------------------------------------------ helpers
 
-    def _latest(self, tps: list) -> planning.Offsets:
-        return self.planner.list_offsets(tps, LATEST)
-
-    def _with_new_partitions(self, start: planning.Offsets, tps: list | None = None):
-        """``start`` plus the partitions (of ``tps``, else all now) that appeared since, at
-        their earliest offsets."""
-        if tps is None:
-            tps = self.planner.partitions(strict=False)
+    def _with_new_partitions(self, start: planning.Offsets, tps: list) -> planning.Offsets:
+        """``start`` plus the partitions of ``tps`` it lacks, at their earliest offsets."""
         new = [tp for tp in tps if tp not in start]
         if new:
             log.info("new partitions %s: reading them from their earliest offsets", new)
