@@ -114,8 +114,10 @@ def _messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple]:
     def column(name: str) -> list:
         if name not in names:
             return [None] * n
-        values = batch.column(names.index(name)).to_pylist()
-        return [v.encode() if isinstance(v, str) and name != "topic" else v for v in values]
+        col = batch.column(names.index(name))
+        if name in ("key", "value") and not pa.types.is_binary(col.type):
+            col = col.cast(pa.binary())  # string → UTF-8 bytes, in Arrow
+        return col.to_pylist()
 
     topics = [topic_option] * n if topic_option is not None else column("topic")
     if None in topics:
