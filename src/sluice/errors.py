@@ -4,6 +4,7 @@
 
     SluiceError                          base of everything Sluice raises
     ├── ConfigError                      bad local settings (client or server config)
+    │   └── DataDirInUse                 another broker holds the data directory's lock
     ├── ProtocolError                    bytes that do not follow the wire protocol
     │   ├── FrameTooLarge                a length prefix above the frame cap
     │   └── CorruptRecord                a record batch failing its header or CRC check
@@ -38,6 +39,14 @@
 Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
 with ``raise ... from exc`` at their boundary.
+
+**Outcome of a failed send.**  Every error that fails a producer's send carries
+``maybe_stored``: ``False`` only when no attempt to write the records can have been
+stored (never sent, or every attempt refused by the broker with an error whose
+``appended_nothing`` is true); ``True`` when the fate of any attempt is unknown (a request
+timed out or its connection broke after it was written, or the broker answered
+``REQUEST_TIMED_OUT``).  The message says the same.  Errors not about a send leave it
+``None``.
 """
 
 from __future__ import annotations
@@ -51,10 +60,16 @@ class SluiceError(Exception):
     """Base of every error Sluice raises."""
 
     retriable: bool = False
+    # On an error that failed a send: may the records have been stored? (module docstring)
+    maybe_stored: bool | None = None
 
 
 class ConfigError(SluiceError, ValueError):
     """A local setting is invalid (raised before anything is sent)."""
+
+
+class DataDirInUse(ConfigError):
+    """The data directory is locked by another running broker."""
 
 
 class ProtocolError(SluiceError):
@@ -105,6 +120,10 @@ class BrokerError(SluiceError):
 
     code: int = -1
     name: str = "BROKER_ERROR"
+    # True when answering with this code guarantees the request appended nothing (the
+    # broker refused before writing, or cut a failed write back); False where the write
+    # may still have happened (a timeout, a bug).
+    appended_nothing: bool = True
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.name)
@@ -117,9 +136,10 @@ class BrokerError(SluiceError):
 _BY_CODE: dict[int, type[BrokerError]] = {}
 
 
-def _code(code: int, name: str, retriable: bool = False):
+def _code(code: int, name: str, retriable: bool = False, appended_nothing: bool = True):
     def register(cls: type[BrokerError]) -> type[BrokerError]:
         cls.code, cls.name, cls.retriable = code, name, retriable
+        cls.appended_nothing = appended_nothing
         assert code not in _BY_CODE, code
         _BY_CODE[code] = cls
         return cls
@@ -127,7 +147,7 @@ def _code(code: int, name: str, retriable: bool = False):
     return register
 
 
-@_code(1, "UNKNOWN_SERVER_ERROR")
+@_code(1, "UNKNOWN_SERVER_ERROR", appended_nothing=False)
 class UnknownServerError(BrokerError):
     pass
 
@@ -182,7 +202,7 @@ class OffsetOutOfRange(BrokerError):
     pass
 
 
-@_code(12, "REQUEST_TIMED_OUT", retriable=True)
+@_code(12, "REQUEST_TIMED_OUT", retriable=True, appended_nothing=False)
 class RequestTimedOut(BrokerError):
     pass
 
@@ -244,6 +264,34 @@ def raise_for_code(code: int, message: str = "") -> None:
     """Raise the exception for ``code`` unless it is ``NONE``."""
     if code != NONE:
         raise error_for_code(code, message)
+
+
+def send_failure(exc: BaseException, maybe_stored: bool) -> SluiceError:
+    """A fresh copy of ``exc`` for the records of one failed batch, saying whether they may
+    have been stored (``maybe_stored``, and the end of the message).
+
+    Each batch gets its own copy because batches failed by one error can differ in what
+    earlier attempts did.  A foreign exception (a bug) becomes a ``ClientError`` whose
+    ``__cause__`` is the original.
+    """
+    note = "may have been stored" if maybe_stored else "not stored"
+    if isinstance(exc, SluiceError):
+        out = annotated(exc, f"[{note}]")
+    else:
+        out = ClientError(f"send failed unexpectedly: {exc!r} [{note}]")
+        out.__cause__ = exc
+    out.maybe_stored = maybe_stored
+    return out
+
+
+def annotated(exc: SluiceError, note: str) -> SluiceError:
+    """A fresh exception of ``exc``'s class and code whose message ends with ``note``."""
+    if isinstance(exc, BrokerError):
+        out: SluiceError = error_for_code(exc.code, f"{exc.message} {note}")
+    else:
+        out = type(exc)(f"{exc} {note}")
+    out.__cause__ = exc.__cause__
+    return out
 
 
 def all_codes() -> dict[int, type[BrokerError]]:

@@ -367,7 +367,15 @@ class Broker:
                 _consume_exception(fut)
             return None
         if pending:
-            await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
+            try:
+                await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
+            except asyncio.CancelledError:
+                # The connection is gone: nobody will learn the outcome, and the client may
+                # already be retrying elsewhere.  Withdraw what no writer has taken yet, so
+                # the broker never runs an abandoned copy beside the retry.
+                for _, fut in pending:
+                    fut.cancel()
+                raise
         for i, fut in pending:
             p = req.partitions[i]
             part = self.topics.get(p.topic)

@@ -91,7 +91,9 @@ class Partition:
 
         The future completes after the write, and after the fsync when the flush policy
         says "always".  It fails with a ``StorageError`` when the disk refuses the write
-        (nothing of the request stays in the log) or ``BrokerShuttingDown``.
+        (nothing of the request stays in the log) or ``BrokerShuttingDown``.  Cancelling
+        it withdraws the append if the writer has not taken it yet (the client that asked
+        is gone); once taken, the write completes regardless.
         """
         fut = asyncio.get_running_loop().create_future()
         if self._closing:
@@ -115,7 +117,8 @@ class Partition:
                 if timer is not None:
                     timer.cancel()
             self._wakeup.clear()
-            group, self._queue = self._queue, []
+            group = [req for req in self._queue if not req.future.cancelled()]
+            self._queue = []
             if group:
                 try:
                     await self._write_group(loop, group)

@@ -117,16 +117,24 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
+@click.option("--advertised-address", default=None, metavar="HOST:PORT",
+              help="Address clients are told to connect to (default: the listening address).")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
-          retention_check_ms: int, max_connections: int, max_frame_bytes: int) -> None:
+          retention_check_ms: int, max_connections: int, max_frame_bytes: int,
+          advertised_address: str | None) -> None:
     """Run a single-node broker (embedded metadata, data in DATA_DIR)."""
+    from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
     from sluice.server.app import run
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger("sluice").setLevel(logging.INFO)
+    adv_host = adv_port = None
+    if advertised_address is not None:
+        [(adv_host, adv_port)] = parse_bootstrap(advertised_address)[:1]
     config = ServerConfig(
         data_dir=data_dir, host=host, port=port, node_id=node_id,
+        advertised_host=adv_host, advertised_port=adv_port,
         topic_defaults=key_values(topic_defaults, "--topic-default"),
         retention_check_ms=retention_check_ms, max_connections=max_connections,
         max_frame_bytes=max_frame_bytes,

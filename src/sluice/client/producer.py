@@ -78,6 +78,10 @@ def _record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
     return _zz_len(body) + body
 
 
+def _deadline(batch: Batch) -> float:
+    return batch.deadline
+
+
 def default_partitioner(key: bytes, partitions: int) -> int:
     """Partition of a keyed record: CRC-32C of the key modulo the partition count."""
     return _crc32c.crc32c(key) % partitions
@@ -167,6 +171,7 @@ class Producer:
         self._inflight_tps: set[tuple[str, int]] = set()
         self._inflight_nodes: dict[int, int] = {}
         self._retry_at: dict[tuple[str, int], float] = {}
+        self._failures: dict[tuple[str, int], int] = {}  # consecutive failed attempts
         self._requests: set[asyncio.Task] = set()
         self._sender: asyncio.Task | None = None
         self._refresh_task: asyncio.Task | None = None
@@ -577,7 +582,8 @@ class Producer:
             retry_at = self._retry_at.get(tp)
             if retry_at is not None:
                 if retry_at > now:
-                    wake_at = retry_at if wake_at is None else min(wake_at, retry_at)
+                    due = min(retry_at, q[0].deadline)  # expire() fails the head at its deadline
+                    wake_at = due if wake_at is None else min(wake_at, due)
                     continue
                 del self._retry_at[tp]
             node = cluster.leader(*tp)
@@ -630,40 +636,46 @@ class Producer:
     async def _send_request(self, node: int, batches: dict[tuple[str, int], list[Batch]]) -> None:
         """One produce request: every batch it holds ends acknowledged, failed or requeued,
         whatever is raised (a bug, a foreign error, cancellation by ``close``)."""
+        flat = [b for bs in batches.values() for b in bs]
         try:
             try:
-                response = await self._exchange(node, batches)
-                if response is None:  # acks=none: written is all we will know
-                    for bs in batches.values():
-                        for b in bs:
-                            self._complete(b, -1, -1)
-                else:
-                    self._on_response(batches, response)
-            except asyncio.CancelledError:
-                # only close() cancels requests, and it has failed these batches already
-                self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
+                response = await self._exchange(node, batches, flat)
+            except BaseException:
+                for b in flat:
+                    b.settle(known=False)  # written or not, no answer was read
                 raise
-            except errors.SluiceError as exc:
-                self._on_request_error(batches, exc)
-            except OSError as exc:
-                self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
-            except Exception as exc:
-                log.exception("produce request to broker %s failed unexpectedly", node)
-                self._abandon(batches, exc)
+            if response is None:  # acks=none: written is all we will know
+                for b in flat:
+                    b.settle(known=False)
+                    self._complete(b, -1, -1)
+            else:
+                self._on_response(batches, response)
+        except asyncio.CancelledError:
+            # only close() cancels requests, and it has failed these batches already
+            self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
+            raise
+        except errors.SluiceError as exc:
+            self._on_request_error(batches, exc)
+        except OSError as exc:
+            self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
+        except Exception as exc:
+            log.exception("produce request to broker %s failed unexpectedly", node)
+            self._abandon(batches, exc)
         finally:
             self._inflight_nodes[node] -= 1
             for tp in batches:
                 self._inflight_tps.discard(tp)
             self._wake()
 
-    async def _exchange(self, node: int, batches: dict[tuple[str, int], list[Batch]]):
-        """Connect, write and await the answer (None with ``acks="none"``), all bounded by
-        ``request_timeout_ms`` and by the earliest delivery deadline of ``batches``; the
-        broker is told the same bound.  ``RequestTimedOut`` when it passes."""
-        deadline = min(b.deadline for bs in batches.values() for b in bs)
-        timeout = min(self.request_timeout, deadline - time.monotonic())
-        if timeout <= 0:
-            raise errors.RequestTimedOut("delivery deadline passed before the request was sent")
+    async def _exchange(self, node: int, batches: dict[tuple[str, int], list[Batch]], flat):
+        """Send one request and return its response (None with ``acks="none"``).
+
+        The request itself is bounded by ``connect_timeout_ms`` and ``request_timeout_ms``
+        alone (a timeout closes its connection, see ``Connection.request``), never shrunk by
+        the batches' deadlines: a batch whose delivery deadline passes meanwhile fails on
+        its own (its records may have been stored) while the request runs on, and its
+        partition stays in flight until the request ends, so no second copy is sent beside it.
+        """
         partitions = []
         attachments = []
         for (topic, partition), bs in batches.items():
@@ -673,40 +685,71 @@ class Producer:
                 size += len(b.data)
             partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
         request = messages.ProduceRequest(
-            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(timeout * 1000))
+            partitions=partitions, acks=self.acks, timeout_ms=int(self.request_timeout * 1000)
         )
+        task = self._loop.create_task(self._deliver(node, request, attachments, flat))
+        by_deadline = sorted(flat, key=_deadline)
+        i = 0
         try:
-            async with asyncio.timeout(timeout):
-                conn = await self._cluster.connection(node)
-                if self.acks == messages.ACKS_NONE:
-                    await conn.drain()
-                    conn.send_noreply(request, attachments)
-                    return None
-                response, _ = await conn.request(request, attachments, timeout)
-                return response
-        except TimeoutError:
-            raise errors.RequestTimedOut(
-                f"produce to broker {node} not done within {timeout:g}s "
-                f"(request_timeout_ms or the delivery deadline)"
-            ) from None
+            while True:
+                now = time.monotonic()
+                while i < len(by_deadline) and by_deadline[i].deadline <= now:
+                    b = by_deadline[i]
+                    self._acc.finish(b, b.timeout_error(self.delivery_timeout), self._release)
+                    i += 1
+                timeout = by_deadline[i].deadline - now if i < len(by_deadline) else None
+                await asyncio.wait((task,), timeout=timeout)
+                if task.done():
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
+        """Connect and write (marking ``flat`` in flight only once the bytes go out), then
+        await the answer."""
+        conn = await self._cluster.connection(node)
+        if self.acks == messages.ACKS_NONE:
+            await conn.drain()
+        if conn.closed:
+            raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
+        for b in flat:
+            b.in_flight = True
+        if self.acks == messages.ACKS_NONE:
+            conn.send_noreply(request, attachments)
+            return None
+        response, _ = await conn.request(request, attachments, self.request_timeout, check=False)
+        return response
 
     def _on_response(self, batches, response: messages.ProduceResponse) -> None:
+        if response.error:  # the whole request was answered with one error
+            exc = errors.error_for_code(response.error, response.message)
+            for tp, bs in batches.items():
+                self._on_partition_error(tp, bs, exc)
+            return
         results = {(r.topic, r.partition): r for r in response.partitions}
         for tp, bs in batches.items():
             r = results.get(tp)
             if r is None:
-                self._retry(tp, bs, errors.UnknownServerError(f"no result for {tp} in the produce response"))
+                exc = errors.UnknownServerError(f"no result for {tp} in the produce response")
+                self._on_partition_error(tp, bs, exc)
             elif r.error:
-                exc = errors.error_for_code(r.error, r.message)
-                if exc.retriable:
-                    self._retry(tp, bs, exc)
-                else:
-                    self._fail_batches(bs, exc)
+                self._on_partition_error(tp, bs, errors.error_for_code(r.error, r.message))
             else:
+                self._failures.pop(tp, None)
                 offset = r.base_offset
                 for b in bs:
+                    b.settle(known=True)
                     self._complete(b, offset, r.log_append_time)
                     offset += b.count
+
+    def _on_partition_error(self, tp, bs: list[Batch], exc: errors.BrokerError) -> None:
+        for b in bs:
+            b.settle(known=exc.appended_nothing)
+        if exc.retriable:
+            self._retry(tp, bs, exc)
+        else:
+            self._fail_batches(bs, exc)
 
     def _abandon(self, batches, exc: BaseException) -> None:
         """Fail every batch of ``batches`` still unfinished and not requeued."""
@@ -725,17 +768,21 @@ class Producer:
                 self._fail_batches(bs, exc)
 
     def _retry(self, tp, bs: list[Batch], exc: Exception) -> None:
-        """Requeue ``bs`` at the front of their partition (order kept), after a backoff that
-        ends no later than their delivery deadline (where ``expire`` fails them)."""
+        """Requeue the unfinished batches of ``bs`` at the front of their partition (order
+        kept) after a backoff that grows with the partition's consecutive failures up to
+        ``retry_backoff_max_ms``, whatever the deadlines; ``expire`` fails what reaches its
+        deadline meanwhile."""
         now = time.monotonic()
         if isinstance(exc, errors.NotLeader):
             self._cluster.mark_stale(tp[0])
         if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed):
             self._request_refresh()
-        attempts = max(b.attempts for b in bs) + 1
-        retry_at = now + self._backoff_delay(attempts - 1)
+        failures = self._failures[tp] = self._failures.get(tp, 0) + 1
+        incomplete = self._acc.incomplete
         keep = []
         for b in bs:
+            if b not in incomplete:
+                continue  # failed at its deadline while in flight
             b.last_error = exc
             b.attempts += 1
             if b.deadline <= now:
@@ -746,7 +793,7 @@ class Producer:
                 keep.append(b)
         if keep:
             self._acc.queues.setdefault(tp, deque()).extendleft(reversed(keep))
-            self._retry_at[tp] = min(retry_at, min(b.deadline for b in keep))
+            self._retry_at[tp] = now + self._backoff_delay(failures - 1)
 
     def _backoff_delay(self, attempt: int) -> float:
         delay = min(self.backoff * (2 ** min(attempt, 30)), self.backoff_max)

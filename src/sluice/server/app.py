@@ -1,8 +1,10 @@
 """Server lifecycle: start the broker, listen, stop cleanly on SIGTERM / SIGINT.
 
-``run(config)`` is what ``sluice serve`` calls.  Shutdown order: stop accepting, refuse new
-requests, let in-flight ones finish (bounded), then flush and close every partition, so a
-SIGTERM never loses an acknowledged write and leaves indexes saved.
+``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
+the port, recover the logs, then accept connections, so a second broker on the same
+directory or port is refused before it reads a byte of data.  Shutdown order: stop
+accepting, refuse new requests, let in-flight ones finish (bounded), then flush and close
+every partition, so a SIGTERM never loses an acknowledged write and leaves indexes saved.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 from sluice.broker.broker import Broker
 from sluice.config import ServerConfig
 from sluice.server.connection import Connection
+from sluice.storage.dirlock import DataDirLock
 
 log = logging.getLogger("sluice.server")
 
@@ -28,6 +31,7 @@ class Server:
         self.connections: set[Connection] = set()
         self.stopping = False
         self._listener: asyncio.AbstractServer | None = None
+        self._lock = DataDirLock(config.data_dir)
         self._stopped = asyncio.Event()
 
     def register(self, conn: Connection) -> bool:
@@ -46,14 +50,29 @@ class Server:
         return sock.getsockname()[:2]
 
     async def start(self) -> None:
-        await self.broker.start()
-        loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(
-            lambda: Connection(self), self.config.host, self.config.port, reuse_address=True, backlog=512
-        )
-        host, port = self.address
-        self.broker.host, self.broker.port = host, port
-        log.info("sluice broker listening on %s:%d (data: %s)", host, port, self.config.data_dir)
+        """Lock, bind, recover, serve (module docstring).  Raises ``DataDirInUse``,
+        ``ConfigError`` or ``OSError`` (port taken) with nothing of the data touched."""
+        cfg = self.config
+        self._lock.acquire()
+        try:
+            loop = asyncio.get_running_loop()
+            self._listener = await loop.create_server(
+                lambda: Connection(self), cfg.host, cfg.port,
+                reuse_address=True, backlog=512, start_serving=False,
+            )
+            host, port = self.address
+            self.broker.host = cfg.advertised_host or host
+            self.broker.port = cfg.advertised_port or port
+            await self.broker.start()
+            await self._listener.start_serving()
+        except BaseException:
+            if self._listener is not None:
+                self._listener.close()
+            self._lock.release()
+            raise
+        log.info("sluice broker listening on %s:%d (data: %s)", host, port, cfg.data_dir)
+        if (self.broker.host, self.broker.port) != (host, port):
+            log.info("advertised to clients as %s:%d", self.broker.host, self.broker.port)
 
     async def stop(self) -> None:
         if self.stopping:
@@ -70,6 +89,7 @@ class Server:
             )
             await self.broker.close()
         finally:
+            self._lock.release()
             self._stopped.set()  # the process exits even if a close step failed (it is logged)
         log.info("stopped")
 
