@@ -9,9 +9,9 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import free_port
 from proxy import FaultyProxy
 
+from conftest import free_port
 from sluice.client import Admin, Consumer, Producer
 from sluice.errors import ConnectionClosed, DeliveryTimeout
 from sluice.protocol.messages import Api

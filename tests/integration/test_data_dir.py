@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from conftest import free_port
-
 from sluice.client import Consumer, Producer
 
 

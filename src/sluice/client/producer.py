@@ -109,6 +109,7 @@ class Producer:
         linger_ms: float = 5,
         buffer_memory: int = 64 * 1024 * 1024,
         max_block_ms: float = 60000,
+        unknown_topic_wait_ms: float = 1000,
         compression: str = "none",
         max_in_flight: int = 16,
         retries: int | None = None,
@@ -131,6 +132,7 @@ class Producer:
         _positive("linger_ms", linger_ms, 0)
         _positive("buffer_memory", buffer_memory, 1)
         _positive("max_block_ms", max_block_ms, 0)
+        _positive("unknown_topic_wait_ms", unknown_topic_wait_ms, 0)
         _positive("max_in_flight", max_in_flight, 1)
         if retries is not None:
             _positive("retries", retries, 0)
@@ -150,6 +152,7 @@ class Producer:
         self.batch_size = int(batch_size)
         self.linger = linger_ms / 1000
         self.max_block = max_block_ms / 1000
+        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
         self.codec = records.COMPRESSION_CODES[compression]
         self.max_in_flight = int(max_in_flight)
         self.retries = retries
@@ -249,13 +252,17 @@ class Producer:
     # ------------------------------------------------------------------ metadata
 
     async def _topic(self, topic: str):
-        """Metadata of ``topic``, refreshing until it exists or the delivery timeout passes."""
+        """Metadata of ``topic``, refreshing until it is known.
+
+        A broker that cannot be reached is waited for up to ``max_block_ms`` (bounded by the
+        delivery timeout); a topic the broker says does not exist, only up to
+        ``unknown_topic_wait_ms`` (it may be being created), then ``UnknownTopic``.
+        """
         info = self._cluster.topics.get(topic)
         if info is not None:
             return info
-        # Like Kafka's max.block.ms: a send waits this long for its topic's metadata.
+        started = time.monotonic()
         wait = min(self.max_block, self.delivery_timeout)
-        deadline = time.monotonic() + wait
         attempt = 0
         last: Exception | None = None
         while True:
@@ -273,9 +280,16 @@ class Producer:
                 raise last
             delay = self._backoff_delay(attempt)
             attempt += 1
-            if time.monotonic() + delay > deadline:
+            if isinstance(last, errors.UnknownTopic):
+                wait = min(wait, self.unknown_topic_wait)
+            if time.monotonic() + delay - started > wait:
+                if isinstance(last, errors.UnknownTopic):
+                    raise errors.UnknownTopic(
+                        f"topic {topic!r} does not exist (waited {wait * 1000:g} ms: "
+                        f"unknown_topic_wait_ms)"
+                    )
                 raise errors.UnknownTopic(
-                    f"topic {topic!r} not found within {wait:g}s"
+                    f"no metadata for topic {topic!r} within {wait:g}s"
                     + (f" (last error: {last})" if last else "")
                 )
             await asyncio.sleep(delay)

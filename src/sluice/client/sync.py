@@ -165,17 +165,19 @@ class SyncProducer(_SyncBase):
     def send_many(self, topic: str, values: Sequence[bytes], **kw) -> concurrent.futures.Future:
         return self._call(_chained_send_many, topic, values, **kw)
 
-    def send_batch(self, messages: Iterable[tuple]) -> concurrent.futures.Future:
+    def send_batch(self, messages: Iterable, topic: str | None = None) -> concurrent.futures.Future:
         """Buffer many records in one hop onto the loop; return one future for the lot.
 
-        Each message is ``(topic, value, key, headers, partition)`` (``key``, ``headers``
-        and ``partition`` may be None) and goes through ``Producer.send``: its own
-        partitioning, size checks and memory wait.  The future resolves to the number of
-        records once every one is acknowledged, or fails with the first failure.  Raises at
-        once where ``send`` would; the records buffered before the failing one are still
-        sent.
+        With ``topic``, each message is a value (``bytes`` or None) or a ``(key, value)``
+        pair.  Without it, each message is a tuple ``(topic, value[, key[, headers[,
+        partition]]])`` (trailing fields may be left out or None).  Anything else raises
+        ``ConfigError`` naming the message, before any record is buffered.  Each record goes
+        through ``Producer.send``: its own partitioning, size checks and memory wait.  The
+        future resolves to the number of records once every one is acknowledged, or fails
+        with the first failure.  Raises at once where ``send`` would; the records buffered
+        before the failing one are still sent.
         """
-        return self._call(_send_batch, messages)
+        return self._call(_send_batch, [_message(i, m, topic) for i, m in enumerate(messages)])
 
     def flush(self) -> None:
         self._call(Producer.flush)
@@ -203,6 +205,25 @@ async def _chained_send(p: Producer, topic, value, **kw):
 
 async def _chained_send_many(p: Producer, topic, values, **kw):
     return await _chained(await p.send_many(topic, values, **kw))
+
+
+def _message(index: int, msg, topic: str | None) -> tuple:
+    """One ``send_batch`` message as ``(topic, value, key, headers, partition)``."""
+    if topic is not None:
+        if msg is None or isinstance(msg, bytes | bytearray | memoryview):
+            return topic, msg, None, None, None
+        if isinstance(msg, tuple) and len(msg) == 2:
+            return topic, msg[1], msg[0], None, None
+        raise errors.ConfigError(
+            f"send_batch(topic=...) takes values or (key, value) pairs; message {index} is "
+            f"{type(msg).__name__}{f' of {len(msg)} items' if isinstance(msg, tuple) else ''}"
+        )
+    if isinstance(msg, tuple) and 2 <= len(msg) <= 5 and isinstance(msg[0], str):
+        return msg if len(msg) == 5 else (*msg, *(None,) * (5 - len(msg)))
+    raise errors.ConfigError(
+        f"send_batch takes (topic, value[, key[, headers[, partition]]]) tuples, or values "
+        f"and (key, value) pairs with topic=...; message {index} is {msg!r:.60}"
+    )
 
 
 async def _send_batch(p: Producer, messages):
