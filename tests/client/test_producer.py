@@ -551,6 +551,52 @@ async def test_delivery_timeout_bounds_a_request_in_flight():
         assert (await asyncio.wait_for(queued, 3)).offset == 1
 
 
+async def test_batches_queued_behind_an_unanswered_request_fail_at_their_deadline():
+    """A batch waiting for its partition's request fails at its own deadline, saying it
+    was not stored (it was never sent), however long the request stays unanswered."""
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(broker, linger_ms=0, delivery_timeout_ms=300, request_timeout_ms=10000) as p:
+        first = await p.send("t", b"v")
+        while not broker.produce_requests:  # the first goes out alone
+            await asyncio.sleep(0.001)
+        t0 = time.monotonic()
+        queued = await p.send("t", b"w")
+        with pytest.raises(errors.DeliveryTimeout) as info:
+            await asyncio.wait_for(queued, 3)
+        assert time.monotonic() - t0 < 1.0
+        assert info.value.maybe_stored is False and "not stored" in str(info.value)
+        with pytest.raises(errors.DeliveryTimeout) as info:
+            await first
+        assert info.value.maybe_stored is True
+        assert len(broker.produce_requests) == 1
+        broker.release()
+
+
+@pytest.mark.parametrize(
+    ("codes", "error", "maybe_stored"),
+    [
+        ([errors.InvalidRecord.code], errors.InvalidRecord, False),  # refused, not retried
+        ([errors.DiskFull.code] * 50, errors.DeliveryTimeout, False),  # refused every time
+        ([errors.RequestTimedOut.code] * 50, errors.DeliveryTimeout, True),  # broker unsure
+        ([errors.RequestTimedOut.code] + [errors.DiskFull.code] * 50, errors.DeliveryTimeout, True),
+        ([errors.UnknownServerError.code], errors.UnknownServerError, True),
+    ],
+)
+async def test_broker_answers_decide_maybe_stored(codes, error, maybe_stored):
+    """An attempt the broker refused with a code that guarantees nothing was appended
+    leaves the records "not stored"; one answered with a timeout or a bug does not, and
+    an earlier unsure attempt stays unsure whatever later attempts say."""
+    broker = FakeBroker({"t": 1})
+    broker.produce_errors = list(codes)
+    async with make(broker, linger_ms=0, delivery_timeout_ms=400, retry_backoff_ms=5) as p:
+        fut = await p.send("t", b"v")
+        with pytest.raises(error) as info:
+            await asyncio.wait_for(fut, 3)
+        assert info.value.maybe_stored is maybe_stored
+        assert ("may have been stored" if maybe_stored else "not stored") in str(info.value)
+
+
 async def test_in_order_callbacks_survive_a_raising_callback(caplog):
     """B10: a callback that raises is logged; later futures are still called back."""
     loop = asyncio.get_running_loop()

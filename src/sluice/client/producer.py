@@ -591,7 +591,11 @@ class Producer:
         need_refresh = False
         cluster = self._cluster
         for tp, q in self._acc.queues.items():
-            if not q or tp in self._inflight_tps:
+            if not q:
+                continue
+            if tp in self._inflight_tps:  # waits for its request; expire() at its deadline
+                deadline = q[0].deadline
+                wake_at = deadline if wake_at is None else min(wake_at, deadline)
                 continue
             retry_at = self._retry_at.get(tp)
             if retry_at is not None:
