@@ -9,7 +9,7 @@ Data directory::
 
     <data>/meta/topics.json        topic definitions (cluster/embedded.py)
     <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
-    <data>/groups/<group>.json     committed offsets (broker/groups.py)
+    <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.broker.groups import GroupOffsets, check_group_name
+from sluice.broker.groups import Committed, GroupOffsets, check_group_name
 from sluice.broker.partition import Partition
+from sluice.broker.peer import client_address
 from sluice.cluster.embedded import EmbeddedMetadata, TopicRecord
 from sluice.config import ServerConfig, TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
@@ -482,6 +483,7 @@ class Broker:
 
     async def offset_commit(self, req: m.OffsetCommitRequest, _att):
         check_group_name(req.group)
+        now_ms, client = int(time.time() * 1000), client_address.get()
         ok: dict = {}
         results = []
         for c in req.offsets:
@@ -491,7 +493,7 @@ class Broker:
                     raise InvalidRequest(f"cannot commit negative offset {c.offset}")
                 if len(c.metadata) > MAX_COMMIT_METADATA:
                     raise InvalidRequest(f"commit metadata is limited to {MAX_COMMIT_METADATA} characters")
-                ok[(c.topic, c.partition)] = (c.offset, c.metadata)
+                ok[(c.topic, c.partition)] = Committed(c.offset, c.metadata, now_ms, client)
                 results.append(m.PartitionError(topic=c.topic, partition=c.partition))
             except BrokerError as exc:
                 results.append(m.PartitionError(topic=c.topic, partition=c.partition, **_err(exc)))
@@ -510,8 +512,8 @@ class Broker:
         keys = committed.keys() if req.partitions is None else [(tp.topic, tp.partition) for tp in req.partitions]
         out = []
         for key in sorted(keys):
-            offset, meta = committed.get(key, (-1, ""))
-            out.append(m.FetchedOffset(topic=key[0], partition=key[1], offset=offset, metadata=meta))
+            c = committed.get(key, Committed(-1))
+            out.append(m.FetchedOffset(topic=key[0], partition=key[1], offset=c.offset, metadata=c.metadata))
         return m.OffsetFetchResponse(offsets=out), ()
 
     def handlers(self) -> dict:
