@@ -36,7 +36,6 @@ log = logging.getLogger("sluice.broker")
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
-
 class Committed(NamedTuple):
     """One committed offset and what the broker knows of its commit."""
 

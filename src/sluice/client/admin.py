@@ -21,6 +21,12 @@ from sluice.protocol.messages import GroupDescription, GroupListing, TopicDescri
 __all__ = ["Admin", "GroupDescription", "GroupListing", "OffsetReset", "TopicDescription", "TopicMetadata"]
 
 
+def _raise_first(results) -> None:
+    """Raise the error of the first failed per-topic or per-group result, if any."""
+    for r in results:
+        errors.raise_for_code(r.error, r.message or r.name)
+
+
 @dataclass(frozen=True)
 class OffsetReset:
     """One partition of an offset reset: the group's committed offset before and after."""
@@ -78,13 +84,11 @@ class Admin:
                 topics=[messages.NewTopic(name=name, partitions=partitions, config=cfg)]
             )
         )
-        for r in resp.topics:
-            errors.raise_for_code(r.error, r.message or r.name)
+        _raise_first(resp.topics)
 
     async def delete_topic(self, name: str) -> None:
         resp = await self._request(messages.DeleteTopicsRequest(names=[name]))
-        for r in resp.topics:
-            errors.raise_for_code(r.error, r.message or r.name)
+        _raise_first(resp.topics)
 
     async def alter_topic_config(
         self,
@@ -109,8 +113,7 @@ class Admin:
         )
         req = messages.AlterTopicConfigsRequest(topics=[change], validate_only=validate_only)
         resp = await self._request(req)
-        for r in resp.topics:
-            errors.raise_for_code(r.error, r.message or r.name)
+        _raise_first(resp.topics)
 
     async def add_partitions(
         self, name: str, *, total: int | None = None, count: int | None = None, validate_only: bool = False
@@ -135,8 +138,7 @@ class Admin:
             topics=[messages.PartitionsIncrease(name=name, total=total)], validate_only=validate_only
         )
         resp = await self._request(req)
-        for r in resp.topics:
-            errors.raise_for_code(r.error, r.message or r.name)
+        _raise_first(resp.topics)
         return total
 
     async def list_topics(self) -> list[TopicMetadata]:
@@ -215,8 +217,7 @@ class Admin:
         creates the group again.
         """
         resp = await self._request(messages.DeleteGroupsRequest(names=[group]))
-        for g in resp.groups:
-            errors.raise_for_code(g.error, g.message or group)
+        _raise_first(resp.groups)
 
     async def reset_group_offsets(
         self,

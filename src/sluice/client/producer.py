@@ -293,7 +293,10 @@ class Producer:
             info = await self._topic(topic)
             self._check_open()
         if partition is not None and partition >= info.partitions:
-            await self._cluster.refresh([*self._cluster.topics, topic])
+            try:
+                await self._cluster.refresh([*self._cluster.topics, topic])
+            except errors.SluiceError:
+                pass  # unreachable now: the send is refused on what is known
             self._check_open()
             info = self._cluster.topics.get(topic) or await self._topic(topic)
         if info.partitions <= 0:
