@@ -32,6 +32,15 @@ async def fill(bootstrap: str, topic: str, values: list[bytes], partition: int =
         await (await producer.send_many(topic, values, partition=partition))
 
 
+def millisecond_after_now() -> datetime:
+    """A time on a millisecond boundary after every broker timestamp given so far, once the
+    clock has passed it: messages written from now on are stamped at or after it."""
+    cut_ms = int(time.time() * 1000) + 1
+    while int(time.time() * 1000) <= cut_ms:
+        pass
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=cut_ms)
+
+
 # ---------------------------------------------------------------------- topic config
 
 
@@ -233,9 +242,7 @@ def test_reset_group_offsets(broker):
         admin.create_topic("r", partitions=2)
         with SyncProducer(b, linger_ms=0) as producer:
             producer.send_many("r", [b"old-%d" % i for i in range(3)], partition=0).result()
-            cut = datetime.now(UTC)
-            while datetime.now(UTC) <= cut + timedelta(milliseconds=1):
-                pass  # the next batch gets a later broker timestamp
+            cut = millisecond_after_now()  # the old messages are before it, the new ones after
             producer.send_many("r", [b"new-0", b"new-1"], partition=0).result()
 
         def reset(**kw):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sluice import errors
 from sluice.client.transport import Cluster, ConnectionFactory
@@ -19,6 +19,9 @@ from sluice.protocol import messages
 from sluice.protocol.messages import GroupDescription, GroupListing, TopicDescription, TopicMetadata
 
 __all__ = ["Admin", "GroupDescription", "GroupListing", "OffsetReset", "TopicDescription", "TopicMetadata"]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _raise_first(results) -> None:
@@ -270,7 +273,7 @@ class Admin:
             target = latest
         elif isinstance(to, datetime):
             when = to if to.tzinfo is not None else to.replace(tzinfo=UTC)
-            target = await self.list_offsets(topic, parts, int(when.timestamp() * 1000))
+            target = await self.list_offsets(topic, parts, (when - _EPOCH) // timedelta(milliseconds=1))
         else:
             target = dict.fromkeys(parts, to)
         resets = [
