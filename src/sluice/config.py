@@ -77,15 +77,19 @@ class TopicConfig:
     }
 
     @classmethod
+    def key(cls, key: str) -> _Key:
+        """The spec of a config key; ``InvalidConfig`` naming the known keys if there is none."""
+        spec = cls.KEYS.get(key)
+        if spec is None:
+            raise InvalidConfig(f"unknown topic config {key!r}; known: {', '.join(sorted(cls.KEYS))}")
+        return spec
+
+    @classmethod
     def parse(cls, raw: dict[str, str], base: TopicConfig | None = None) -> TopicConfig:
         """Validate string settings over ``base`` (defaults). ``InvalidConfig`` on any bad one."""
         changes = {}
         for key, value in raw.items():
-            spec = cls.KEYS.get(key)
-            if spec is None:
-                raise InvalidConfig(
-                    f"unknown topic config {key!r}; known: {', '.join(sorted(cls.KEYS))}"
-                )
+            spec = cls.key(key)
             if spec.choices:
                 if value not in spec.choices:
                     raise InvalidConfig(f"{key} must be one of {', '.join(spec.choices)}, got {value!r}")

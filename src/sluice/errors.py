@@ -34,7 +34,8 @@
         ├── InvalidGroup                 code 18
         ├── NotLeader                    code 19  retriable: metadata is stale
         ├── TopicBeingDeleted            code 20  retriable
-        └── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
+        ├── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
+        └── UnknownGroup                 code 22  no committed offsets are kept for that group
 
 Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
@@ -249,6 +250,11 @@ class TopicBeingDeleted(BrokerError):
 
 @_code(21, "INVALID_RECORD")
 class InvalidRecord(BrokerError):
+    pass
+
+
+@_code(22, "UNKNOWN_GROUP")
+class UnknownGroup(BrokerError):
     pass
 
 

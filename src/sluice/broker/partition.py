@@ -216,7 +216,7 @@ class Partition:
             return
         if time.monotonic() < self._retry_flush_at:  # the last fsync failed: do not hammer the disk
             return
-        by_count = cfg.flush_messages > 1 and self._unflushed >= cfg.flush_messages
+        by_count = cfg.flush_messages >= 1 and self._unflushed >= cfg.flush_messages
         if not (by_count or self._flush_due_in() == 0):
             return
         pending, self._unflushed = self._unflushed, 0
@@ -233,6 +233,18 @@ class Partition:
             self._retry_flush_at = time.monotonic() + FLUSH_RETRY_S
             self._unflushed += pending
         self._wakeup.set()  # re-check: data written during the flush may be due already
+
+    def reconfigure(self, config: TopicConfig) -> None:
+        """Apply a changed topic config to this live partition (event loop).
+
+        Write groups after this one follow its flush policy and timestamp type; produce
+        checks ``max.message.bytes`` from it; the log takes its segment, retention and index
+        settings.  A flush the new policy makes due starts at once (switching to
+        ``flush.messages=1`` fsyncs what earlier acknowledgements left unflushed).
+        """
+        self.config = config
+        self.log.reconfigure(config.log_config)
+        self._wakeup.set()  # the writer re-evaluates flushes and its flush.ms timer
 
     # ------------------------------------------------------------------ reading
 

@@ -209,6 +209,40 @@ def topic_delete(ctx, name: str) -> None:
     click.echo(f"deleted topic {name}")
 
 
+@topic.command("alter")
+@click.argument("name")
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Set a topic config (repeatable).")
+@click.option("--delete", "deletes", multiple=True, metavar="KEY",
+              help="Drop an override: back to the broker default (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Validate only, change nothing.")
+@click.pass_context
+def topic_alter(ctx, name: str, configs: tuple[str, ...], deletes: tuple[str, ...], dry_run: bool) -> None:
+    """Change topic NAME's config on the running broker, all or nothing, no restart."""
+    if not configs and not deletes:
+        raise click.UsageError("give at least one --config KEY=VALUE or --delete KEY")
+    changes = key_values(configs, "--config")
+    with _admin(ctx) as admin:
+        admin.alter_topic_config(name, changes, delete=deletes, validate_only=dry_run)
+    done = ", ".join([f"{k}={v}" for k, v in changes.items()] + [f"{k} reset to default" for k in deletes])
+    click.echo(f"{'dry run, nothing changed: would alter' if dry_run else 'altered'} topic {name}: {done}")
+
+
+@topic.command("add-partitions")
+@click.argument("name")
+@click.option("--num", type=int, default=None, help="Partitions to add (as rpk).")
+@click.option("--total", type=int, default=None, help="Partition count to grow to (as kafka-topics).")
+@click.option("--dry-run", is_flag=True, help="Validate only, change nothing.")
+@click.pass_context
+def topic_add_partitions(ctx, name: str, num: int | None, total: int | None, dry_run: bool) -> None:
+    """Add partitions to topic NAME: --num N more, or up to --total N.  New partitions start
+    empty; partitions are never removed."""
+    if (num is None) == (total is None):
+        raise click.UsageError("give exactly one of --num and --total")
+    with _admin(ctx) as admin:
+        total = admin.add_partitions(name, total=total, count=num, validate_only=dry_run)
+    click.echo(f"{'dry run, nothing changed: would grow' if dry_run else 'grew'} topic {name} to {total} partitions")
+
+
 # --------------------------------------------------------------------------- produce / consume
 
 
@@ -428,9 +462,11 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
 
 
+from sluice.cli.group import group  # noqa: E402 - a group of its own module
 from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
 
 cli.add_command(pipeline)
+cli.add_command(group)
 
 
 def main() -> None:

@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _RESETS = ("earliest", "latest", "error")
 _ISOLATION = ("", "read_uncommitted", "read_committed")
-_METADATA_MAX_AGE = 30.0  # seconds between refreshes that pick up new partitions
 _BACKOFF, _BACKOFF_MAX = 0.1, 1.0  # seconds between retries of a failing broker
 
 
@@ -72,8 +71,13 @@ class Consumer:
         request_timeout_ms: float = 30000,
         connect_timeout_ms: float = 10000,
         retry_timeout_ms: float = 60000,
+        metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
+        """``metadata_max_age_ms``: how often metadata is refreshed, which picks up new
+        partitions of subscribed topics.  ``retry_timeout_ms``: how long retriable errors
+        (a broker restarting, a lost connection) are retried before they surface (see the
+        module docstring)."""
         if auto_offset_reset not in _RESETS:
             raise errors.ConfigError(
                 f"auto_offset_reset must be one of {_RESETS}, got {auto_offset_reset!r}"
@@ -90,6 +94,7 @@ class Consumer:
             ("max_partition_fetch_bytes", max_partition_fetch_bytes, 1),
             ("request_timeout_ms", request_timeout_ms, 1),
             ("retry_timeout_ms", retry_timeout_ms, 0),
+            ("metadata_max_age_ms", metadata_max_age_ms, 1),
         ):
             if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
                 raise errors.ConfigError(f"{name} must be a number >= {low}, got {value!r}")
@@ -109,6 +114,7 @@ class Consumer:
         self.retry_timeout = retry_timeout_ms / 1000
         self._failing_since: float | None = None  # first retriable failure of a read loop
         self._failures = 0  # consecutive retriable failures (backoff)
+        self.metadata_max_age = metadata_max_age_ms / 1000
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -356,7 +362,7 @@ class Consumer:
         topics = self._cluster.topics
         if any(tp[0] not in topics for tp in self._assigned):
             self._needs_refresh = True
-        if not self._needs_refresh and now - self._metadata_at < _METADATA_MAX_AGE:
+        if not self._needs_refresh and now - self._metadata_at < self.metadata_max_age:
             return
         if self._subscription is None:
             await self._cluster.refresh(sorted({t for t, _ in self._assigned}))

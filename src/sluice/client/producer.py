@@ -120,8 +120,11 @@ class Producer:
         max_request_size: int = 16 * 1024 * 1024,
         partitioner: Callable[[bytes | None, int], int] | None = None,
         connect_timeout_ms: float = 10000,
+        metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
+        """``metadata_max_age_ms``: how often metadata of the topics sent to is refreshed,
+        which picks up new partitions and changed size limits."""
         if acks not in _ACKS:
             raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")
         if compression not in records.COMPRESSION_CODES:
@@ -142,6 +145,7 @@ class Producer:
         _positive("request_timeout_ms", request_timeout_ms, 1)
         _positive("max_request_size", max_request_size, records.HEADER_SIZE + 1)
         _positive("connect_timeout_ms", connect_timeout_ms, 1)
+        _positive("metadata_max_age_ms", metadata_max_age_ms, 1)
         if retry_backoff_max_ms < retry_backoff_ms:
             raise errors.ConfigError("retry_backoff_max_ms must be >= retry_backoff_ms")
         if batch_size > buffer_memory:
@@ -162,6 +166,8 @@ class Producer:
         self.request_timeout = request_timeout_ms / 1000
         self.max_request_size = int(max_request_size)
         self.partitioner = partitioner
+        self.metadata_max_age = metadata_max_age_ms / 1000
+        self._metadata_at = 0.0  # monotonic time of the last metadata refresh
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -196,6 +202,7 @@ class Producer:
         self._loop = asyncio.get_running_loop()
         self._acc.on_ready = self._wake
         await self._cluster.refresh([])
+        self._metadata_at = time.monotonic()
         self._sender = self._loop.create_task(self._run_sender(), name="sluice-producer-sender")
 
     async def close(self) -> None:
@@ -296,12 +303,21 @@ class Producer:
             if self._closing:
                 raise errors.ClientClosed("producer closed while the send waited for metadata")
 
-    async def _usable_topic(self, topic: str):
-        """Metadata of ``topic`` (waiting for it if new); it must have partitions."""
+    async def _usable_topic(self, topic: str, partition: int | None = None):
+        """Metadata of ``topic`` (waiting for it if new); it must have partitions.  A
+        ``partition`` beyond those known refreshes the metadata once: the topic may have
+        grown since."""
         info = self._cluster.topics.get(topic)
         if info is None:
             info = await self._topic(topic)
             self._check_open()
+        if partition is not None and partition >= info.partitions:
+            try:
+                await self._cluster.refresh([*self._cluster.topics, topic])
+            except errors.SluiceError:
+                pass  # unreachable now: the send is refused on what is known
+            self._check_open()
+            info = self._cluster.topics.get(topic) or await self._topic(topic)
         if info.partitions <= 0:
             raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
         return info
@@ -323,6 +339,7 @@ class Producer:
         except errors.SluiceError:
             await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
         finally:
+            self._metadata_at = time.monotonic()  # a failed refresh is not repeated at once either
             self._wake()
 
     # ------------------------------------------------------------------ partitioning
@@ -367,7 +384,7 @@ class Producer:
         producer is closed, also while waiting.  When it raises, nothing was buffered.
         """
         self._check_open()
-        info = await self._usable_topic(topic)
+        info = await self._usable_topic(topic, partition)
         n = info.partitions
         limit = self._max_batch_bytes(info)
         tail = _tail_size(key, value, headers)
@@ -468,7 +485,7 @@ class Producer:
             fut = self._loop.create_future()
             fut.set_result((partition if partition is not None else -1, -1))
             return fut
-        info = await self._usable_topic(topic)
+        info = await self._usable_topic(topic, partition)
         n = info.partitions
         limit = self._max_batch_bytes(info)
         if partition is None:
@@ -571,6 +588,7 @@ class Producer:
             acc.expire(now, self._release)
             wake_at = acc.close_lingered(now, force=self._flushing > 0 or self._closing)
             wake_at = self._dispatch(now, wake_at)
+            wake_at = self._refresh_when_old(now, wake_at)
             self._waiter = loop.create_future()
             handle = None
             if wake_at is not None:
@@ -583,6 +601,17 @@ class Producer:
                 self._waiter = None
                 if handle is not None:
                     handle.cancel()
+
+    def _refresh_when_old(self, now: float, wake_at: float | None) -> float | None:
+        """Refresh metadata ``metadata_max_age_ms`` after the last refresh (new partitions,
+        changed limits) if any topic is known; return the next wake-up time."""
+        if not self._cluster.topics:
+            return wake_at
+        due = self._metadata_at + self.metadata_max_age
+        if now >= due:
+            self._request_refresh()
+            due = now + self.metadata_max_age
+        return due if wake_at is None else min(wake_at, due)
 
     def _dispatch(self, now: float, wake_at: float | None) -> float | None:
         """Turn ready batches into requests, within the per-partition and per-connection

@@ -340,3 +340,23 @@ class SyncAdmin(_SyncBase):
 
     def list_offsets(self, topic: str, partitions=None, timestamp: int = -1) -> dict[int, int]:
         return self._call(Admin.list_offsets, topic, partitions, timestamp)
+
+    def alter_topic_config(self, name: str, config=None, *, delete=(), validate_only: bool = False) -> None:
+        self._call(Admin.alter_topic_config, name, config, delete=delete, validate_only=validate_only)
+
+    def add_partitions(self, name: str, *, total=None, count=None, validate_only: bool = False) -> int:
+        return self._call(Admin.add_partitions, name, total=total, count=count, validate_only=validate_only)
+
+    def list_groups(self) -> list:
+        return self._call(Admin.list_groups)
+
+    def describe_group(self, group: str):
+        return self._call(Admin.describe_group, group)
+
+    def delete_group(self, group: str) -> None:
+        self._call(Admin.delete_group, group)
+
+    def reset_group_offsets(self, group: str, topic: str, **kw) -> list:
+        """See ``Admin.reset_group_offsets`` (keyword arguments ``to``, ``shift_by``,
+        ``partitions``, ``dry_run``)."""
+        return self._call(Admin.reset_group_offsets, group, topic, **kw)
