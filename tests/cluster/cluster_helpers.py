@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from sluice.errors import MetadataUnavailable
+
 HOLDER = Path(__file__).with_name("hold_session.py")
 SESSION_MS = 1000  # etcd runs with a 500 ms election timeout: it grants 1 s leases
 REQUEST_MS = 1000
@@ -39,6 +41,20 @@ async def eventually(check, timeout: float = 10, what: str = "the condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout} s")
         await asyncio.sleep(0.05)
+
+
+def answered(call, predicate=lambda result: True):
+    """A check for ``eventually``: ``[result]`` once ``await call()`` answers (not
+    ``MetadataUnavailable``) with a result for which ``predicate`` holds."""
+
+    async def check():
+        try:
+            result = await call()
+        except MetadataUnavailable:
+            return None
+        return [result] if predicate(result) else None
+
+    return check
 
 
 def hold_session(url: str, node_id: int, port: int, *, campaign: bool = False) -> subprocess.Popen:

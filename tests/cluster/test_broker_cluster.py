@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from cluster_helpers import REQUEST_MS, SESSION_MS, eventually, free_ports
+from cluster_helpers import REQUEST_MS, SESSION_MS, answered, eventually, free_ports
 
 from sluice.client import Admin, Consumer, Producer
 from sluice.cluster.etcd import EtcdStore
@@ -49,9 +49,9 @@ async def test_brokers_register_and_keep_topics_in_etcd(etcd, cluster_name, brok
     async with Producer(b1.bootstrap, linger_ms=0) as producer:
         await (await producer.send("orders", b"kept", partition=1))
     b1.kill()  # no revoke: its registration lapses, its topic stays in etcd
-    await eventually(_node_ids_are(etcd_view, [2]), 10, "broker 1's registration lapsing")
+    await eventually(answered(etcd_view.brokers, node_ids([2])), 10, "broker 1's registration lapsing")
     b1.start()  # reads its topic back from etcd and serves it again
-    await eventually(_node_ids_are(etcd_view, [1, 2]), 10, "broker 1 registered again")
+    await eventually(answered(etcd_view.brokers, node_ids([1, 2])), 10, "broker 1 registered again")
     assert [r.value for r in await read_partition(b1.bootstrap, "orders", 1)] == [b"kept"]
 
     async with Admin(b1.bootstrap) as admin:
@@ -74,11 +74,8 @@ async def read_partition(bootstrap: str, topic: str, partition: int) -> list:
         await consumer.close()
 
 
-def _node_ids_are(store, ids):
-    async def check():
-        return [r.node_id for r in await store.brokers()] == ids
-
-    return check
+def node_ids(ids: list[int]):
+    return lambda live: [r.node_id for r in live] == ids
 
 
 def test_a_taken_node_id_or_no_etcd_stops_the_broker(etcd, cluster_name, broker_factory, tmp_path):

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import pytest
-from cluster_helpers import REQUEST_MS, SESSION_MS, eventually, free_ports, hold_session
+from cluster_helpers import REQUEST_MS, SESSION_MS, answered, eventually, free_ports, hold_session
 
 from sluice.cluster.etcd import EtcdStore, parse_cluster_url
 from sluice.cluster.store import BrokerRegistration, PartitionState, TopicRecord, initial_states
@@ -54,15 +54,11 @@ async def test_registration_lapses_when_its_process_dies(etcd, cluster_name, sto
         holder.kill()  # no revoke: the lease has to expire
         holder.wait(10)
         killed = time.monotonic()
-        await eventually(lambda: _no_brokers(store), LAPSE_S, "the registration expiring")
+        await eventually(answered(store.brokers, lambda live: live == []), LAPSE_S, "the lease lapsing")
         assert time.monotonic() - killed >= 0.5  # it lapsed, it was not revoked
     finally:
         holder.kill()
         holder.wait(10)
-
-
-async def _no_brokers(store) -> bool:
-    return await store.brokers() == []
 
 
 async def test_close_ends_the_registration_at_once(stores):
@@ -142,22 +138,10 @@ async def test_calls_time_out_while_etcd_hangs(etcd_factory, cluster_name):
         assert info.value.retriable
         assert REQUEST_MS / 1000 - 0.1 <= time.monotonic() - t0 < REQUEST_MS / 1000 + 2
         etcd.resume()
-        assert await eventually(_answers(store), 10, "etcd answering again") == [{}]
+        assert await eventually(answered(store.topics), 10, "etcd answering again") == [{}]
     finally:
         etcd.resume()
         await store.close()
-
-
-def _answers(store):
-    """A check for ``eventually``: ``[topics]`` once the store answers again."""
-
-    async def check():
-        try:
-            return [await store.topics()]
-        except MetadataUnavailable:
-            return None
-
-    return check
 
 
 async def test_etcd_killed_and_restarted(etcd_factory, cluster_name):
@@ -196,9 +180,9 @@ async def test_etcd_killed_and_restarted(etcd_factory, cluster_name):
         assert time.monotonic() - killed <= SESSION_MS / 1000 + 0.5
 
         etcd.start()  # the same data directory
-        assert await eventually(_answers(store), 15, "etcd answering again") == [{"t": r}]
+        assert await eventually(answered(store.topics), 15, "etcd answering again") == [{"t": r}]
         # the store took a new session and registered again by itself
-        await eventually(_registered(watcher, reg), 15, "the broker registered again")
+        await eventually(answered(watcher.brokers, lambda live: reg in live), 15, "registered again")
         state = (await store.partition_states("t"))[0]
         assert await store.cas_partition_state("t", 0, state.version, PartitionState(1, 1, [1]))
         # the watch caught up: it sees the change made after the restart
@@ -211,16 +195,6 @@ async def test_etcd_killed_and_restarted(etcd_factory, cluster_name):
         await asyncio.gather(follower, return_exceptions=True)
         await watcher.close()
         await store.close()
-
-
-def _registered(store, reg):
-    async def check():
-        try:
-            return reg in await store.brokers()
-        except MetadataUnavailable:
-            return False
-
-    return check
 
 
 async def _next_change(seen: asyncio.Queue, topic: str, epoch: int):

@@ -47,6 +47,8 @@ from sluice.cluster.store import (
     check_new_topic,
     check_topic_update,
     producer_id_block,
+    unknown_partition,
+    unknown_topic,
 )
 from sluice.errors import (
     ConfigError,
@@ -54,8 +56,6 @@ from sluice.errors import (
     NodeIdInUse,
     StorageError,
     TopicAlreadyExists,
-    UnknownPartition,
-    UnknownTopic,
     storage_error_from_os,
 )
 from sluice.storage.checkpoint import write_json
@@ -258,7 +258,7 @@ class EmbeddedStore(MetadataStore):
     async def delete_topic(self, name: str) -> None:
         def change(s: _Snapshot):
             if name not in s.topics:
-                raise UnknownTopic(f"topic {name!r} does not exist")
+                raise unknown_topic(name)
             topics, states = dict(s.topics), dict(s.states)
             del topics[name]
             gone = states.pop(name)
@@ -275,7 +275,7 @@ class EmbeddedStore(MetadataStore):
         def change(s: _Snapshot):
             current = s.topics.get(record.name)
             if current is None:
-                raise UnknownTopic(f"topic {record.name!r} does not exist")
+                raise unknown_topic(record.name)
             check_topic_update(current, record, new_states)
             rev = s.revision + 1
             added = [replace(st, version=rev) for st in new_states]
@@ -293,7 +293,7 @@ class EmbeddedStore(MetadataStore):
     async def partition_states(self, topic: str) -> list[PartitionState]:
         states = self._snapshot.states.get(topic)
         if states is None:
-            raise UnknownTopic(f"topic {topic!r} does not exist")
+            raise unknown_topic(topic)
         return list(states)
 
     async def cas_partition_state(
@@ -304,9 +304,9 @@ class EmbeddedStore(MetadataStore):
         def change(s: _Snapshot):
             states = s.states.get(topic)
             if states is None:
-                raise UnknownTopic(f"topic {topic!r} does not exist")
+                raise unknown_topic(topic)
             if not 0 <= partition < len(states):
-                raise UnknownPartition(f"topic {topic!r} has partitions 0-{len(states) - 1}, not {partition}")
+                raise unknown_partition(topic, partition, len(states))
             if states[partition].version != expected_version:
                 return s, [], False
             rev = s.revision + 1

@@ -60,6 +60,8 @@ from sluice.cluster.store import (
     check_new_topic,
     check_topic_update,
     producer_id_block,
+    unknown_partition,
+    unknown_topic,
 )
 from sluice.errors import (
     ConfigError,
@@ -68,9 +70,7 @@ from sluice.errors import (
     MetadataUnavailable,
     NodeIdInUse,
     TopicAlreadyExists,
-    UnknownPartition,
     UnknownServerError,
-    UnknownTopic,
 )
 
 log = logging.getLogger("sluice.cluster")
@@ -215,6 +215,11 @@ class EtcdStore(MetadataStore):
         self._client = self._new_client()
         log.warning("moving to %s", self._where())
         self._spawn(_close_quietly(failed))
+
+    async def _cancel(self, watch) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.request_timeout):
+                await watch.cancel()
 
     async def _txn(self, what: str, compare: list, success: list, failure: Sequence = ()):
         return await self._call(
@@ -407,9 +412,7 @@ class EtcdStore(MetadataStore):
                 await asyncio.sleep(min(0.5, self.request_timeout))
             finally:
                 if watch is not None:
-                    with contextlib.suppress(Exception):
-                        async with asyncio.timeout(self.request_timeout):
-                            await watch.cancel()
+                    await self._cancel(watch)
 
     # ------------------------------------------------------------------ brokers
 
@@ -490,7 +493,7 @@ class EtcdStore(MetadataStore):
             [t.delete(key), t.delete(parts, range_end=prefix_range_end(parts))],
         )
         if not ok:
-            raise UnknownTopic(f"topic {name!r} does not exist")
+            raise unknown_topic(name)
 
     async def update_topic(
         self, record: TopicRecord, new_states: Sequence[PartitionState] = ()
@@ -501,7 +504,7 @@ class EtcdStore(MetadataStore):
         async def attempt() -> bool | None:
             got = await self._call(what, lambda c: c.get(key))
             if got is None:
-                raise UnknownTopic(f"topic {record.name!r} does not exist")
+                raise unknown_topic(record.name)
             current = self._decode(key, got.value, TopicRecord)
             check_topic_update(current, record, new_states)
             t = self._client.transactions
@@ -525,7 +528,7 @@ class EtcdStore(MetadataStore):
             [t.get(key), t.get(parts, range_end=prefix_range_end(parts))],
         )
         if not found:
-            raise UnknownTopic(f"topic {topic!r} does not exist")
+            raise unknown_topic(topic)
         by_partition = {int(kv.key[len(parts):]): self._state(kv) for _, kv in states}
         return [by_partition[p] for p in sorted(by_partition)]
 
@@ -544,10 +547,10 @@ class EtcdStore(MetadataStore):
             return True
         found_topic, found_partition = got
         if not found_topic:
-            raise UnknownTopic(f"topic {topic!r} does not exist")
+            raise unknown_topic(topic)
         if not found_partition:
             n = self._decode(key, found_topic[0][0], TopicRecord).partitions
-            raise UnknownPartition(f"topic {topic!r} has partitions 0-{n - 1}, not {partition}")
+            raise unknown_partition(topic, partition, n)
         return False
 
     async def watch_partition_states(self) -> AsyncIterator[PartitionChange]:
@@ -609,9 +612,7 @@ class EtcdStore(MetadataStore):
         except aetcd.ClientError as exc:
             raise MetadataUnavailable(f"watch the controller: {self._where()}: {exc}") from exc
         finally:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.request_timeout):
-                    await watch.cancel()
+            await self._cancel(watch)
 
     async def _guard(self, lead: Leadership) -> None:
         """Set ``lead.lost`` once the controller key stops being this term's."""

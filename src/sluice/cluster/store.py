@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from sluice.errors import InvalidPartitions, InvalidRequest
+from sluice.errors import InvalidPartitions, InvalidRequest, UnknownPartition, UnknownTopic
 
 MAX_PRODUCER_ID = (1 << 63) - 1  # producer ids are int64 on the wire
 MAX_PRODUCER_ID_BLOCK = 1 << 20
@@ -185,9 +185,10 @@ class MetadataStore(abc.ABC):
     ) -> bool:
         """Replace a partition's state if its version is still ``expected_version``.
 
-        Returns False (nothing written) when the version moved on, or the partition no
-        longer exists.  Raises ``UnknownTopic`` / ``UnknownPartition`` when it never did
-        in the current topic, ``InvalidRequest`` for a state this store cannot hold.
+        Returns False (nothing written) when the version moved on (also when the topic was
+        deleted and created again meanwhile: versions are never reused).  Raises
+        ``UnknownTopic`` / ``UnknownPartition`` when the topic or partition does not exist
+        now, ``InvalidRequest`` for a state this store cannot hold.
         """
 
     @abc.abstractmethod
@@ -277,6 +278,14 @@ def _check_assignment(record: TopicRecord) -> None:
                 f"topic {record.name!r} partition {p}: replicas {replicas} are not "
                 f"{record.replication_factor} distinct node ids"
             )
+
+
+def unknown_topic(name: str) -> UnknownTopic:
+    return UnknownTopic(f"topic {name!r} does not exist")
+
+
+def unknown_partition(topic: str, partition: int, count: int) -> UnknownPartition:
+    return UnknownPartition(f"topic {topic!r} has partitions 0-{count - 1}, not {partition}")
 
 
 def check_block_size(block_size: int) -> None:
