@@ -50,7 +50,7 @@ async def test_first_format_loads_unchanged(tmp_path):
 async def test_a_single_node_holds_every_replica(tmp_path):
     store = await opened(tmp_path, node_id=1)
     two = TopicRecord("t", 1, replication_factor=2, assignment=[[1, 2]])
-    with pytest.raises(InvalidRequest, match="replication needs a cluster"):
+    with pytest.raises(InvalidRequest, match="more replicas need more brokers"):
         await store.create_topic(two, initial_states(two))
     one = TopicRecord("t", 1, assignment=[[1]])
     await store.create_topic(one, initial_states(one))

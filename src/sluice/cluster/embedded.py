@@ -196,8 +196,8 @@ class EmbeddedStore(MetadataStore):
         node = self.node_id
         if any(replicas != [node] for replicas in record.assignment):
             raise InvalidRequest(
-                f"topic {record.name!r}: a single broker (node {node}) holds one replica of "
-                f"each partition; replication needs a cluster (sluice serve --cluster)"
+                f"topic {record.name!r}: a single broker (node {node}) holds the only replica of "
+                f"each partition; more replicas need more brokers"
             )
         for s in states:
             self._check_state(s)
