@@ -151,6 +151,10 @@ class ServerConfig:
     io_threads: int = 4
     retention_check_ms: int = 30_000
     topic_defaults: dict[str, str] = field(default_factory=dict)
+    # etcd://host:port[,host:port...][/cluster]: metadata in etcd (cluster/etcd.py); None:
+    # in the data directory (cluster/embedded.py)
+    cluster: str | None = None
+    session_timeout_ms: int = 6000  # a broker's registration outlives its last renewal this long
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -167,3 +171,8 @@ class ServerConfig:
             TopicConfig.parse(self.topic_defaults)
         except InvalidConfig as exc:
             raise ConfigError(f"bad topic default: {exc.message}") from exc
+        if self.cluster is not None:
+            from sluice.cluster.etcd import parse_cluster_url, session_ttl
+
+            parse_cluster_url(self.cluster)
+            session_ttl(self.session_timeout_ms)

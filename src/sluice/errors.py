@@ -4,7 +4,8 @@
 
     SluiceError                          base of everything Sluice raises
     ├── ConfigError                      bad local settings (client or server config)
-    │   └── DataDirInUse                 another broker holds the data directory's lock
+    │   ├── DataDirInUse                 another broker holds the data directory's lock
+    │   └── NodeIdInUse                  another live broker is registered with this node id
     ├── ProtocolError                    bytes that do not follow the wire protocol
     │   ├── FrameTooLarge                a length prefix above the frame cap
     │   └── CorruptRecord                a record batch failing its header or CRC check
@@ -35,7 +36,8 @@
         ├── NotLeader                    code 19  retriable: metadata is stale
         ├── TopicBeingDeleted            code 20  retriable
         ├── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
-        └── UnknownGroup                 code 22  no committed offsets are kept for that group
+        ├── UnknownGroup                 code 22  no committed offsets are kept for that group
+        └── MetadataUnavailable          code 23  retriable: the metadata store (etcd) did not answer
 
 Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
@@ -71,6 +73,10 @@ class ConfigError(SluiceError, ValueError):
 
 class DataDirInUse(ConfigError):
     """The data directory is locked by another running broker."""
+
+
+class NodeIdInUse(ConfigError):
+    """Another live broker of the cluster is registered with this broker's node id."""
 
 
 class ProtocolError(SluiceError):
@@ -256,6 +262,12 @@ class InvalidRecord(BrokerError):
 @_code(22, "UNKNOWN_GROUP")
 class UnknownGroup(BrokerError):
     pass
+
+
+@_code(23, "METADATA_UNAVAILABLE", retriable=True)
+class MetadataUnavailable(BrokerError):
+    """The cluster metadata store did not answer in time; a change it was asked for may or
+    may not have been made (read it back)."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

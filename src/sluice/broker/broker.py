@@ -7,9 +7,17 @@ The server connection (server/connection.py) owns bytes and sockets; this module
 
 Data directory::
 
-    <data>/meta/topics.json        topic definitions (cluster/embedded.py)
+    <data>/meta/topics.json        topic definitions (cluster/embedded.py; none with etcd)
     <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
     <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
+
+Metadata lives in a ``MetadataStore`` (cluster/store.py): the data directory by default, or
+etcd with ``sluice serve --cluster etcd://...``.  **Cluster mode is an intermediate step:
+there is no replication yet.**  A broker registers itself in etcd, and topics are created,
+described and deleted in etcd, but every partition has one replica, on the broker that
+created the topic, which leads it.  Each broker serves (and opens at start) only the topics
+it leads; it answers for other brokers' topics as for unknown ones.  Leader election, the
+controller and followers come with replication.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from pathlib import Path
 from sluice.broker.groups import Committed, GroupOffsets, check_group_name
 from sluice.broker.partition import Partition
 from sluice.broker.peer import client_address
-from sluice.cluster.embedded import EmbeddedMetadata, TopicRecord
+from sluice.cluster import open_store
+from sluice.cluster.store import BrokerRegistration, MetadataStore, TopicRecord, initial_states
 from sluice.config import ServerConfig, TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
     BrokerError,
@@ -74,7 +83,7 @@ def _err(exc: BrokerError) -> dict:
 
 
 class Broker:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, store: MetadataStore | None = None) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.defaults = TopicConfig.parse(config.topic_defaults)
@@ -84,7 +93,7 @@ class Broker:
         # metadata writes, directory moves and deletions: never in the way of produce / fetch
         self.housekeeping = ThreadPoolExecutor(1, thread_name_prefix="sluice-housekeeping")
         self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
-        self.metadata: EmbeddedMetadata | None = None
+        self.metadata = store if store is not None else open_store(config)
         self.groups: GroupOffsets | None = None
         self.host, self.port = config.host, config.port
         self._retention_task: asyncio.Task | None = None
@@ -93,13 +102,21 @@ class Broker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Load topic definitions and open (recover) every partition log."""
+        """Open the metadata store, register, and open (recover) the logs of the topics this
+        broker leads."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
-        self.metadata = EmbeddedMetadata(self.data_dir, self.config.node_id)
-        self.groups = GroupOffsets(self.data_dir, self.housekeeping)
-        for record in self.metadata.topics.values():
-            await self._open_topic(record)
+        await self.metadata.start()
+        try:
+            node = self.config.node_id
+            await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
+            self.groups = GroupOffsets(self.data_dir, self.housekeeping)
+            for record in (await self.metadata.topics()).values():
+                if await self._leads(record):
+                    await self._open_topic(record)
+        except BaseException:
+            await self.metadata.close()
+            raise
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
@@ -113,8 +130,17 @@ class Broker:
         for p, result in zip(parts, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("closing %s-%d failed: %r", p.topic, p.index, result)
+        await self.metadata.close()
         for executor in (self.write_executor, self.read_executor, self.housekeeping):
             executor.shutdown(wait=True)
+
+    async def _leads(self, record: TopicRecord) -> bool:
+        """Whether this broker leads every partition of the topic (see the module docstring)."""
+        states = await self.metadata.partition_states(record.name)
+        if all(s.leader == self.config.node_id for s in states):
+            return True
+        log.info("topic %s is served by broker %s, not this one", record.name, states[0].leader)
+        return False
 
     def _log_dir(self, topic: str, index: int) -> Path:
         return self.data_dir / "logs" / f"{topic}-{index}"
@@ -264,7 +290,10 @@ class Broker:
         self._check_capacity(new.partitions)
         if validate_only:
             return
-        record = TopicRecord(new.name, new.partitions, dict(new.config))
+        record = TopicRecord(
+            new.name, new.partitions, dict(new.config),
+            assignment=[[self.config.node_id] for _ in range(new.partitions)],
+        )
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(
@@ -272,7 +301,7 @@ class Broker:
             )
             topic = await self._open_topic(record)
             try:
-                await loop.run_in_executor(self.housekeeping, self.metadata.put_topic, record)
+                await self.metadata.create_topic(record, initial_states(record))
             except BaseException:
                 del self.topics[record.name]
                 await asyncio.gather(*(p.abort() for p in topic.partitions), return_exceptions=True)
@@ -302,10 +331,7 @@ class Broker:
         """Forget the topic, let in-flight writes answer, then move its data to the trash."""
         topic = self.topic(name)
         loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self.housekeeping, self.metadata.delete_topic, name)
-        except OSError as exc:
-            raise storage_error_from_os(exc, f"delete topic {name!r}") from exc
+        await self.metadata.delete_topic(name)
         del self.topics[name]
         await asyncio.gather(*(p.abort() for p in topic.partitions), return_exceptions=True)
         await self.groups.forget_topic(name)
@@ -362,17 +388,14 @@ class Broker:
             raise InvalidConfig(f"{', '.join(both)}: both set and deleted")
         for key in change.delete:
             TopicConfig.key(key)
-        record = self.metadata.topics[change.name]
+        record = (await self.metadata.topics())[change.name]
         overrides = {k: v for k, v in record.config.items() if k not in change.delete}
         overrides.update(change.config)
         config = TopicConfig.parse(overrides, self.defaults)
         if validate_only:
             return
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(
-                self.housekeeping, self.metadata.put_topic, dataclasses.replace(record, config=overrides)
-            )
+            await self.metadata.update_topic(dataclasses.replace(record, config=overrides))
         except OSError as exc:
             raise storage_error_from_os(exc, f"alter config of topic {change.name!r}") from exc
         topic.config = config
@@ -402,13 +425,17 @@ class Broker:
         if validate_only:
             return
         added = range(current, inc.total)
-        record = dataclasses.replace(self.metadata.topics[inc.name], partitions=inc.total)
+        old = (await self.metadata.topics())[inc.name]
+        record = dataclasses.replace(
+            old, partitions=inc.total,
+            assignment=[*old.assignment, *([self.config.node_id] for _ in added)],
+        )
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, inc.name, added)
             new = await self._open_partitions(inc.name, added, topic.config)
             try:
-                await loop.run_in_executor(self.housekeeping, self.metadata.put_topic, record)
+                await self.metadata.update_topic(record, initial_states(record)[current:])
             except BaseException:
                 await asyncio.gather(*(p.close() for p in new), return_exceptions=True)
                 raise

@@ -119,10 +119,15 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
               help="Largest request accepted; larger length prefixes close the connection.")
 @click.option("--advertised-address", default=None, metavar="HOST:PORT",
               help="Address clients are told to connect to (default: the listening address).")
+@click.option("--cluster", default=None, metavar="etcd://HOST:PORT[,HOST:PORT][/NAME]",
+              help="Keep metadata in etcd and register there (no replication yet); default: "
+                   "in the data directory.")
+@click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=6000, show_default=True,
+              help="With --cluster: how long the registration outlives the broker.")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
           retention_check_ms: int, max_connections: int, max_frame_bytes: int,
-          advertised_address: str | None) -> None:
-    """Run a single-node broker (embedded metadata, data in DATA_DIR)."""
+          advertised_address: str | None, cluster: str | None, session_timeout_ms: int) -> None:
+    """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd."""
     from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
     from sluice.server.app import run
@@ -137,7 +142,7 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
         advertised_host=adv_host, advertised_port=adv_port,
         topic_defaults=key_values(topic_defaults, "--topic-default"),
         retention_check_ms=retention_check_ms, max_connections=max_connections,
-        max_frame_bytes=max_frame_bytes,
+        max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
     )
     run(config)
 

@@ -1,0 +1,301 @@
+"""The cluster metadata store: one interface, two implementations.
+
+``MetadataStore`` is everything a broker and the controller keep outside their logs:
+live brokers, topic definitions with their replica assignment, the state of every
+partition (leader, leader epoch, in-sync replicas) and producer-id blocks, plus the
+election of the controller.  Two implementations keep the same contract:
+
+- ``cluster/embedded.py``: one broker, its data directory; the default (no etcd needed);
+- ``cluster/etcd.py``: etcd, shared by the brokers of a cluster.
+
+Rules every implementation keeps:
+
+- Errors come from ``sluice.errors``: ``MetadataUnavailable`` (retriable) when the store
+  cannot be reached within its request timeout, whatever the operation; the outcome of a
+  write that failed that way is unknown (read it back).  No call hangs.
+- A partition state's ``version`` is opaque and compared for equality only: every write of
+  that partition's state gives it a new one, never given before to that (topic, partition),
+  even across a delete and re-create of the topic.  Every change of a partition state after
+  its creation goes through ``cas_partition_state``.
+- Watches start with the current state, then follow changes in order.  When the store was
+  unreachable for a while they catch up (by re-reading) instead of failing; they end when
+  the store is closed.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from sluice.errors import InvalidPartitions, InvalidRequest, UnknownPartition, UnknownTopic
+
+MAX_PRODUCER_ID = (1 << 63) - 1  # producer ids are int64 on the wire
+MAX_PRODUCER_ID_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BrokerRegistration:
+    """A live broker: its id and the address clients and peers connect to."""
+
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """What the store keeps of one topic.
+
+    ``assignment[p]`` lists the replicas (node ids) of partition ``p``, preferred leader
+    first; it has ``partitions`` entries of ``replication_factor`` distinct ids each.
+    ``config`` holds only the overrides of the broker's topic defaults.
+    """
+
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+    replication_factor: int = 1
+    assignment: list[list[int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """Who leads a partition, in which leader epoch, and which replicas are in sync.
+
+    ``version`` is set by the store when it reads a state (see the module docstring); the
+    version of a state passed to the store is ignored.
+    """
+
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionChange:
+    """One change seen by ``watch_partition_states``: ``state`` is None when the partition
+    is gone (its topic was deleted)."""
+
+    topic: str
+    partition: int
+    state: PartitionState | None
+
+
+class Leadership:
+    """This node's term as controller.
+
+    ``epoch`` grows with every election in the cluster (a deposed controller's epoch is
+    always lower than its successor's).  ``lost`` is set once the term ended: resigned, the
+    store closed, or the store lost its session (etcd unreachable for longer than the
+    session timeout: another node may be elected from then on).  A controller stops acting
+    as soon as ``lost`` is set.
+    """
+
+    def __init__(self, node_id: int, epoch: int) -> None:
+        self.node_id = node_id
+        self.epoch = epoch
+        self.lost = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"Leadership(node_id={self.node_id}, epoch={self.epoch}, lost={self.lost.is_set()})"
+
+
+class MetadataStore(abc.ABC):
+    """Cluster metadata: brokers, topics, partition states, controller, producer ids."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Connect (etcd) or load (embedded).  Raises ``MetadataUnavailable`` when etcd
+        cannot be reached, ``StorageError`` when the data directory's metadata is unreadable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Resign if controller, end this store's registration (at once where possible, else
+        when its lease expires), end the watches.  Never raises; idempotent."""
+
+    # ------------------------------------------------------------------ brokers
+
+    @abc.abstractmethod
+    async def register_broker(self, reg: BrokerRegistration) -> None:
+        """Register this broker for as long as the store is open and its session lives.
+
+        The registration is held by a lease kept alive in the background; it disappears
+        ``session_timeout`` after the process stops renewing it (at once on ``close``).
+        After a lapsed session the store registers again by itself when it can.
+        Raises ``NodeIdInUse`` when another live broker holds ``reg.node_id`` with another
+        address; an identical live registration (the same broker restarted before its old
+        lease expired) is taken over.
+        """
+
+    @abc.abstractmethod
+    async def brokers(self) -> list[BrokerRegistration]:
+        """The live registrations, by node id."""
+
+    @abc.abstractmethod
+    def watch_brokers(self) -> AsyncIterator[list[BrokerRegistration]]:
+        """The live registrations (by node id) at once, then again each time they change."""
+
+    # ------------------------------------------------------------------ topics
+
+    @abc.abstractmethod
+    async def topics(self) -> dict[str, TopicRecord]:
+        """Every topic, by name."""
+
+    @abc.abstractmethod
+    async def create_topic(self, record: TopicRecord, states: Sequence[PartitionState]) -> None:
+        """Create a topic with the initial state of each of its partitions, atomically.
+
+        Raises ``TopicAlreadyExists`` if a topic of that name exists, ``InvalidRequest`` /
+        ``InvalidPartitions`` when record and states do not agree (``check_new_topic``).
+        """
+
+    @abc.abstractmethod
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic and the states of its partitions, atomically.  ``UnknownTopic``
+        if there is no such topic."""
+
+    @abc.abstractmethod
+    async def update_topic(
+        self, record: TopicRecord, new_states: Sequence[PartitionState] = ()
+    ) -> None:
+        """Replace a topic's config and/or add partitions, with the initial states of the
+        added partitions, atomically.
+
+        The existing partitions and their assignment cannot change here
+        (``check_topic_update``).  Raises ``UnknownTopic``, ``InvalidPartitions``,
+        ``InvalidRequest``.
+        """
+
+    # ------------------------------------------------------------------ partition state
+
+    @abc.abstractmethod
+    async def partition_states(self, topic: str) -> list[PartitionState]:
+        """The state of each partition of ``topic``, by partition.  ``UnknownTopic`` if
+        there is no such topic."""
+
+    @abc.abstractmethod
+    async def cas_partition_state(
+        self, topic: str, partition: int, expected_version: int, new_state: PartitionState
+    ) -> bool:
+        """Replace a partition's state if its version is still ``expected_version``.
+
+        Returns False (nothing written) when the version moved on (also when the topic was
+        deleted and created again meanwhile: versions are never reused).  Raises
+        ``UnknownTopic`` / ``UnknownPartition`` when the topic or partition does not exist
+        now, ``InvalidRequest`` for a state this store cannot hold.
+        """
+
+    @abc.abstractmethod
+    def watch_partition_states(self) -> AsyncIterator[PartitionChange]:
+        """Every partition's current state at once, then each change (creations, CAS,
+        deletions) in order.  After an outage it yields what changed meanwhile."""
+
+    # ------------------------------------------------------------------ controller
+
+    @abc.abstractmethod
+    async def campaign(self, node_id: int) -> Leadership:
+        """Wait until ``node_id`` is the controller and return its term.
+
+        Waits through outages of the store (retrying); bound it with a timeout if needed.
+        While this store holds a term that is not lost, returns that term.
+        """
+
+    @abc.abstractmethod
+    async def controller(self) -> int | None:
+        """The node id of the current controller, or None when there is none."""
+
+    @abc.abstractmethod
+    async def resign(self) -> None:
+        """End this store's term as controller (its ``lost`` is set at once) so another
+        node can be elected.  Does nothing when this store is not the controller."""
+
+    # ------------------------------------------------------------------ producer ids
+
+    @abc.abstractmethod
+    async def allocate_producer_ids(self, block_size: int) -> tuple[int, int]:
+        """Reserve ``block_size`` producer ids: returns ``(first, last)``, inclusive.
+
+        Blocks never overlap, across stores of the same cluster and across restarts.
+        ``InvalidRequest`` for a block size outside 1..2**20.
+        """
+
+
+# ---------------------------------------------------------------------- shared rules
+
+
+def initial_states(record: TopicRecord) -> list[PartitionState]:
+    """The state of each partition of a new topic: its preferred replica leads, epoch 0,
+    every replica in sync."""
+    return [PartitionState(replicas[0], 0, list(replicas)) for replicas in record.assignment]
+
+
+def check_new_topic(record: TopicRecord, states: Sequence[PartitionState]) -> None:
+    """Raise unless ``record`` is well formed and ``states`` has one state per partition."""
+    _check_assignment(record)
+    if len(states) != record.partitions:
+        raise InvalidRequest(
+            f"topic {record.name!r} has {record.partitions} partitions but {len(states)} states"
+        )
+
+
+def check_topic_update(
+    current: TopicRecord, record: TopicRecord, new_states: Sequence[PartitionState]
+) -> None:
+    """Raise unless ``record`` only changes ``current``'s config and adds partitions (with
+    one state in ``new_states`` per added partition)."""
+    _check_assignment(record)
+    if record.partitions < current.partitions:
+        raise InvalidPartitions(
+            f"topic {record.name!r} has {current.partitions} partitions; they cannot be "
+            f"reduced to {record.partitions}"
+        )
+    if (record.internal, record.replication_factor) != (current.internal, current.replication_factor):
+        raise InvalidRequest(f"topic {record.name!r}: internal and replication factor cannot change")
+    if record.assignment[: current.partitions] != current.assignment:
+        raise InvalidRequest(f"topic {record.name!r}: the replicas of existing partitions cannot change here")
+    added = record.partitions - current.partitions
+    if len(new_states) != added:
+        raise InvalidRequest(
+            f"topic {record.name!r} gains {added} partitions but {len(new_states)} states were given"
+        )
+
+
+def _check_assignment(record: TopicRecord) -> None:
+    if len(record.assignment) != record.partitions:
+        raise InvalidPartitions(
+            f"topic {record.name!r} has {record.partitions} partitions but "
+            f"{len(record.assignment)} replica lists"
+        )
+    for p, replicas in enumerate(record.assignment):
+        if len(replicas) != record.replication_factor or len(set(replicas)) != len(replicas):
+            raise InvalidRequest(
+                f"topic {record.name!r} partition {p}: replicas {replicas} are not "
+                f"{record.replication_factor} distinct node ids"
+            )
+
+
+def unknown_topic(name: str) -> UnknownTopic:
+    return UnknownTopic(f"topic {name!r} does not exist")
+
+
+def unknown_partition(topic: str, partition: int, count: int) -> UnknownPartition:
+    return UnknownPartition(f"topic {topic!r} has partitions 0-{count - 1}, not {partition}")
+
+
+def check_block_size(block_size: int) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_PRODUCER_ID_BLOCK:
+        raise InvalidRequest(f"producer id block size must be 1-{MAX_PRODUCER_ID_BLOCK}, got {block_size!r}")
+
+
+def producer_id_block(next_id: int, block_size: int) -> tuple[int, int]:
+    """The block starting at ``next_id``; ``InvalidRequest`` once ids would pass int64."""
+    last = next_id + block_size - 1
+    if last > MAX_PRODUCER_ID:
+        raise InvalidRequest("producer ids are exhausted")
+    return next_id, last

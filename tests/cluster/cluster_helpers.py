@@ -1,0 +1,69 @@
+"""Helpers for the cluster tests: polling with deadlines, and a process holding a session."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sluice.errors import MetadataUnavailable
+
+HOLDER = Path(__file__).with_name("hold_session.py")
+SESSION_MS = 1000  # etcd runs with a 500 ms election timeout: it grants 1 s leases
+REQUEST_MS = 1000
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def eventually(check, timeout: float = 10, what: str = "the condition"):
+    """Poll ``check()`` (sync or async) until it returns something truthy, and return that;
+    fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+def answered(call, predicate=lambda result: True):
+    """A check for ``eventually``: ``[result]`` once ``await call()`` answers (not
+    ``MetadataUnavailable``) with a result for which ``predicate`` holds."""
+
+    async def check():
+        try:
+            result = await call()
+        except MetadataUnavailable:
+            return None
+        return [result] if predicate(result) else None
+
+    return check
+
+
+def hold_session(url: str, node_id: int, port: int, *, campaign: bool = False) -> subprocess.Popen:
+    """A child process that registers ``node_id`` (and campaigns for controller) through its
+    own store, says ``ready`` and holds on until killed."""
+    args = [sys.executable, str(HOLDER), url, str(node_id), str(port)] + (["--campaign"] if campaign else [])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()  # the child exits (EOF) if it cannot get there
+    if line.strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"session holder failed: {line}{proc.stdout.read()}")
+    return proc
