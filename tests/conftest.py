@@ -7,12 +7,8 @@ data directory and stops it at the end of the test, even when the test fails.  T
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import hypothesis  # noqa: F401 - imported (and assertion-rewritten) now, see below
@@ -21,89 +17,7 @@ import pytest
 # CPython 3.11.7 can raise "SystemError: AST constructor recursion depth mismatch" when a
 # garbage collector finalizer runs while pytest's assertion rewriter parses a module; the
 # hypothesis plugin imports its modules lazily mid-run, so they are imported here instead.
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProcess:
-    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.extra_args = extra_args or []
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30) -> BrokerProcess:
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sluice.cli.main",
-                "--log-level",
-                "INFO",
-                "serve",
-                "--data-dir",
-                str(self.data_dir),
-                "--port",
-                str(self.port),
-                *self.extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), 0.2):
-                    return self
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.log()}")
-            time.sleep(0.05)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL the broker: no flush, no cleanup."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM and wait: the clean shutdown path. Returns the exit status."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"broker ignored SIGTERM for {timeout}s") from None
-        return self.proc.returncode if self.proc else 0
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+from brokers import BrokerProcess  # noqa: E402 - after the hypothesis import above
 
 
 @pytest.fixture

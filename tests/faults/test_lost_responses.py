@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from proxy import FaultyProxy
 
-from conftest import free_port
+from brokers import free_port
 from sluice.client import Admin, Consumer, Producer
 from sluice.errors import ConnectionClosed, DeliveryTimeout
 from sluice.protocol.messages import Api

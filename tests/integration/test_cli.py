@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import crc32c
 import pytest
 
-from conftest import BrokerProcess
+from brokers import BrokerProcess
 
 pytestmark = pytest.mark.timeout(60)
 

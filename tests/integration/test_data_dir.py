@@ -6,7 +6,7 @@ import asyncio
 import subprocess
 import sys
 
-from conftest import free_port
+from brokers import free_port
 from sluice.client import Consumer, Producer
 
 
