@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections import defaultdict
 
-from sluice.client import Admin, Consumer, Producer
+from checker import History, read_logs
+
+from sluice.client import Admin, Producer
 from sluice.errors import SluiceError
 
 PARTITIONS = 3
@@ -21,31 +22,9 @@ async def _create(bootstrap: str, name: str, partitions: int, config: dict | Non
         await admin.close()
 
 
-async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list]:
-    """Every record of every partition, from the log start to the high watermark."""
-    consumer = Consumer(bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-    consumer.assign([(topic, p) for p in range(partitions)])
-    await consumer.start()
-    try:
-        await consumer.seek_to_beginning()
-        admin = Admin(bootstrap)
-        try:
-            desc = await admin.describe_topic(topic)
-        finally:
-            await admin.close()
-        ends = {p.partition: p.high_watermark for p in desc.partitions}
-        out: dict[int, list] = defaultdict(list)
-        while any(consumer.position((topic, p)) < ends[p] for p in ends):
-            for rec in await consumer.getmany(timeout_ms=2000):
-                out[rec.partition].append(rec)
-        return out
-    finally:
-        await consumer.close()
-
-
-async def _produce_until_killed(broker, topic: str) -> dict[int, list[tuple[int, bytes]]]:
-    """Several concurrent senders; the broker is SIGKILLed mid-stream. Returns the acked."""
-    acked: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+async def _produce_until_killed(broker, topic: str) -> History:
+    """Several concurrent senders; the broker is SIGKILLed mid-stream. Returns the history."""
+    history = History()
     producer = Producer(
         broker.bootstrap,
         acks="leader",
@@ -62,51 +41,40 @@ async def _produce_until_killed(broker, topic: str) -> dict[int, list[tuple[int,
         while not stop.is_set():
             futs = []
             for _ in range(50):
-                value = f"w{worker}-{i:07d}".encode()
+                value = history.value(f"w{worker}", i)
                 i += 1
                 try:
                     futs.append((value, await producer.send(topic, value, key=value)))
                 except SluiceError:
+                    del history.sent[value]  # refused before it was buffered: never sent
                     return
             for value, fut in futs:
                 try:
-                    meta = await fut
-                except SluiceError:
-                    continue
-                acked[meta.partition].append((meta.offset, value))
+                    history.ack(value, await fut)
+                except SluiceError as exc:
+                    history.fail(value, exc)
 
     tasks = [asyncio.create_task(sender(w)) for w in range(4)]
-    while sum(len(v) for v in acked.values()) < 3000:
+    while len(history.acked) < 3000:
         await asyncio.sleep(0.01)
     broker.kill()  # SIGKILL while every sender has requests in flight
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     await producer.close()
-    return acked
+    return history
 
 
 def test_sigkill_loses_no_acknowledged_message(broker):
-    """flush always + acks leader: every acked message is read back once, in order."""
+    """flush always + acks leader: every acked message is read back once, in order; every
+    failed send is where its ``maybe_stored`` says."""
     topic = "durable"
     asyncio.run(_create(broker.bootstrap, topic, PARTITIONS, {"flush.messages": "1"}))
-    acked = asyncio.run(_produce_until_killed(broker, topic))
-    assert sum(len(v) for v in acked.values()) >= 3000
+    history = asyncio.run(_produce_until_killed(broker, topic))
+    assert len(history.acked) >= 3000
 
     broker.start()
-    logged = asyncio.run(_read_all(broker.bootstrap, topic, PARTITIONS))
-    for partition in range(PARTITIONS):
-        records = logged[partition]
-        offsets = [r.offset for r in records]
-        assert offsets == list(range(len(records))), "offsets are dense and in order"
-        by_offset = {r.offset: r.value for r in records}
-        values = [r.value for r in records]
-        assert len(values) == len(set(values)), "no message is stored twice"
-        for offset, value in acked[partition]:
-            assert by_offset.get(offset) == value, f"acked message {value!r} at {offset} lost"
-        # per-sender order within the partition is the send order
-        for worker in range(4):
-            mine = [v for v in values if v.startswith(f"w{worker}-".encode())]
-            assert mine == sorted(mine)
+    report = history.check(asyncio.run(read_logs(broker.bootstrap, topic)))
+    assert report.duplicates == 0, report  # nothing was retried after the kill
 
 
 def _last_segment(data_dir, topic: str, partition: int = 0):
@@ -139,14 +107,14 @@ def test_torn_tail_is_cut_reported_and_broker_starts(broker):
     broker.start()
     log = broker.log()
     assert re.search(r"recovered: cut \d+ bytes", log), log
-    records = asyncio.run(_read_all(broker.bootstrap, topic, 1))[0]
+    records = asyncio.run(read_logs(broker.bootstrap, topic))[0]
     values = [r.value for r in records]
     assert 400 <= len(values) < 500
     assert values == [f"m{i:05d}".encode() for i in range(len(values))]
     assert list(seg.parent.glob("*.bad")), "the cut bytes are kept aside"
     # the log goes on at the cut
     asyncio.run(_produce_values(broker.bootstrap, topic, 1))
-    after = asyncio.run(_read_all(broker.bootstrap, topic, 1))[0]
+    after = asyncio.run(read_logs(broker.bootstrap, topic))[0]
     assert after[-1].offset == len(values) and after[-1].value == b"m00000"
 
 
@@ -162,7 +130,7 @@ def test_corrupted_byte_in_tail_is_detected_and_cut(broker):
 
     broker.start()
     assert "CRC-32C mismatch" in broker.log()
-    records = asyncio.run(_read_all(broker.bootstrap, topic, 1))[0]
+    records = asyncio.run(read_logs(broker.bootstrap, topic))[0]
     values = [r.value for r in records]
     assert 400 <= len(values) < 500
     assert values == [f"m{i:05d}".encode() for i in range(len(values))]
@@ -177,4 +145,4 @@ def test_sigterm_is_a_clean_shutdown(broker):
     assert seg.with_suffix(".index").exists() and seg.with_suffix(".timeindex").exists()
     broker.start()
     assert "recovered: cut" not in broker.log()
-    assert len(asyncio.run(_read_all(broker.bootstrap, topic, 1))[0]) == 200
+    assert len(asyncio.run(read_logs(broker.bootstrap, topic))[0]) == 200

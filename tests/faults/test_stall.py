@@ -7,34 +7,16 @@ import asyncio
 import os
 import signal
 import time
-from collections import Counter
 
 import pytest
+from checker import History, read_logs
 
-from sluice.client import Admin, Consumer, Producer
-from sluice.errors import SluiceError
+from sluice.client import Admin, Producer
 
 STALL_S = 10.0
 PARTITIONS = 2
 MAX_UNACKED = 1000
 RATE = 5000  # records per second: deadlines spread over time, as in a real service
-
-
-async def _stored(bootstrap: str, topic: str) -> Counter:
-    """How many times each value is stored, over every partition."""
-    async with Admin(bootstrap) as admin:
-        ends = {p.partition: p.high_watermark for p in (await admin.describe_topic(topic)).partitions}
-    consumer = Consumer(bootstrap, enable_auto_commit=False)
-    consumer.assign([(topic, p) for p in ends])
-    got: Counter = Counter()
-    try:
-        await consumer.seek_to_beginning()
-        while any(consumer.position((topic, p)) < end for p, end in ends.items()):
-            for rec in await consumer.getmany(timeout_ms=2000):
-                got[rec.value] += 1
-    finally:
-        await consumer.close()
-    return got
 
 
 async def _scenario(broker, delivery_timeout_ms: int) -> None:
@@ -44,17 +26,18 @@ async def _scenario(broker, delivery_timeout_ms: int) -> None:
     producer = Producer(broker.bootstrap, linger_ms=2, delivery_timeout_ms=delivery_timeout_ms)
     await producer.start()
     slots = asyncio.Semaphore(MAX_UNACKED)
-    acked: dict[bytes, float] = {}  # value -> when its ack arrived
-    failed: dict[bytes, SluiceError] = {}
+    history = History()
+    acked_at: list[float] = []  # when each ack arrived
     sent = 0
     stop = asyncio.Event()
 
     def done(value: bytes, fut: asyncio.Future) -> None:
         slots.release()
         if fut.exception() is None:
-            acked[value] = time.monotonic()
+            acked_at.append(time.monotonic())
+            history.ack(value, fut.result())
         else:
-            failed[value] = fut.exception()
+            history.fail(value, fut.exception())
 
     async def send_loop() -> None:
         nonlocal sent
@@ -65,7 +48,7 @@ async def _scenario(broker, delivery_timeout_ms: int) -> None:
                 if ahead > 0:
                     await asyncio.sleep(ahead)  # pacing, not waiting for a condition
             await slots.acquire()
-            value = b"%09d" % sent + b"." * 91
+            value = history.value("p0", sent, 100)
             sent += 1
             fut = await producer.send("stall", value)
             fut.add_done_callback(lambda f, v=value: done(v, f))
@@ -86,28 +69,16 @@ async def _scenario(broker, delivery_timeout_ms: int) -> None:
         await sender
         await producer.close()
 
-    assert sent == len(acked) + len(failed)
-    after = [t for t in acked.values() if t >= resumed]
+    assert sent == len(history.acked) + len(history.failed)
+    after = [t for t in acked_at if t >= resumed]
     assert after, "no acknowledgement after the broker resumed"
     assert min(after) - resumed < 1.0, f"first ack {min(after) - resumed:.2f}s after SIGCONT"
-    assert failed, "the stall was meant to fail some sends"
+    assert history.failed, "the stall was meant to fail some sends"
 
-    stored = await _stored(broker.bootstrap, "stall")
-    copies = sum(stored.values())
-    print(f"sent {sent}, stored {copies}, most copies {max(stored.values())}, "
-          f"first ack {min(after) - resumed:.3f}s after SIGCONT, failed {len(failed)}")
-    assert copies <= 1.1 * sent, f"{copies} records stored for {sent} sent"
-    for value in acked:
-        assert stored[value] == 1, (value, stored[value])
-    unsure = 0
-    for value, exc in failed.items():
-        assert exc.maybe_stored in (True, False), exc
-        if exc.maybe_stored:
-            unsure += 1
-            assert stored[value] <= 1, (value, exc)
-        else:
-            assert stored[value] == 0, (value, exc)  # "not stored" must be true
-    assert unsure < len(failed), "sends queued behind the stall were never sent"
+    report = history.check(await read_logs(broker.bootstrap, "stall"))
+    print(f"{report}; first ack {min(after) - resumed:.3f}s after SIGCONT")
+    assert report.stored <= 1.1 * sent, report
+    assert report.unsure < report.failed, "sends queued behind the stall were never sent"
 
 
 @pytest.mark.parametrize("delivery_timeout_ms", [1500, 4000])

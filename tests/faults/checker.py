@@ -1,0 +1,119 @@
+"""A Jepsen-style checker: what producers were told, against what the partitions hold.
+
+Producers send values made by ``History.value(producer, seq)`` and record each send's
+outcome (``acked`` with its ``RecordMetadata``, or ``failed`` with its error).  After the
+faults, every partition is read from its log start to its end and ``History.check(logs)``
+verifies, raising ``AssertionError`` with what went wrong:
+
+- every acknowledged message is in the log, once, at the partition and offset it was
+  acknowledged with (never lost, never duplicated);
+- a failed send that said ``maybe_stored=False`` is not in the log; one that said ``True``
+  is there at most ``max_unsure_copies`` times; every failure says one or the other;
+- offsets of each partition are dense and increasing from the log start;
+- per (producer, partition), the first copies of its messages are in send order.
+
+It returns a ``Report`` with the counts (duplicates included) for the test to print.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sluice.errors import SluiceError
+
+
+@dataclass
+class Report:
+    sent: int
+    acked: int
+    failed: int
+    unsure: int  # failures that said the records may have been stored
+    stored: int  # records in the log that came from this history
+    duplicates: int  # records stored beyond their first copy
+
+    def __str__(self) -> str:
+        return (
+            f"sent {self.sent}, acked {self.acked}, failed {self.failed} ({self.unsure} maybe "
+            f"stored), stored {self.stored}, duplicates {self.duplicates}"
+        )
+
+
+@dataclass
+class History:
+    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # value -> (p, offset)
+    failed: dict[bytes, SluiceError] = field(default_factory=dict)
+    sent: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # value -> (producer, seq)
+
+    def value(self, producer: str, seq: int, size: int = 0) -> bytes:
+        """A unique value naming its producer and sequence, padded to ``size`` bytes."""
+        v = f"{producer}:{seq:09d}".encode()
+        self.sent[v] = (producer, seq)
+        return v + b"." * max(0, size - len(v))
+
+    def _key(self, value: bytes) -> bytes:
+        return value.rstrip(b".")
+
+    def ack(self, value: bytes, meta) -> None:
+        self.acked[self._key(value)] = (meta.partition, meta.offset)
+
+    def fail(self, value: bytes, exc: SluiceError) -> None:
+        self.failed[self._key(value)] = exc
+
+    def check(self, logs: dict[int, list], max_unsure_copies: int = 1) -> Report:
+        """``logs``: partition -> every record from the log start, in offset order."""
+        copies: Counter = Counter()
+        at: dict[tuple[int, int], bytes] = {}
+        firsts: dict[tuple[str, int], list[int]] = {}
+        for partition, records in logs.items():
+            offsets = [r.offset for r in records]
+            start = offsets[0] if offsets else 0
+            assert offsets == list(range(start, start + len(offsets))), (
+                f"partition {partition}: offsets are not dense and increasing"
+            )
+            for r in records:
+                key = self._key(r.value or b"")
+                if key not in self.sent:
+                    continue
+                copies[key] += 1
+                at[(partition, r.offset)] = key
+                if copies[key] == 1:
+                    producer, seq = self.sent[key]
+                    firsts.setdefault((producer, partition), []).append(seq)
+        for value, where in self.acked.items():
+            assert at.get(where) == value, f"acknowledged {value!r} at {where} is not there"
+            assert copies[value] == 1, f"acknowledged {value!r} stored {copies[value]} times"
+        unsure = 0
+        for value, exc in self.failed.items():
+            assert exc.maybe_stored in (True, False), f"{value!r} failed without saying: {exc!r}"
+            if exc.maybe_stored:
+                unsure += 1
+                assert copies[value] <= max_unsure_copies, f"{value!r} stored {copies[value]}×"
+            else:
+                assert copies[value] == 0, f"{value!r} said not stored but is: {exc}"
+        for (producer, partition), seqs in firsts.items():
+            assert seqs == sorted(seqs), f"{producer} out of order in partition {partition}"
+        return Report(
+            sent=len(self.sent), acked=len(self.acked), failed=len(self.failed), unsure=unsure,
+            stored=sum(copies.values()), duplicates=sum(n - 1 for n in copies.values() if n > 1),
+        )
+
+
+async def read_logs(bootstrap: str, topic: str) -> dict[int, list]:
+    """Every record of every partition of ``topic``, from its log start to its end now."""
+    from sluice.client import Admin, Consumer
+
+    async with Admin(bootstrap) as admin:
+        desc = await admin.describe_topic(topic)
+    ends = {p.partition: p.high_watermark for p in desc.partitions}
+    consumer = Consumer(bootstrap, enable_auto_commit=False)
+    consumer.assign([(topic, p) for p in ends])
+    logs: dict[int, list] = {p: [] for p in ends}
+    try:
+        await consumer.seek_to_beginning()
+        while any(consumer.position((topic, p)) < end for p, end in ends.items()):
+            for rec in await consumer.getmany(timeout_ms=2000):
+                logs[rec.partition].append(rec)
+    finally:
+        await consumer.close()
+    return logs
