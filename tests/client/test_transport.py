@@ -204,3 +204,13 @@ async def test_close_during_connect_gives_client_closed():
     await cluster.close()
     with pytest.raises(errors.ClientClosed):
         await asyncio.wait_for(waiter, 2)
+
+
+async def test_out_of_range_number_is_a_config_error_and_leaves_nothing_pending(server):
+    """An offset past 2**64 cannot be encoded: ConfigError at once, no orphan future."""
+    conn = await Connection.open("127.0.0.1", server)
+    req = messages.FetchRequest(partitions=[messages.FetchPartition(topic="t", partition=0, offset=2**65)])
+    with pytest.raises(errors.ConfigError, match="out of range"):
+        await conn.request(req)
+    assert conn.in_flight == 0
+    conn.close()

@@ -165,13 +165,12 @@ class Connection:
             raise self._error
         api, version = messages.api_of(request)
         response_type = messages.types_for(api, version)[1]
+        header = _encode(request)  # before anything is registered: it may raise
         correlation = next(self._correlation) & 0xFFFFFFFF
         fut = self._loop.create_future()
         self._pending[correlation] = (fut, response_type)
         self._transport.writelines(
-            frames.encode_frame(
-                frames.REQUEST, api, version, correlation, messages.encode(request), attachments
-            )
+            frames.encode_frame(frames.REQUEST, api, version, correlation, header, attachments)
         )
         handle = None
         if timeout is not None:
@@ -189,11 +188,10 @@ class Connection:
         if self._error is not None:
             raise self._error
         api, version = messages.api_of(request)
+        header = _encode(request)
         correlation = next(self._correlation) & 0xFFFFFFFF
         self._transport.writelines(
-            frames.encode_frame(
-                frames.REQUEST, api, version, correlation, messages.encode(request), attachments
-            )
+            frames.encode_frame(frames.REQUEST, api, version, correlation, header, attachments)
         )
 
     async def drain(self) -> None:
@@ -319,6 +317,17 @@ class Connection:
         for w in waiters:
             if not w.done():
                 w.set_exception(_waiter_error(exc))
+
+
+def _encode(request) -> bytes:
+    """The request's header bytes; ``ConfigError`` when a number in it does not fit the
+    wire format (an offset past 2**63, say): a caller's mistake, found before sending."""
+    try:
+        return messages.encode(request)
+    except OverflowError as exc:
+        raise errors.ConfigError(
+            f"{type(request).__name__} cannot be sent: a number in it is out of range ({exc})"
+        ) from exc
 
 
 def _os_reason(exc: OSError) -> str:
