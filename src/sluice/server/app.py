@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from sluice.broker.broker import Broker
 from sluice.config import ServerConfig
+from sluice.errors import ConfigError
 from sluice.server.connection import Connection
 
 log = logging.getLogger("sluice.server")
@@ -46,11 +48,19 @@ class Server:
         return sock.getsockname()[:2]
 
     async def start(self) -> None:
+        """Open the broker, then listen; ``ConfigError`` (broker closed again) when the
+        address cannot be listened on."""
         await self.broker.start()
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(
-            lambda: Connection(self), self.config.host, self.config.port, reuse_address=True, backlog=512
-        )
+        host, port = self.config.host, self.config.port
+        try:
+            self._listener = await loop.create_server(
+                lambda: Connection(self), host, port, reuse_address=True, backlog=512
+            )
+        except OSError as exc:
+            await self.broker.close()
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(f"cannot listen on {host}:{port}: {why}") from exc
         host, port = self.address
         self.broker.host, self.broker.port = host, port
         log.info("sluice broker listening on %s:%d (data: %s)", host, port, self.config.data_dir)
