@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import crc32c
 import pytest
@@ -727,3 +728,43 @@ def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
     recs = json_lines(ok(cli("consume", "keys", "--from", "earliest", "-e", "--json", bootstrap=b)))
     assert [(r["key"], r["value"], r["headers"]) for r in recs] == [
         ("alice", "one:1", {"src": "file"}), ("bob", "two", {"src": "file"})]
+
+
+# ---------------------------------------------------------------------- README and docs
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_using_it_commands() -> list[str]:
+    """The command lines of the first ```sh block of README.md's "Using it" section."""
+    text = README.read_text()
+    section = text[text.index("## Using it") :]
+    block = section[section.index("```sh\n") + len("```sh\n") : section.index("\n```", section.index("```sh"))]
+    return [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_readme_using_it_examples_run_as_written(broker, tmp_path):
+    """Every line as written, through bash, with the venv's `sluice` first on PATH and
+    SLUICE_BOOTSTRAP pointing at the test broker."""
+    commands = readme_using_it_commands()
+    assert any("--from 20" in c for c in commands)  # the replay from a time is among them
+    env = {**os.environ, "SLUICE_BOOTSTRAP": broker.bootstrap,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for command in commands:
+        res = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        assert res.returncode == 0, (command, res.stderr.decode(errors="replace"))
+        assert b"Traceback" not in res.stderr, (command, res.stderr)
+
+
+def test_bench_help_points_to_a_spec_in_the_repository(cli):
+    flat = " ".join(ok(cli("bench", "--help", bootstrap="127.0.0.1:1")).split())
+    assert "docs/benchmarks.md" in flat and "shared/" not in flat
+    assert (README.parent / "docs" / "benchmarks.md").is_file()
+
+
+def test_readme_names_no_pypi_install_and_says_times_are_utc():
+    text = " ".join(README.read_text().replace("**", "").split())
+    assert "pip install 'sluice[spark]'" not in text
+    assert "pip install '.[spark]'" in text
+    assert "without a zone is UTC" in text
+    assert "PYSPARK_PYTHON" in text
