@@ -77,15 +77,19 @@ class TopicConfig:
     }
 
     @classmethod
+    def key(cls, key: str) -> _Key:
+        """The spec of a config key; ``InvalidConfig`` naming the known keys if there is none."""
+        spec = cls.KEYS.get(key)
+        if spec is None:
+            raise InvalidConfig(f"unknown topic config {key!r}; known: {', '.join(sorted(cls.KEYS))}")
+        return spec
+
+    @classmethod
     def parse(cls, raw: dict[str, str], base: TopicConfig | None = None) -> TopicConfig:
         """Validate string settings over ``base`` (defaults). ``InvalidConfig`` on any bad one."""
         changes = {}
         for key, value in raw.items():
-            spec = cls.KEYS.get(key)
-            if spec is None:
-                raise InvalidConfig(
-                    f"unknown topic config {key!r}; known: {', '.join(sorted(cls.KEYS))}"
-                )
+            spec = cls.key(key)
             if spec.choices:
                 if value not in spec.choices:
                     raise InvalidConfig(f"{key} must be one of {', '.join(spec.choices)}, got {value!r}")
@@ -134,6 +138,10 @@ class ServerConfig:
     data_dir: Path = Path("data")
     host: str = "127.0.0.1"
     port: int = 7400
+    # what metadata tells clients to connect to (default: the bound address), for a
+    # broker reached through NAT, a proxy or a container's published port
+    advertised_host: str | None = None
+    advertised_port: int | None = None
     node_id: int = 0
     max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 1024
@@ -147,6 +155,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0-65535, got {self.port}")
+        if self.advertised_port is not None and not 1 <= self.advertised_port <= 65535:
+            raise ConfigError(f"advertised port must be 1-65535, got {self.advertised_port}")
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         limits = (self.max_connections, self.max_in_flight_per_connection,

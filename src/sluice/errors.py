@@ -4,7 +4,8 @@
 
     SluiceError                          SLUICE_ERROR          local 1000  base of everything Sluice raises
     ├── ConfigError                      CONFIG_ERROR          local 1001  bad local settings (client or server config)
-    │   └── UsageError                   USAGE_ERROR           local 1002  bad command-line arguments (exit status 2)
+    │   ├── UsageError                   USAGE_ERROR           local 1002  bad command-line arguments (exit status 2)
+    │   └── DataDirInUse                 DATA_DIR_IN_USE       local 1014  another broker holds the data directory's lock
     ├── ProtocolError                    PROTOCOL_ERROR        local 1003  bytes that do not follow the wire protocol
     │   ├── FrameTooLarge                FRAME_TOO_LARGE       local 1004  a length prefix above the frame cap
     │   └── CorruptRecord                CORRUPT_RECORD        local 1005  a record batch failing its header or CRC check
@@ -37,7 +38,8 @@
         ├── InvalidGroup                 code 18
         ├── NotLeader                    code 19  retriable: metadata is stale
         ├── TopicBeingDeleted            code 20  retriable
-        └── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
+        ├── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
+        └── UnknownGroup                 code 22  no committed offsets are kept for that group
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -50,6 +52,14 @@ Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one 
 
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
 with ``raise ... from exc`` at their boundary.
+
+**Outcome of a failed send.**  Every error that fails a producer's send carries
+``maybe_stored``: ``False`` only when no attempt to write the records can have been
+stored (never sent, or every attempt refused by the broker with an error whose
+``appended_nothing`` is true); ``True`` when the fate of any attempt is unknown (a request
+timed out or its connection broke after it was written, or the broker answered
+``REQUEST_TIMED_OUT``).  The message says the same.  Errors not about a send leave it
+``None``.
 """
 
 from __future__ import annotations
@@ -81,6 +91,8 @@ class SluiceError(Exception):
     retriable: bool = False
     name: str
     code: int
+    # On an error that failed a send: may the records have been stored? (module docstring)
+    maybe_stored: bool | None = None
 
 
 @_local(1001, "CONFIG_ERROR")
@@ -91,6 +103,11 @@ class ConfigError(SluiceError, ValueError):
 @_local(1002, "USAGE_ERROR")
 class UsageError(ConfigError):
     """The command line was given arguments it cannot use (``sluice`` exits with 2)."""
+
+
+@_local(1014, "DATA_DIR_IN_USE")
+class DataDirInUse(ConfigError):
+    """The data directory is locked by another running broker."""
 
 
 @_local(1003, "PROTOCOL_ERROR")
@@ -155,6 +172,10 @@ class BrokerError(SluiceError):
 
     code: int = -1
     name: str = "BROKER_ERROR"
+    # True when answering with this code guarantees the request appended nothing (the
+    # broker refused before writing, or cut a failed write back); False where the write
+    # may still have happened (a timeout, a bug).
+    appended_nothing: bool = True
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.name)
@@ -167,17 +188,18 @@ class BrokerError(SluiceError):
 _BY_CODE: dict[int, type[BrokerError]] = {}
 
 
-def _code(code: int, name: str, retriable: bool = False):
+def _code(code: int, name: str, retriable: bool = False, appended_nothing: bool = True):
     def register(cls: type[BrokerError]) -> type[BrokerError]:
         assert 0 < code < LOCAL_CODES_START and code not in _BY_CODE, code
         cls.code, cls.name, cls.retriable = code, name, retriable
+        cls.appended_nothing = appended_nothing
         _BY_CODE[code] = cls
         return cls
 
     return register
 
 
-@_code(1, "UNKNOWN_SERVER_ERROR")
+@_code(1, "UNKNOWN_SERVER_ERROR", appended_nothing=False)
 class UnknownServerError(BrokerError):
     pass
 
@@ -232,7 +254,7 @@ class OffsetOutOfRange(BrokerError):
     pass
 
 
-@_code(12, "REQUEST_TIMED_OUT", retriable=True)
+@_code(12, "REQUEST_TIMED_OUT", retriable=True, appended_nothing=False)
 class RequestTimedOut(BrokerError):
     pass
 
@@ -282,6 +304,11 @@ class InvalidRecord(BrokerError):
     pass
 
 
+@_code(22, "UNKNOWN_GROUP")
+class UnknownGroup(BrokerError):
+    pass
+
+
 def error_for_code(code: int, message: str = "") -> BrokerError:
     """The exception for a wire error code; an unknown code maps to ``UnknownServerError``."""
     cls = _BY_CODE.get(code)
@@ -294,6 +321,34 @@ def raise_for_code(code: int, message: str = "") -> None:
     """Raise the exception for ``code`` unless it is ``NONE``."""
     if code != NONE:
         raise error_for_code(code, message)
+
+
+def send_failure(exc: BaseException, maybe_stored: bool) -> SluiceError:
+    """A fresh copy of ``exc`` for the records of one failed batch, saying whether they may
+    have been stored (``maybe_stored``, and the end of the message).
+
+    Each batch gets its own copy because batches failed by one error can differ in what
+    earlier attempts did.  A foreign exception (a bug) becomes a ``ClientError`` whose
+    ``__cause__`` is the original.
+    """
+    note = "may have been stored" if maybe_stored else "not stored"
+    if isinstance(exc, SluiceError):
+        out = annotated(exc, f"[{note}]")
+    else:
+        out = ClientError(f"send failed unexpectedly: {exc!r} [{note}]")
+        out.__cause__ = exc
+    out.maybe_stored = maybe_stored
+    return out
+
+
+def annotated(exc: SluiceError, note: str) -> SluiceError:
+    """A fresh exception of ``exc``'s class and code whose message ends with ``note``."""
+    if isinstance(exc, BrokerError):
+        out: SluiceError = error_for_code(exc.code, f"{exc.message} {note}")
+    else:
+        out = type(exc)(f"{exc} {note}")
+    out.__cause__ = exc.__cause__
+    return out
 
 
 def all_codes() -> dict[int, type[BrokerError]]:

@@ -185,14 +185,15 @@ class FakeConnection:
         self.closed = False
         self.host, self.port = "fake", 1
 
-    async def request(self, req, attachments=(), timeout=None):
+    async def request(self, req, attachments=(), timeout=None, *, check=True):
         if self.closed:
             raise errors.ConnectionClosed("fake connection closed")
         try:
             resp, data = await asyncio.wait_for(self.broker.handle(req, attachments), timeout)
         except TimeoutError:
+            self.closed = True  # like Connection: a timed-out request closes its connection
             raise errors.RequestTimedOut("fake request timed out") from None
-        if resp.error:
+        if resp.error and check:
             raise errors.error_for_code(resp.error, resp.message)
         return resp, data
 

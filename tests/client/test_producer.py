@@ -498,8 +498,10 @@ async def test_unexpected_error_in_a_request_fails_its_batches():
     async with make(broker, linger_ms=0) as p:
         broker.raises[messages.ProduceRequest] = [RuntimeError("bug")]
         fut = await p.send("t", b"v")
-        with pytest.raises(RuntimeError, match="bug"):
+        with pytest.raises(errors.ClientError, match="bug") as info:
             await asyncio.wait_for(fut, 2)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        assert info.value.maybe_stored is True  # raised after the request was handed over
         await asyncio.wait_for(p.flush(), 2)
         assert p._memory.used == 0 and not p._acc.incomplete
         assert (await (await p.send("t", b"w"))).offset == 0
@@ -528,18 +530,71 @@ async def test_shared_connect_survives_a_cancelled_caller():
 
 
 async def test_delivery_timeout_bounds_a_request_in_flight():
-    """B6: an unanswered request fails at the delivery deadline, not the request timeout;
-    the broker is told the same bound."""
+    """B6: an unanswered request fails its batches at their delivery deadline, saying they
+    may have been stored; the request itself keeps the request timeout (the broker is told
+    that one, not a sliver of the deadline) and its partition stays busy until it ends."""
     broker = FakeBroker({"t": 1})
     broker.hold = True
     async with make(broker, linger_ms=0, delivery_timeout_ms=300, request_timeout_ms=10000) as p:
         t0 = time.monotonic()
         fut = await p.send("t", b"v")
-        with pytest.raises(errors.DeliveryTimeout):
+        with pytest.raises(errors.DeliveryTimeout) as info:
             await asyncio.wait_for(fut, 3)
         assert time.monotonic() - t0 < 1.5
-        assert 0 < broker.produce_requests[0].timeout_ms <= 300
+        assert info.value.maybe_stored is True
+        assert "may have been stored" in str(info.value)
+        assert broker.produce_requests[0].timeout_ms == 10000
+        queued = await p.send("t", b"w")  # waits behind the unanswered request
+        await asyncio.sleep(0.1)
+        assert len(broker.produce_requests) == 1
         broker.release()
+        assert (await asyncio.wait_for(queued, 3)).offset == 1
+
+
+async def test_batches_queued_behind_an_unanswered_request_fail_at_their_deadline():
+    """A batch waiting for its partition's request fails at its own deadline, saying it
+    was not stored (it was never sent), however long the request stays unanswered."""
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(broker, linger_ms=0, delivery_timeout_ms=300, request_timeout_ms=10000) as p:
+        first = await p.send("t", b"v")
+        while not broker.produce_requests:  # the first goes out alone
+            await asyncio.sleep(0.001)
+        t0 = time.monotonic()
+        queued = await p.send("t", b"w")
+        with pytest.raises(errors.DeliveryTimeout) as info:
+            await asyncio.wait_for(queued, 3)
+        assert time.monotonic() - t0 < 1.0
+        assert info.value.maybe_stored is False and "not stored" in str(info.value)
+        with pytest.raises(errors.DeliveryTimeout) as info:
+            await first
+        assert info.value.maybe_stored is True
+        assert len(broker.produce_requests) == 1
+        broker.release()
+
+
+@pytest.mark.parametrize(
+    ("codes", "error", "maybe_stored"),
+    [
+        ([errors.InvalidRecord.code], errors.InvalidRecord, False),  # refused, not retried
+        ([errors.DiskFull.code] * 50, errors.DeliveryTimeout, False),  # refused every time
+        ([errors.RequestTimedOut.code] * 50, errors.DeliveryTimeout, True),  # broker unsure
+        ([errors.RequestTimedOut.code] + [errors.DiskFull.code] * 50, errors.DeliveryTimeout, True),
+        ([errors.UnknownServerError.code], errors.UnknownServerError, True),
+    ],
+)
+async def test_broker_answers_decide_maybe_stored(codes, error, maybe_stored):
+    """An attempt the broker refused with a code that guarantees nothing was appended
+    leaves the records "not stored"; one answered with a timeout or a bug does not, and
+    an earlier unsure attempt stays unsure whatever later attempts say."""
+    broker = FakeBroker({"t": 1})
+    broker.produce_errors = list(codes)
+    async with make(broker, linger_ms=0, delivery_timeout_ms=400, retry_backoff_ms=5) as p:
+        fut = await p.send("t", b"v")
+        with pytest.raises(error) as info:
+            await asyncio.wait_for(fut, 3)
+        assert info.value.maybe_stored is maybe_stored
+        assert ("may have been stored" if maybe_stored else "not stored") in str(info.value)
 
 
 async def test_in_order_callbacks_survive_a_raising_callback(caplog):

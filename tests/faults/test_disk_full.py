@@ -40,8 +40,9 @@ def _is_disk_full(exc: BaseException) -> bool:
     )
 
 
-async def _fill(bootstrap: str, topic: str, acked: list[bytes]) -> BaseException:
-    """Produce 4 KiB messages until one fails; returns that failure."""
+async def _fill(bootstrap: str, topic: str, acked: list[bytes], failed: dict) -> BaseException:
+    """Produce 4 KiB messages until one fails; returns that failure.  Every failed send is
+    kept in ``failed`` with its error (whose ``maybe_stored`` says what became of it)."""
     producer = Producer(bootstrap, linger_ms=2, delivery_timeout_ms=2000, retry_backoff_ms=50)
     await producer.start()
     try:
@@ -53,11 +54,14 @@ async def _fill(bootstrap: str, topic: str, acked: list[bytes]) -> BaseException
                 i += 1
                 futs.append((value, await producer.send(topic, value, partition=0)))
             results = await asyncio.gather(*(f for _, f in futs), return_exceptions=True)
-            failures = [r for r in results if isinstance(r, BaseException)]
             # a later, smaller batch may still fit after an earlier one failed: keep every ack
-            acked.extend(v for (v, _), r in zip(futs, results, strict=True) if not isinstance(r, BaseException))
-            if failures:
-                return failures[0]
+            for (value, _), r in zip(futs, results, strict=True):
+                if isinstance(r, BaseException):
+                    failed[value] = r
+                else:
+                    acked.append(value)
+            if failed:
+                return next(iter(failed.values()))
             if i > 10_000:
                 raise AssertionError("the 6 MiB disk never filled")
     finally:
@@ -72,7 +76,8 @@ async def _scenario(broker, disk) -> None:
     ballast.write_bytes(b"\0" * (1536 * 1024))
 
     acked: list[bytes] = []
-    failure = await _fill(broker.bootstrap, "full", acked)
+    failed: dict[bytes, SluiceError] = {}
+    failure = await _fill(broker.bootstrap, "full", acked, failed)
     assert _is_disk_full(failure), f"expected a disk-full error, got {failure!r}"
     assert "no space left" in str(failure).lower() or "DISK_FULL" in str(failure)
     assert len(acked) > 100
@@ -86,14 +91,17 @@ async def _scenario(broker, disk) -> None:
             await (await producer.send("full", value, partition=0))
         except SluiceError as exc:
             assert _is_disk_full(exc), exc
+            failed[value] = exc
             break
         acked.append(value)
     else:
         raise AssertionError("the disk never filled up again")
-    fut = await producer.send("full", b"x" * 4096, partition=0)
+    value = b"x" * 4096
+    fut = await producer.send("full", value, partition=0)
     with pytest.raises(SluiceError) as info:
         await fut
     assert _is_disk_full(info.value)
+    failed[value] = info.value
 
     ballast.unlink()  # free space: producing resumes without a restart
     resumed = []
@@ -107,13 +115,23 @@ async def _scenario(broker, disk) -> None:
     consumer.assign([("full", 0)])
     await consumer.start()
     await consumer.seek_to_beginning()
+    async with Admin(broker.bootstrap) as admin:
+        end = (await admin.describe_topic("full")).partitions[0].high_watermark
     got: list[bytes] = []
-    while len(got) < len(acked) + len(resumed):
+    while consumer.position(("full", 0)) < end:
         batch = await consumer.getmany(timeout_ms=3000)
-        assert batch, f"stalled at {len(got)} of {len(acked) + len(resumed)}"
+        assert batch, f"stalled at offset {consumer.position(('full', 0))} of {end}"
         got += [r.value for r in batch]
     await consumer.close()
-    assert got == acked + resumed, "every acknowledged message, once, in order"
+
+    # A failed send whose attempt may have been written (a retry unanswered when its
+    # deadline passed) may be in the log, once; one that says "not stored" must not be.
+    for value, exc in failed.items():
+        assert exc.maybe_stored in (True, False), exc
+        assert got.count(value) <= (1 if exc.maybe_stored else 0), exc
+    assert [v for v in got if v not in failed] == acked + resumed, (
+        "every acknowledged message, once, in order"
+    )
 
 
 def test_disk_full_then_space_freed(broker_factory, small_disk):

@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import pty
+import re
 import socket
 import subprocess
 import sys
@@ -638,12 +639,6 @@ def test_bootstrap_without_a_port_means_7400(cli):
         assert_error(res, "127.0.0.1:7400")
 
 
-def test_data_dir_that_is_a_file(cli, tmp_path):
-    (tmp_path / "file").write_bytes(b"x")
-    res = cli("serve", "--data-dir", str(tmp_path / "file"), "--port", "0", bootstrap="127.0.0.1:1")
-    assert_usage_error(res, "--data-dir", "is a file")
-
-
 @pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1", "no-such-host.invalid"])
 def test_bad_host_names_the_option(cli, tmp_path, host):
     res = cli("serve", "--data-dir", str(tmp_path / "d"), "--host", host, "--port", "0", bootstrap="127.0.0.1:1")
@@ -736,11 +731,13 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_using_it_commands() -> list[str]:
-    """The command lines of the first ```sh block of README.md's "Using it" section."""
+    """The command lines of every ```sh block in README.md's "Using it" section, in order,
+    up to its first subsection (Python, Spark)."""
     text = README.read_text()
-    section = text[text.index("## Using it") :]
-    block = section[section.index("```sh\n") + len("```sh\n") : section.index("\n```", section.index("```sh"))]
-    return [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    start = text.index("## Using it")
+    section = text[start : re.search(r"\n##", text[start + 1 :]).start() + start + 1]
+    blocks = re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    return [ln for block in blocks for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 def test_readme_using_it_examples_run_as_written(broker, tmp_path):

@@ -134,6 +134,18 @@ def test_round_trip_byte_table():
     )
 
 
+def test_admin_byte_table():
+    req = messages.CreatePartitionsRequest(topics=[messages.PartitionsIncrease(name="t", total=4)])
+    # {"topics": [{"name": "t", "total": 4}]}
+    assert encode(req) == b"\x81\xa6topics\x91\x82\xa4name\xa1t\xa5total\x04"
+    change = messages.TopicConfigChange(name="t", delete=["flush.ms"])
+    # {"name": "t", "delete": ["flush.ms"]}: the empty config is omitted
+    assert encode(change) == b"\x82\xa4name\xa1t\xa6delete\x91\xa8flush.ms"
+    part = decode(b"\x82\xa5topic\xa1t\xa9partition\x00", messages.GroupPartition)
+    assert (part.committed_offset, part.lag, part.commit_time_ms, part.committed_by) == (-1, -1, -1, "")
+    assert decode(b"\x80", messages.ListGroupsRequest) == messages.ListGroupsRequest()
+
+
 # --------------------------------------------------------------------------- decode errors
 
 
@@ -164,6 +176,12 @@ def test_garbage_decodes_or_raises_invalid_request(cls, data):
         (messages.ApiVersionsResponse, {"error": "0"}),
         (messages.DescribeTopicsResponse, {"topics": [{"name": "t", "config": {"a": 1}}]}),
         (messages.ApiVersionsRequest, 5),
+        (messages.DescribeGroupsRequest, {"names": "g"}),
+        (messages.DeleteGroupsRequest, {}),
+        (messages.AlterTopicConfigsRequest, {"topics": [{"name": "t", "config": {"retention.ms": 5}}]}),
+        (messages.AlterTopicConfigsRequest, {"topics": [{"name": "t", "delete": "retention.ms"}]}),
+        (messages.CreatePartitionsRequest, {"topics": [{"name": "t"}]}),  # total missing
+        (messages.CreatePartitionsRequest, {"topics": [{"name": "t", "total": "4"}]}),
     ],
 )
 def test_wrong_types_raise_invalid_request(cls, obj):
@@ -253,6 +271,11 @@ def test_api_keys_are_stable():
         "LIST_OFFSETS": 7,
         "OFFSET_COMMIT": 8,
         "OFFSET_FETCH": 9,
+        "LIST_GROUPS": 10,
+        "DESCRIBE_GROUPS": 11,
+        "DELETE_GROUPS": 12,
+        "ALTER_TOPIC_CONFIGS": 13,
+        "CREATE_PARTITIONS": 14,
     }
 
 

@@ -643,3 +643,17 @@ def test_write_failures_fail_the_job(spark, broker):
         .option("acks", "sometimes").mode("append").save()
     )  # fmt: skip
     assert "acks must be one of" in text
+
+
+def test_write_to_a_missing_topic_fails_when_planned(spark, broker):
+    """The README's write example names a topic that must exist: a missing one fails the
+    write at once with UNKNOWN_TOPIC, not after a metadata wait in every task."""
+    b = broker.bootstrap
+    df = spark.createDataFrame([(b"v",)], "value binary")
+    started = time.monotonic()
+    text = error_text(
+        lambda: df.write.format("sluice").option("bootstrap", b).option("topic", "orders-upper")
+        .mode("append").save()
+    )  # fmt: skip
+    assert "UNKNOWN_TOPIC" in text and "orders-upper" in text, text[-2000:]
+    assert time.monotonic() - started < 20

@@ -9,28 +9,33 @@ Data directory::
 
     <data>/meta/topics.json        topic definitions (cluster/embedded.py)
     <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
-    <data>/groups/<group>.json     committed offsets (broker/groups.py)
+    <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from sluice.broker.groups import GroupOffsets, check_group_name
+from sluice.broker.groups import Committed, GroupOffsets, check_group_name
 from sluice.broker.partition import Partition
+from sluice.broker.peer import client_address
 from sluice.cluster.embedded import EmbeddedMetadata, TopicRecord
 from sluice.config import ServerConfig, TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
     BrokerError,
     CorruptRecord,
+    InvalidConfig,
     InvalidPartitions,
     InvalidRecord,
     InvalidRequest,
@@ -116,27 +121,30 @@ class Broker:
 
     async def _open_topic(self, record: TopicRecord) -> Topic:
         config = TopicConfig.parse(record.config, self.defaults)
+        partitions = await self._open_partitions(record.name, range(record.partitions), config)
+        topic = Topic(record.name, config, partitions, record.internal)
+        self.topics[record.name] = topic
+        return topic
+
+    async def _open_partitions(self, name: str, indexes: range, config: TopicConfig) -> list[Partition]:
+        """Open (create or recover) partitions ``indexes`` of topic ``name``; all or none."""
         loop = asyncio.get_running_loop()
         partitions = []
         try:
-            for i in range(record.partitions):
+            for i in indexes:
                 plog = await loop.run_in_executor(
-                    self.write_executor, PartitionLog.open, self._log_dir(record.name, i), config.log_config
+                    self.write_executor, PartitionLog.open, self._log_dir(name, i), config.log_config
                 )
                 for cut in plog.cuts:
                     log.warning(
                         "partition %s-%d recovered: cut %d bytes at position %d of %s (%s)",
-                        record.name, i, cut.dropped_bytes, cut.position, cut.segment.name, cut.reason,
+                        name, i, cut.dropped_bytes, cut.position, cut.segment.name, cut.reason,
                     )
-                partitions.append(
-                    Partition(record.name, i, plog, config, self.write_executor, self.read_executor)
-                )
+                partitions.append(Partition(name, i, plog, config, self.write_executor, self.read_executor))
         except BaseException:
             await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
             raise
-        topic = Topic(record.name, config, partitions, record.internal)
-        self.topics[record.name] = topic
-        return topic
+        return partitions
 
     async def _retention_loop(self) -> None:
         while True:
@@ -210,19 +218,40 @@ class Broker:
         brokers = [m.BrokerInfo(node_id=node, host=self.host, port=self.port)]
         return m.MetadataResponse(brokers=brokers, controller_id=node, topics=topics), ()
 
-    async def create_topics(self, req: m.CreateTopicsRequest, _att):
-        # Admin work runs in its own task: a client that disconnects cannot cancel it half-way.
-        return await asyncio.shield(asyncio.ensure_future(self._create_topics(req)))
+    async def _each_topic(
+        self, changes: Iterable[tuple[str, Callable[[], Awaitable[None]]]]
+    ) -> list[m.TopicResult]:
+        """Run topic changes one at a time under the admin lock; one result per topic.
 
-    async def _create_topics(self, req: m.CreateTopicsRequest):
-        results = []
-        for new in req.topics:
-            try:
-                async with self._admin_lock:
-                    await self._create_topic(new, req.validate_only)
-                results.append(m.TopicResult(name=new.name))
-            except BrokerError as exc:
-                results.append(m.TopicResult(name=new.name, **_err(exc)))
+        They run in a task of their own: a client that disconnects cannot cancel one
+        half-way.  Each change is all or nothing, and a failed one does not stop the next.
+        """
+
+        async def run() -> list[m.TopicResult]:
+            results = []
+            for name, change in changes:
+                try:
+                    async with self._admin_lock:
+                        await change()
+                    results.append(m.TopicResult(name=name))
+                except BrokerError as exc:
+                    results.append(m.TopicResult(name=name, **_err(exc)))
+            return results
+
+        return await asyncio.shield(asyncio.ensure_future(run()))
+
+    def _check_capacity(self, more: int) -> None:
+        held = sum(len(t.partitions) for t in self.topics.values())
+        if held + more > self.config.max_partitions:
+            raise InvalidPartitions(
+                f"the broker holds {held} partitions; {more} more would pass its "
+                f"limit of {self.config.max_partitions} (sluice serve --max-partitions)"
+            )
+
+    async def create_topics(self, req: m.CreateTopicsRequest, _att):
+        results = await self._each_topic(
+            (new.name, partial(self._create_topic, new, req.validate_only)) for new in req.topics
+        )
         return m.CreateTopicsResponse(topics=results), ()
 
     async def _create_topic(self, new: m.NewTopic, validate_only: bool) -> None:
@@ -232,18 +261,15 @@ class Broker:
         TopicConfig.parse(new.config, self.defaults)
         if new.name in self.topics:
             raise TopicAlreadyExists(f"topic {new.name!r} already exists")
-        held = sum(len(t.partitions) for t in self.topics.values())
-        if held + new.partitions > self.config.max_partitions:
-            raise InvalidPartitions(
-                f"the broker holds {held} partitions; {new.partitions} more would pass its "
-                f"limit of {self.config.max_partitions} (sluice serve --max-partitions)"
-            )
+        self._check_capacity(new.partitions)
         if validate_only:
             return
         record = TopicRecord(new.name, new.partitions, dict(new.config))
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, record)
+            await loop.run_in_executor(
+                self.housekeeping, self._set_aside_leftovers, record.name, range(record.partitions)
+            )
             topic = await self._open_topic(record)
             try:
                 await loop.run_in_executor(self.housekeeping, self.metadata.put_topic, record)
@@ -255,30 +281,21 @@ class Broker:
             raise storage_error_from_os(exc, f"create topic {new.name!r}") from exc
         log.info("created topic %s with %d partitions", new.name, new.partitions)
 
-    def _set_aside_leftovers(self, record: TopicRecord) -> None:
-        """Move partition directories no topic owns (an interrupted create) out of the way.
+    def _set_aside_leftovers(self, name: str, indexes: range) -> None:
+        """Move partition directories no topic owns (an interrupted create or partition
+        increase) out of the way.
 
         Never deleted: they may hold the only copy of data whose metadata was lost.
         """
-        for i in range(record.partitions):
-            d = self._log_dir(record.name, i)
+        for i in indexes:
+            d = self._log_dir(name, i)
             if d.exists():
                 aside = d.with_name(f".stale-{uuid.uuid4().hex}")
                 os.replace(d, aside)
                 log.warning("moved leftover directory %s aside to %s", d, aside)
 
     async def delete_topics(self, req: m.DeleteTopicsRequest, _att):
-        return await asyncio.shield(asyncio.ensure_future(self._delete_topics(req)))
-
-    async def _delete_topics(self, req: m.DeleteTopicsRequest):
-        results = []
-        for name in req.names:
-            try:
-                async with self._admin_lock:
-                    await self._delete_topic(name)
-                results.append(m.TopicResult(name=name))
-            except BrokerError as exc:
-                results.append(m.TopicResult(name=name, **_err(exc)))
+        results = await self._each_topic((name, partial(self._delete_topic, name)) for name in req.names)
         return m.DeleteTopicsResponse(topics=results), ()
 
     async def _delete_topic(self, name: str) -> None:
@@ -330,6 +347,137 @@ class Broker:
             )
         return m.DescribeTopicsResponse(topics=out), ()
 
+    async def alter_topic_configs(self, req: m.AlterTopicConfigsRequest, _att):
+        results = await self._each_topic(
+            (c.name, partial(self._alter_topic_config, c, req.validate_only)) for c in req.topics
+        )
+        return m.AlterTopicConfigsResponse(topics=results), ()
+
+    async def _alter_topic_config(self, change: m.TopicConfigChange, validate_only: bool) -> None:
+        """Validate the topic's new overrides, record them, then apply them to its live
+        partitions: all or nothing, no restart. Admin lock held."""
+        topic = self.topic(change.name)
+        both = sorted(set(change.config) & set(change.delete))
+        if both:
+            raise InvalidConfig(f"{', '.join(both)}: both set and deleted")
+        for key in change.delete:
+            TopicConfig.key(key)
+        record = self.metadata.topics[change.name]
+        overrides = {k: v for k, v in record.config.items() if k not in change.delete}
+        overrides.update(change.config)
+        config = TopicConfig.parse(overrides, self.defaults)
+        if validate_only:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                self.housekeeping, self.metadata.put_topic, dataclasses.replace(record, config=overrides)
+            )
+        except OSError as exc:
+            raise storage_error_from_os(exc, f"alter config of topic {change.name!r}") from exc
+        topic.config = config
+        for p in topic.partitions:
+            p.reconfigure(config)
+        log.info("altered config of topic %s: %s", change.name, overrides)
+
+    async def create_partitions(self, req: m.CreatePartitionsRequest, _att):
+        results = await self._each_topic(
+            (inc.name, partial(self._add_partitions, inc, req.validate_only)) for inc in req.topics
+        )
+        return m.CreatePartitionsResponse(topics=results), ()
+
+    async def _add_partitions(self, inc: m.PartitionsIncrease, validate_only: bool) -> None:
+        """Grow a topic to ``inc.total`` partitions: open the new ones empty, record the new
+        count, then make them visible (metadata, produce, fetch); all or nothing.  Admin
+        lock held."""
+        topic = self.topic(inc.name)
+        current = len(topic.partitions)
+        check_partitions(inc.total)
+        if inc.total <= current:
+            raise InvalidPartitions(
+                f"topic {inc.name!r} has {current} partitions; partitions can only be added, "
+                f"so the new total must be above {current}, not {inc.total}"
+            )
+        self._check_capacity(inc.total - current)
+        if validate_only:
+            return
+        added = range(current, inc.total)
+        record = dataclasses.replace(self.metadata.topics[inc.name], partitions=inc.total)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, inc.name, added)
+            new = await self._open_partitions(inc.name, added, topic.config)
+            try:
+                await loop.run_in_executor(self.housekeeping, self.metadata.put_topic, record)
+            except BaseException:
+                await asyncio.gather(*(p.close() for p in new), return_exceptions=True)
+                raise
+        except OSError as exc:
+            raise storage_error_from_os(exc, f"add partitions to topic {inc.name!r}") from exc
+        topic.partitions.extend(new)
+        log.info("topic %s grew from %d to %d partitions", inc.name, current, inc.total)
+
+    # ------------------------------------------------------------------ handlers: groups
+
+    def _group_partition(self, topic: str, index: int, c: Committed | None) -> m.GroupPartition:
+        """What is known of one partition for a group: its commit (if any) and the log."""
+        known = {} if c is None else {
+            "committed_offset": c.offset, "metadata": c.metadata,
+            "commit_time_ms": c.time_ms, "committed_by": c.client,
+        }
+        try:
+            part = self.partition(topic, index)
+        except BrokerError as exc:
+            return m.GroupPartition(topic=topic, partition=index, **known, **_err(exc))
+        hw = part.high_watermark
+        return m.GroupPartition(
+            topic=topic, partition=index, **known, log_start_offset=part.log_start_offset,
+            high_watermark=hw, lag=-1 if c is None else max(hw - c.offset, 0),
+        )
+
+    async def list_groups(self, req: m.ListGroupsRequest, _att):
+        out = []
+        for name in self.groups.names():
+            committed = self.groups.get(name)
+            lags = (self._group_partition(t, p, c).lag for (t, p), c in committed.items())
+            out.append(
+                m.GroupListing(
+                    name=name, topics=sorted({t for t, _ in committed}), partitions=len(committed),
+                    lag=sum(lag for lag in lags if lag > 0),
+                    last_commit_ms=max((c.time_ms for c in committed.values()), default=-1),
+                )
+            )
+        return m.ListGroupsResponse(groups=out), ()
+
+    async def describe_groups(self, req: m.DescribeGroupsRequest, _att):
+        """Per group: every partition of every topic it committed to, committed or not."""
+        out = []
+        for name in req.names:
+            try:
+                committed = self.groups.existing(name)
+            except BrokerError as exc:
+                out.append(m.GroupDescription(name=name, **_err(exc)))
+                continue
+            keys = set(committed)
+            for t in {t for t, _ in committed}:
+                if t in self.topics:
+                    keys.update((t, i) for i in range(len(self.topics[t].partitions)))
+            partitions = [self._group_partition(t, p, committed.get((t, p))) for t, p in sorted(keys)]
+            out.append(m.GroupDescription(name=name, partitions=partitions))
+        return m.DescribeGroupsResponse(groups=out), ()
+
+    async def delete_groups(self, req: m.DeleteGroupsRequest, _att):
+        """Delete groups' offsets.  No membership exists to check: a consumer of the group
+        still running recreates it with its next commit."""
+        results = []
+        for name in req.names:
+            try:
+                await self.groups.delete(name)
+                results.append(m.GroupResult(name=name))
+            except BrokerError as exc:
+                results.append(m.GroupResult(name=name, **_err(exc)))
+        return m.DeleteGroupsResponse(groups=results), ()
+
     # ------------------------------------------------------------------ handlers: data
 
     async def produce(self, req: m.ProduceRequest, att: memoryview):
@@ -367,7 +515,15 @@ class Broker:
                 _consume_exception(fut)
             return None
         if pending:
-            await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
+            try:
+                await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
+            except asyncio.CancelledError:
+                # The connection is gone: nobody will learn the outcome, and the client may
+                # already be retrying elsewhere.  Withdraw what no writer has taken yet, so
+                # the broker never runs an abandoned copy beside the retry.
+                for _, fut in pending:
+                    fut.cancel()
+                raise
         for i, fut in pending:
             p = req.partitions[i]
             part = self.topics.get(p.topic)
@@ -482,6 +638,7 @@ class Broker:
 
     async def offset_commit(self, req: m.OffsetCommitRequest, _att):
         check_group_name(req.group)
+        now_ms, client = int(time.time() * 1000), client_address.get()
         ok: dict = {}
         results = []
         for c in req.offsets:
@@ -491,7 +648,7 @@ class Broker:
                     raise InvalidRequest(f"cannot commit negative offset {c.offset}")
                 if len(c.metadata) > MAX_COMMIT_METADATA:
                     raise InvalidRequest(f"commit metadata is limited to {MAX_COMMIT_METADATA} characters")
-                ok[(c.topic, c.partition)] = (c.offset, c.metadata)
+                ok[(c.topic, c.partition)] = Committed(c.offset, c.metadata, now_ms, client)
                 results.append(m.PartitionError(topic=c.topic, partition=c.partition))
             except BrokerError as exc:
                 results.append(m.PartitionError(topic=c.topic, partition=c.partition, **_err(exc)))
@@ -510,8 +667,8 @@ class Broker:
         keys = committed.keys() if req.partitions is None else [(tp.topic, tp.partition) for tp in req.partitions]
         out = []
         for key in sorted(keys):
-            offset, meta = committed.get(key, (-1, ""))
-            out.append(m.FetchedOffset(topic=key[0], partition=key[1], offset=offset, metadata=meta))
+            c = committed.get(key, Committed(-1))
+            out.append(m.FetchedOffset(topic=key[0], partition=key[1], offset=c.offset, metadata=c.metadata))
         return m.OffsetFetchResponse(offsets=out), ()
 
     def handlers(self) -> dict:
@@ -527,6 +684,11 @@ class Broker:
             m.Api.LIST_OFFSETS: self.list_offsets,
             m.Api.OFFSET_COMMIT: self.offset_commit,
             m.Api.OFFSET_FETCH: self.offset_fetch,
+            m.Api.LIST_GROUPS: self.list_groups,
+            m.Api.DESCRIBE_GROUPS: self.describe_groups,
+            m.Api.DELETE_GROUPS: self.delete_groups,
+            m.Api.ALTER_TOPIC_CONFIGS: self.alter_topic_configs,
+            m.Api.CREATE_PARTITIONS: self.create_partitions,
         }
 
 

@@ -6,6 +6,12 @@ and the next write carries them all, so a consumer committing every 100 messages
 file write per round, not one per commit.  A commit is answered, and becomes visible to
 offset fetches, once a write that includes it is durable.
 
+A group exists from its first commit until it is deleted; there is no membership protocol,
+so the broker knows of a group only its offsets and, per partition, when the last commit
+came and from which client address.  Deleting a group removes its file; commits answered
+before a deletion are deleted with it, a commit after it starts the group again from
+nothing (a consumer still running recreates the group this way).
+
 A group file that cannot be read is set aside as ``<name>.bad`` and reported; the broker
 starts without it.
 
@@ -20,15 +26,26 @@ import os
 import re
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import NamedTuple
 
-from sluice.errors import InvalidGroup, storage_error_from_os
-from sluice.storage.checkpoint import read_json, write_json
+from sluice.errors import InvalidGroup, UnknownGroup, storage_error_from_os
+from sluice.storage.checkpoint import fsync_dir, read_json, write_json
 
 log = logging.getLogger("sluice.broker")
 
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
-Offsets = dict[tuple[str, int], tuple[int, str]]
+
+class Committed(NamedTuple):
+    """One committed offset and what the broker knows of its commit."""
+
+    offset: int
+    metadata: str = ""
+    time_ms: int = -1  # broker time of the commit; -1 in files written before it was kept
+    client: str = ""  # client address (host:port) of the committing connection
+
+
+Offsets = dict[tuple[str, int], Committed]
 
 
 def check_group_name(name: str) -> None:
@@ -39,9 +56,16 @@ def check_group_name(name: str) -> None:
 def _load(path: Path) -> Offsets:
     raw = read_json(path, default={})
     return {
-        (str(e["topic"]), int(e["partition"])): (int(e["offset"]), str(e.get("metadata", "")))
+        (str(e["topic"]), int(e["partition"])): Committed(
+            int(e["offset"]), str(e.get("metadata", "")), int(e.get("time", -1)), str(e.get("client", ""))
+        )
         for e in raw["offsets"]
     }
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 class GroupOffsets:
@@ -56,6 +80,9 @@ class GroupOffsets:
         # topics deleted since: a write that started before the deletion must not bring
         # their offsets back; a commit to a re-created topic of the same name clears it
         self._deleted: set[str] = set()
+        # groups deleted since their last write: the commits staged before the deletion,
+        # dropped by it (restored if the deletion fails)
+        self._cleared: dict[str, Offsets] = {}
         for path in self.directory.glob("*.json"):
             try:
                 self._durable[path.stem] = _load(path)
@@ -66,8 +93,31 @@ class GroupOffsets:
                 log.error("offsets of group %s are unreadable (%s); set aside as %s", path.stem, exc, bad)
 
     def get(self, group: str) -> Offsets:
+        """The durable offsets of ``group`` (empty if it has none)."""
         check_group_name(group)
         return dict(self._durable.get(group, {}))
+
+    def names(self) -> list[str]:
+        """Every group with a durable file, sorted."""
+        return sorted(self._durable)
+
+    def existing(self, group: str) -> Offsets:
+        """The durable offsets of ``group``; ``UnknownGroup`` if it has none: it never
+        committed, or it was deleted."""
+        check_group_name(group)
+        if group not in self._durable:
+            raise UnknownGroup(f"group {group!r} has no committed offsets")
+        return dict(self._durable[group])
+
+    async def delete(self, group: str) -> None:
+        """Forget ``group`` durably (its file is removed); ``UnknownGroup`` if it has none.
+
+        Ordered with commits: those staged before are dropped with the group; those made
+        after start it again.  Returns once the deletion is durable.
+        """
+        self.existing(group)
+        self._cleared[group] = {**self._cleared.get(group, {}), **self._staged.pop(group, {})}
+        await asyncio.shield(self._schedule(group))
 
     async def commit(self, group: str, offsets: Offsets) -> None:
         """Store ``offsets`` for ``group``; returns once they are durable."""
@@ -104,33 +154,47 @@ class GroupOffsets:
         return fut
 
     def _start_write(self, group: str) -> None:
+        """Write the group's file (or remove it: a deletion no commit followed)."""
         fut = self._next.pop(group)
         staged = self._staged.pop(group, {})
-        merged = {
-            k: v for k, v in {**self._durable.get(group, {}), **staged}.items() if k[0] not in self._deleted
-        }
-        snapshot = {
-            "offsets": [
-                {"topic": t, "partition": p, "offset": o, "metadata": m}
-                for (t, p), (o, m) in sorted(merged.items())
-            ]
-        }
-        self._writing.add(group)
+        dropped = self._cleared.pop(group, None)
+        base = self._durable.get(group, {}) if dropped is None else {}
+        merged = {k: v for k, v in {**base, **staged}.items() if k[0] not in self._deleted}
         path = self.directory / f"{group}.json"
-        task = asyncio.get_running_loop().run_in_executor(self._executor, write_json, path, snapshot)
-        task.add_done_callback(lambda t: self._written(group, fut, merged, staged, t))
+        if dropped is not None and not merged:
+            job = (_remove, path)
+        else:
+            snapshot = {
+                "offsets": [
+                    {"topic": t, "partition": p, "offset": c.offset, "metadata": c.metadata,
+                     "time": c.time_ms, "client": c.client}
+                    for (t, p), c in sorted(merged.items())
+                ]
+            }
+            job = (write_json, path, snapshot)
+        self._writing.add(group)
+        task = asyncio.get_running_loop().run_in_executor(self._executor, *job)
+        task.add_done_callback(lambda t: self._written(group, fut, merged, staged, dropped, t))
 
-    def _written(self, group: str, fut: asyncio.Future, merged: Offsets, staged: Offsets, task) -> None:
+    def _written(
+        self, group: str, fut: asyncio.Future, merged: Offsets, staged: Offsets, dropped: Offsets | None, task
+    ) -> None:
         self._writing.discard(group)
         exc = task.exception()
+        deletion = dropped is not None and not merged
         if exc is None:
-            self._durable[group] = {k: v for k, v in merged.items() if k[0] not in self._deleted}
+            if deletion:
+                self._durable.pop(group, None)
+            else:
+                self._durable[group] = {k: v for k, v in merged.items() if k[0] not in self._deleted}
             fut.set_result(None)
         else:
             # not durable: not visible either; a later commit of the same group retries them
+            # (a failed deletion is not retried: its caller was told it failed)
             later = self._staged.setdefault(group, {})
-            self._staged[group] = {**staged, **later}
-            err = storage_error_from_os(exc, f"commit of group {group}") if isinstance(exc, OSError) else exc
+            self._staged[group] = {**(dropped or {}), **staged, **later}
+            what = f"{'deletion' if deletion else 'commit'} of group {group}"
+            err = storage_error_from_os(exc, what) if isinstance(exc, OSError) else exc
             fut.set_exception(err)
         if group in self._next:
             self._start_write(group)

@@ -91,7 +91,9 @@ class Partition:
 
         The future completes after the write, and after the fsync when the flush policy
         says "always".  It fails with a ``StorageError`` when the disk refuses the write
-        (nothing of the request stays in the log) or ``BrokerShuttingDown``.
+        (nothing of the request stays in the log) or ``BrokerShuttingDown``.  Cancelling
+        it withdraws the append if the writer has not taken it yet (the client that asked
+        is gone); once taken, the write completes regardless.
         """
         fut = asyncio.get_running_loop().create_future()
         if self._closing:
@@ -115,7 +117,8 @@ class Partition:
                 if timer is not None:
                     timer.cancel()
             self._wakeup.clear()
-            group, self._queue = self._queue, []
+            group = [req for req in self._queue if not req.future.cancelled()]
+            self._queue = []
             if group:
                 try:
                     await self._write_group(loop, group)
@@ -213,7 +216,7 @@ class Partition:
             return
         if time.monotonic() < self._retry_flush_at:  # the last fsync failed: do not hammer the disk
             return
-        by_count = cfg.flush_messages > 1 and self._unflushed >= cfg.flush_messages
+        by_count = cfg.flush_messages >= 1 and self._unflushed >= cfg.flush_messages
         if not (by_count or self._flush_due_in() == 0):
             return
         pending, self._unflushed = self._unflushed, 0
@@ -230,6 +233,18 @@ class Partition:
             self._retry_flush_at = time.monotonic() + FLUSH_RETRY_S
             self._unflushed += pending
         self._wakeup.set()  # re-check: data written during the flush may be due already
+
+    def reconfigure(self, config: TopicConfig) -> None:
+        """Apply a changed topic config to this live partition (event loop).
+
+        Write groups after this one follow its flush policy and timestamp type; produce
+        checks ``max.message.bytes`` from it; the log takes its segment, retention and index
+        settings.  A flush the new policy makes due starts at once (switching to
+        ``flush.messages=1`` fsyncs what earlier acknowledgements left unflushed).
+        """
+        self.config = config
+        self.log.reconfigure(config.log_config)
+        self._wakeup.set()  # the writer re-evaluates flushes and its flush.ms timer
 
     # ------------------------------------------------------------------ reading
 

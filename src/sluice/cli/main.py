@@ -112,6 +112,13 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
 # --------------------------------------------------------------------------- serve
 
 
+def _data_dir(path: Path) -> Path:
+    """``--data-dir``: a directory, or a path where one can be created."""
+    if path.exists() and not path.is_dir():
+        raise click.BadParameter(f"{path} exists and is not a directory")
+    return path
+
+
 def _listen_host(ctx, param, host: str) -> str:
     """``--host``: a name or address this machine can listen on (checked by binding a
     throwaway socket to a free port of it)."""
@@ -131,7 +138,8 @@ def _listen_host(ctx, param, host: str) -> str:
 
 
 @cli.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True,
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+              callback=lambda ctx, param, path: _data_dir(path),
               help="Directory of the logs and metadata (created if missing).")
 @click.option("--host", default="127.0.0.1", show_default=True, callback=_listen_host,
               help="Address to listen on (0.0.0.0: every interface).")
@@ -146,17 +154,25 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
+@click.option("--advertised-address", default=None, metavar="HOST:PORT",
+              help="Address clients are told to connect to (default: the listening address).")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
-          retention_check_ms: int, max_connections: int, max_frame_bytes: int) -> None:
+          retention_check_ms: int, max_connections: int, max_frame_bytes: int,
+          advertised_address: str | None) -> None:
     """Run a single-node broker (embedded metadata, data in DATA_DIR)."""
+    from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
     from sluice.server.app import run
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger("sluice").setLevel(logging.INFO)
     try:
+        adv_host = adv_port = None
+        if advertised_address is not None:
+            [(adv_host, adv_port)] = parse_bootstrap(advertised_address)[:1]
         config = ServerConfig(
             data_dir=data_dir, host=host, port=port, node_id=node_id,
+            advertised_host=adv_host, advertised_port=adv_port,
             topic_defaults=key_values(topic_defaults, "--topic-default"),
             retention_check_ms=retention_check_ms, max_connections=max_connections,
             max_frame_bytes=max_frame_bytes,
@@ -234,6 +250,40 @@ def topic_delete(ctx, name: str) -> None:
     with _admin(ctx) as admin:
         admin.delete_topic(name)
     click.echo(f"deleted topic {name}")
+
+
+@topic.command("alter")
+@click.argument("name")
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Set a topic config (repeatable).")
+@click.option("--delete", "deletes", multiple=True, metavar="KEY",
+              help="Drop an override: back to the broker default (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Validate only, change nothing.")
+@click.pass_context
+def topic_alter(ctx, name: str, configs: tuple[str, ...], deletes: tuple[str, ...], dry_run: bool) -> None:
+    """Change topic NAME's config on the running broker, all or nothing, no restart."""
+    if not configs and not deletes:
+        raise click.UsageError("give at least one --config KEY=VALUE or --delete KEY")
+    changes = key_values(configs, "--config")
+    with _admin(ctx) as admin:
+        admin.alter_topic_config(name, changes, delete=deletes, validate_only=dry_run)
+    done = ", ".join([f"{k}={v}" for k, v in changes.items()] + [f"{k} reset to default" for k in deletes])
+    click.echo(f"{'dry run, nothing changed: would alter' if dry_run else 'altered'} topic {name}: {done}")
+
+
+@topic.command("add-partitions")
+@click.argument("name")
+@click.option("--num", type=int, default=None, help="Partitions to add (as rpk).")
+@click.option("--total", type=int, default=None, help="Partition count to grow to (as kafka-topics).")
+@click.option("--dry-run", is_flag=True, help="Validate only, change nothing.")
+@click.pass_context
+def topic_add_partitions(ctx, name: str, num: int | None, total: int | None, dry_run: bool) -> None:
+    """Add partitions to topic NAME: --num N more, or up to --total N.  New partitions start
+    empty; partitions are never removed."""
+    if (num is None) == (total is None):
+        raise click.UsageError("give exactly one of --num and --total")
+    with _admin(ctx) as admin:
+        total = admin.add_partitions(name, total=total, count=num, validate_only=dry_run)
+    click.echo(f"{'dry run, nothing changed: would grow' if dry_run else 'grew'} topic {name} to {total} partitions")
 
 
 # --------------------------------------------------------------------------- produce / consume
@@ -501,9 +551,11 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
 
 
+from sluice.cli.group import group  # noqa: E402 - a group of its own module
 from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
 
 cli.add_command(pipeline)
+cli.add_command(group)
 
 
 def main() -> None:

@@ -74,13 +74,11 @@ class StartPosition(click.ParamType):
                 self.fail(f"offset {v} is out of range: offsets are 0 to {MAX_OFFSET}", param, ctx)
             return Start("offset", n)
         try:
-            when = datetime.fromisoformat(v)
+            when = _parse_time(v)
+        except _TooEarly as exc:
+            self.fail(str(exc), param, ctx)
         except ValueError:
-            self.fail(f"expected earliest, latest, an offset or an ISO time, got {value!r}", param, ctx)
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        if when < _MIN_TIME:
-            self.fail(f"time {value!r} is before 1970-01-01T00:00:00Z", param, ctx)
+            self.fail(f"expected earliest, latest, an offset or an ISO-8601 time, got {value!r}", param, ctx)
         return Start("time", int(when.timestamp() * 1000))
 
 
@@ -129,3 +127,30 @@ class Escaped(click.ParamType):
         if not out and not self.allow_empty:
             self.fail("must not be empty", param, ctx)
         return out
+
+
+def iso_time(value: str, option: str) -> datetime:
+    """An ISO-8601 time (``2026-11-22T10:00:00``, ``…+01:00``, ``…Z``) from 1970 on; without
+    a zone it is UTC.  ``BadParameter`` naming ``option`` otherwise."""
+    try:
+        return _parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+class _TooEarly(ValueError):
+    """A well-formed time before the epoch: negative ms mean "latest" / "earliest" on the wire."""
+
+
+def _parse_time(value: str) -> datetime:
+    """``iso_time`` without the option: ``ValueError`` (``_TooEarly``) saying what is wrong."""
+    try:
+        dt = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(
+            f"expected an ISO-8601 time such as 2026-11-22T10:00:00 (UTC unless a zone is given), got {value!r}"
+        ) from None
+    dt = dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+    if dt < _MIN_TIME:
+        raise _TooEarly(f"time {value!r} is before 1970-01-01T00:00:00Z")
+    return dt

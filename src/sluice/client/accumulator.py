@@ -163,12 +163,16 @@ class Batch:
 
     Per-record state is three parallel lists (encoded records, futures, timestamps) so
     resolving costs one loop per batch.  A bulk batch has neither futures nor timestamps.
+
+    Outcome bookkeeping for a failed send (``errors.send_failure``): ``in_flight`` is true
+    while an attempt has been written to a connection and not answered; ``maybe_stored``
+    becomes true once any attempt's fate is unknown, and never goes back.
     """
 
     __slots__ = (
         "topic", "partition", "parts", "futures", "timestamps", "count", "size", "base_ts",
         "max_ts", "deadline", "linger_at", "reserved", "bulk", "bulk_index", "data",
-        "attempts", "last_error", "_done",
+        "attempts", "last_error", "in_flight", "maybe_stored", "_done",
     )  # fmt: skip
 
     def __init__(self, topic: str, partition: int, base_ts: int, deadline: float) -> None:
@@ -188,6 +192,8 @@ class Batch:
         self.data: bytes | None = None
         self.attempts = 0
         self.last_error: Exception | None = None
+        self.in_flight = False
+        self.maybe_stored = False
         self._done: asyncio.Future | None = None
 
     def append(self, rec: bytes, fut: asyncio.Future, ts: int, reserved: int) -> None:
@@ -230,8 +236,19 @@ class Batch:
             if not fut.done():
                 fut.set_exception(exc)
 
+    def settle(self, known: bool) -> None:
+        """The attempt in flight ended: answered (``known``), or with its fate unknown."""
+        if self.in_flight and not known:
+            self.maybe_stored = True
+        self.in_flight = False
+
     def timeout_error(self, delivery_timeout: float) -> errors.DeliveryTimeout:
-        last = f"; last error: {self.last_error}" if self.last_error else "; it was never sent"
+        if self.in_flight:
+            last = "; an attempt was still unanswered"
+        elif self.last_error:
+            last = f"; last error: {self.last_error}"
+        else:
+            last = "; it was never sent"
         err = errors.DeliveryTimeout(
             f"{self.count} record(s) for {self.topic}[{self.partition}] not acknowledged "
             f"within delivery_timeout_ms={delivery_timeout * 1000:g} "
@@ -331,10 +348,12 @@ class Accumulator:
                 self.finish(b, b.timeout_error(self.delivery_timeout), release)
 
     def finish(self, b: Batch, exc: BaseException | None, release: Callable[[Batch], None]) -> None:
-        """A batch's end: fail its futures when ``exc`` is set, release its memory."""
+        """A batch's end: fail its futures when ``exc`` is set (with a copy saying whether
+        the records may have been stored), release its memory.  Idempotent."""
         if self.incomplete.pop(b, 0) is None:
             if exc is not None:
-                b.fail(exc)
+                b.settle(known=False)
+                b.fail(errors.send_failure(exc, b.maybe_stored))
             release(b)
             b.set_done()
 

@@ -1,20 +1,43 @@
-"""Topic administration: create, delete, list, describe, list offsets.
+"""Administration: topics (create, delete, list, describe, alter config, add partitions,
+list offsets) and consumer groups (list, describe, delete, reset offsets).
 
-Thin: each method is one request to a broker (the controller when metadata names one) and
-turns per-topic or per-partition error codes into exceptions with ``errors.raise_for_code``.
-Belongs to one event loop; ``client.sync.SyncAdmin`` is the blocking twin.
+Thin: each method is one request to a broker (the controller when metadata names one), or
+a few for offset resets, and turns per-topic or per-partition error codes into exceptions
+with ``errors.raise_for_code``.  Belongs to one event loop; ``client.sync.SyncAdmin`` is the
+blocking twin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from sluice import errors
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages
-from sluice.protocol.messages import TopicDescription, TopicMetadata
+from sluice.protocol.messages import GroupDescription, GroupListing, TopicDescription, TopicMetadata
 
-__all__ = ["Admin", "TopicDescription", "TopicMetadata"]
+__all__ = ["Admin", "GroupDescription", "GroupListing", "OffsetReset", "TopicDescription", "TopicMetadata"]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _raise_first(results) -> None:
+    """Raise the error of the first failed per-topic or per-group result, if any."""
+    for r in results:
+        errors.raise_for_code(r.error, r.message or r.name)
+
+
+@dataclass(frozen=True)
+class OffsetReset:
+    """One partition of an offset reset: the group's committed offset before and after."""
+
+    topic: str
+    partition: int
+    old: int | None  # None: the group had committed nothing for this partition
+    new: int
 
 
 class Admin:
@@ -64,13 +87,62 @@ class Admin:
                 topics=[messages.NewTopic(name=name, partitions=partitions, config=cfg)]
             )
         )
-        for r in resp.topics:
-            errors.raise_for_code(r.error, r.message or r.name)
+        _raise_first(resp.topics)
 
     async def delete_topic(self, name: str) -> None:
         resp = await self._request(messages.DeleteTopicsRequest(names=[name]))
-        for r in resp.topics:
-            errors.raise_for_code(r.error, r.message or r.name)
+        _raise_first(resp.topics)
+
+    async def alter_topic_config(
+        self,
+        name: str,
+        config: dict[str, str] | None = None,
+        *,
+        delete: Iterable[str] = (),
+        validate_only: bool = False,
+    ) -> None:
+        """Set the overrides in ``config`` and drop those named in ``delete`` (back to the
+        broker's default) for topic ``name``.
+
+        All or nothing, durable, and in effect on the running broker at once: produce
+        checks the new ``max.message.bytes``, the next write follows the new flush policy,
+        the next retention pass and segment roll the new limits.  Overrides not named stay
+        as they are.  ``validate_only``: check everything, change nothing.  Raises
+        ``UnknownTopic``, ``InvalidConfig`` (unknown key, bad value, a key both set and
+        deleted).
+        """
+        change = messages.TopicConfigChange(
+            name=name, config={str(k): str(v) for k, v in (config or {}).items()}, delete=list(delete)
+        )
+        req = messages.AlterTopicConfigsRequest(topics=[change], validate_only=validate_only)
+        resp = await self._request(req)
+        _raise_first(resp.topics)
+
+    async def add_partitions(
+        self, name: str, *, total: int | None = None, count: int | None = None, validate_only: bool = False
+    ) -> int:
+        """Grow topic ``name`` to ``total`` partitions, or by ``count``: give exactly one.
+
+        Returns the new partition count.  New partitions start empty; existing ones keep
+        their data, so keys hashed to a partition may map to another one from now on.
+        Producers and subscribed consumers pick the new partitions up with their next
+        metadata refresh.  Durable; partitions are never removed.  Raises
+        ``InvalidPartitions`` unless the new total is above the current one (and within
+        the broker's limits), ``UnknownTopic``.  ``validate_only``: check, change nothing.
+        """
+        if (total is None) == (count is None):
+            raise errors.ConfigError("give exactly one of total= and count=")
+        for value in (total, count):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise errors.ConfigError(f"partition counts are ints, got {value!r}")
+        if total is None:
+            total = len(await self._partitions(name)) + count
+        req = messages.CreatePartitionsRequest(
+            topics=[messages.PartitionsIncrease(name=name, total=total)], validate_only=validate_only
+        )
+        resp = await self._request(req)
+        _raise_first(resp.topics)
+        return total
 
     async def list_topics(self) -> list[TopicMetadata]:
         """Metadata of every topic (partition leaders, replicas, max message bytes)."""
@@ -99,10 +171,7 @@ class Admin:
         none).  Returns {partition: offset}.
         """
         if partitions is None:
-            resp = await self._request(messages.MetadataRequest(topics=[topic]))
-            for t in resp.topics:
-                errors.raise_for_code(t.error, t.message or topic)
-            partitions = sorted(p.partition for t in resp.topics for p in t.partitions)
+            partitions = await self._partitions(topic)
         req = messages.ListOffsetsRequest(
             partitions=[
                 messages.ListOffsetsPartition(topic=topic, partition=p, timestamp=timestamp)
@@ -114,4 +183,117 @@ class Admin:
         for r in resp.partitions:
             errors.raise_for_code(r.error, r.message)
             out[r.partition] = r.offset
+        return out
+
+    async def _partitions(self, topic: str) -> list[int]:
+        """The partition numbers of ``topic``; ``UnknownTopic`` if there is no such topic."""
+        resp = await self._request(messages.MetadataRequest(topics=[topic]))
+        for t in resp.topics:
+            errors.raise_for_code(t.error, t.message or topic)
+        return sorted(p.partition for t in resp.topics for p in t.partitions)
+
+    # ------------------------------------------------------------------ consumer groups
+    #
+    # A group is the offsets committed under its name; the broker has no membership
+    # protocol, so it cannot tell whether a consumer of the group is running.
+
+    async def list_groups(self) -> list[GroupListing]:
+        """Every group with committed offsets: its topics, partitions, total lag and the
+        time of its latest commit."""
+        return list((await self._request(messages.ListGroupsRequest())).groups)
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        """Per partition of every topic ``group`` committed to: the committed offset (-1 if
+        none), log start, high watermark, lag, when the last commit came and from which
+        client address.  ``UnknownGroup`` if the group has no committed offsets."""
+        resp = await self._request(messages.DescribeGroupsRequest(names=[group]))
+        for g in resp.groups:
+            if g.name == group:
+                errors.raise_for_code(g.error, g.message or group)
+                return g
+        raise errors.UnknownGroup(group)
+
+    async def delete_group(self, group: str) -> None:
+        """Delete ``group``'s committed offsets, durably; ``UnknownGroup`` if it has none.
+
+        Nothing stops a consumer of the group that is still running: its next commit
+        creates the group again.
+        """
+        resp = await self._request(messages.DeleteGroupsRequest(names=[group]))
+        _raise_first(resp.groups)
+
+    async def reset_group_offsets(
+        self,
+        group: str,
+        topic: str,
+        *,
+        to: str | int | datetime | None = None,
+        shift_by: int | None = None,
+        partitions: Iterable[int] | None = None,
+        dry_run: bool = False,
+    ) -> list[OffsetReset]:
+        """Move ``group``'s committed offsets of ``topic`` (all its partitions, or
+        ``partitions``); return the old and new offset of each partition, by partition.
+
+        Exactly one of ``to`` and ``shift_by``.  ``to``: ``"earliest"`` (the log start),
+        ``"latest"`` (the high watermark), an ``int`` offset, or a ``datetime`` (the first
+        offset with a timestamp at or after it, else the high watermark; a naive datetime
+        is UTC).  ``shift_by``: the committed offset plus N (negative: back); every
+        partition must have one, else ``InvalidRequest``.  New offsets are clamped to
+        ``[log start, high watermark]``.  All partitions are committed in one request; a
+        group that does not exist yet is created.  ``dry_run``: compute, commit nothing.
+
+        There is no membership to check: a consumer of the group that is running keeps its
+        own positions and overwrites the reset with its next commit.  Stop it first.
+        """
+        if (to is None) == (shift_by is None):
+            raise errors.ConfigError("give exactly one of to= and shift_by=")
+        if to is not None and not (
+            to in ("earliest", "latest") or isinstance(to, datetime)
+            or (isinstance(to, int) and not isinstance(to, bool) and to >= 0)
+        ):
+            raise errors.ConfigError(f"to= takes 'earliest', 'latest', an offset >= 0 or a datetime, got {to!r}")
+        if shift_by is not None and (not isinstance(shift_by, int) or isinstance(shift_by, bool)):
+            raise errors.ConfigError(f"shift_by= takes an int, got {shift_by!r}")
+        parts = await self._partitions(topic) if partitions is None else sorted(set(partitions))
+        earliest = await self.list_offsets(topic, parts, messages.EARLIEST)
+        latest = await self.list_offsets(topic, parts, messages.LATEST)
+        committed = await self._committed(group, topic, parts)
+        if shift_by is not None:
+            missing = [p for p in parts if committed[p] is None]
+            if missing:
+                raise errors.InvalidRequest(
+                    f"group {group!r} has no committed offset to shift for {topic} partition(s) "
+                    f"{', '.join(map(str, missing))}"
+                )
+            target = {p: committed[p] + shift_by for p in parts}
+        elif to == "earliest":
+            target = earliest
+        elif to == "latest":
+            target = latest
+        elif isinstance(to, datetime):
+            when = to if to.tzinfo is not None else to.replace(tzinfo=UTC)
+            target = await self.list_offsets(topic, parts, (when - _EPOCH) // timedelta(milliseconds=1))
+        else:
+            target = dict.fromkeys(parts, to)
+        resets = [
+            OffsetReset(topic, p, committed[p], min(max(target[p], earliest[p]), latest[p])) for p in parts
+        ]
+        if not dry_run and resets:
+            req = messages.OffsetCommitRequest(
+                group=group,
+                offsets=[messages.CommitOffset(topic=topic, partition=r.partition, offset=r.new) for r in resets],
+            )
+            for r in (await self._request(req)).partitions:
+                errors.raise_for_code(r.error, r.message)
+        return resets
+
+    async def _committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+        req = messages.OffsetFetchRequest(
+            group=group, partitions=[messages.TopicPartition(topic=topic, partition=p) for p in partitions]
+        )
+        out: dict[int, int | None] = dict.fromkeys(partitions)
+        for r in (await self._request(req)).offsets:
+            errors.raise_for_code(r.error)
+            out[r.partition] = r.offset if r.offset >= 0 else None
         return out

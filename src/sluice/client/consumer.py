@@ -13,6 +13,14 @@ answers ``OffsetOutOfRange`` for is not used again: the partition is reset per
 task; later calls wait for it (shielded, so a cancelled caller never fails the others) and
 then send only the latest positions.
 
+Riding out faults: after ``start()``, retriable errors (connection lost, broker restarting,
+a request timing out, leader moving) never end a read loop at once.  ``getmany`` and
+iteration keep retrying with backoff (100 ms doubling to 1 s) and return what they have
+when their own timeout passes; ``commit``, ``committed`` and the seeks retry within the call.
+Only when the broker has failed every attempt for ``retry_timeout_ms`` (default 60 s) does
+the error surface, its message saying for how long it was retried.  ``start()`` itself does
+not retry: a wrong address fails at once.
+
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
 """
@@ -36,7 +44,11 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _RESETS = ("earliest", "latest", "error")
 _ISOLATION = ("", "read_uncommitted", "read_committed")
-_METADATA_MAX_AGE = 30.0  # seconds between refreshes that pick up new partitions
+_BACKOFF, _BACKOFF_MAX = 0.1, 1.0  # seconds between retries of a failing broker
+
+
+def _backoff(attempt: int) -> float:
+    return min(_BACKOFF * 2 ** min(attempt, 10), _BACKOFF_MAX)
 
 
 class Consumer:
@@ -58,8 +70,14 @@ class Consumer:
         isolation: str = "",
         request_timeout_ms: float = 30000,
         connect_timeout_ms: float = 10000,
+        retry_timeout_ms: float = 60000,
+        metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
+        """``metadata_max_age_ms``: how often metadata is refreshed, which picks up new
+        partitions of subscribed topics.  ``retry_timeout_ms``: how long retriable errors
+        (a broker restarting, a lost connection) are retried before they surface (see the
+        module docstring)."""
         if auto_offset_reset not in _RESETS:
             raise errors.ConfigError(
                 f"auto_offset_reset must be one of {_RESETS}, got {auto_offset_reset!r}"
@@ -75,6 +93,8 @@ class Consumer:
             ("fetch_max_bytes", fetch_max_bytes, 1),
             ("max_partition_fetch_bytes", max_partition_fetch_bytes, 1),
             ("request_timeout_ms", request_timeout_ms, 1),
+            ("retry_timeout_ms", retry_timeout_ms, 0),
+            ("metadata_max_age_ms", metadata_max_age_ms, 1),
         ):
             if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
                 raise errors.ConfigError(f"{name} must be a number >= {low}, got {value!r}")
@@ -91,6 +111,10 @@ class Consumer:
         self.check_crcs = check_crcs
         self.isolation = isolation
         self.request_timeout = request_timeout_ms / 1000
+        self.retry_timeout = retry_timeout_ms / 1000
+        self._failing_since: float | None = None  # first retriable failure of a read loop
+        self._failures = 0  # consecutive retriable failures (backoff)
+        self.metadata_max_age = metadata_max_age_ms / 1000
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -119,6 +143,7 @@ class Consumer:
         self._committed_positions: dict[TP, int] = {}
         self._auto_task: asyncio.Task | None = None
         self._started = False
+        self._closing = False
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -141,6 +166,7 @@ class Consumer:
         A ``getmany`` waiting meanwhile raises ``ClientClosed``; async iteration ends."""
         if self._closed:
             return
+        self._closing = True  # the final commit gets one attempt, no retries
         try:
             if self._started and self.auto_commit and self._positions:
                 try:
@@ -250,14 +276,68 @@ class Consumer:
 
     async def _seek_to(self, timestamp: int, tps: Sequence[TP]) -> None:
         await self.start()
-        await self._ensure_assignment()
-        targets = list(tps) or list(self._assigned)
-        offsets = await self._list_offsets(targets, timestamp)
-        missing = [tp for tp, off in offsets.items() if off < 0]
-        if missing:
-            offsets.update(await self._list_offsets(missing, messages.LATEST))
-        for tp, off in offsets.items():
+
+        async def resolve() -> dict[TP, int]:
+            await self._ensure_assignment()
+            targets = list(tps) or list(self._assigned)
+            offsets = await self._list_offsets(targets, timestamp)
+            missing = [tp for tp, off in offsets.items() if off < 0]
+            if missing:
+                offsets.update(await self._list_offsets(missing, messages.LATEST))
+            return offsets
+
+        for tp, off in (await self._retrying(resolve)).items():
             self.seek(tp[0], tp[1], off)
+
+    # ------------------------------------------------------------------ riding out faults
+
+    def _can_retry(self, exc: errors.SluiceError) -> bool:
+        """Worth retrying: the broker may answer differently later.  An unknown topic is
+        not (a consumer fails fast on a name that does not exist)."""
+        return exc.retriable and not isinstance(exc, errors.UnknownTopic) and not self._closing
+
+    def _gave_up(self, exc: errors.SluiceError, since: float) -> errors.SluiceError:
+        waited = time.monotonic() - since
+        return errors.annotated(
+            exc, f"(still failing after {waited:.1f} s of retries; retry_timeout_ms="
+            f"{self.retry_timeout * 1000:g})"
+        )
+
+    async def _retrying(self, op):
+        """``await op()``, retrying retriable errors with backoff for ``retry_timeout_ms``."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return await op()
+            except errors.SluiceError as exc:
+                if not self._can_retry(exc):
+                    raise
+                delay = _backoff(attempt)
+                attempt += 1
+                if time.monotonic() + delay - started > self.retry_timeout:
+                    raise self._gave_up(exc, started) from exc
+                log.info("retrying in %.1f s: %s", delay, exc)
+                await asyncio.sleep(delay)
+
+    def _failed(self, exc: errors.SluiceError) -> float:
+        """A read loop's request failed retriably: return the backoff before the next try,
+        or raise the error once failures have lasted ``retry_timeout_ms``."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            log.warning("broker unavailable, retrying for up to %g s: %s", self.retry_timeout, exc)
+        elif now - self._failing_since > self.retry_timeout:
+            since, self._failing_since, self._failures = self._failing_since, None, 0
+            raise self._gave_up(exc, since) from exc
+        self._failures += 1
+        return _backoff(self._failures - 1)
+
+    def _succeeded(self) -> None:
+        if self._failing_since is not None:
+            log.info("broker available again")
+        self._failing_since = None
+        self._failures = 0
 
     async def _list_offsets(self, tps: Sequence[TP], timestamp: int) -> dict[TP, int]:
         if not tps:
@@ -282,7 +362,7 @@ class Consumer:
         topics = self._cluster.topics
         if any(tp[0] not in topics for tp in self._assigned):
             self._needs_refresh = True
-        if not self._needs_refresh and now - self._metadata_at < _METADATA_MAX_AGE:
+        if not self._needs_refresh and now - self._metadata_at < self.metadata_max_age:
             return
         if self._subscription is None:
             await self._cluster.refresh(sorted({t for t, _ in self._assigned}))
@@ -360,8 +440,20 @@ class Consumer:
             if out:
                 self._maybe_fetch()
                 return out
-            await self._ensure_assignment()
-            await self._init_positions()
+            try:
+                await self._ensure_assignment()
+                await self._init_positions()
+            except errors.SluiceError as exc:
+                if not self._can_retry(exc):
+                    raise
+                delay = self._failed(exc)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                await asyncio.sleep(min(delay, remaining))
+                continue
+            if not self._assigned:
+                self._succeeded()  # no fetch will say so
             self._maybe_fetch()
             remaining = deadline - loop.time()
             if remaining <= 0 or not self._fetches:
@@ -452,13 +544,19 @@ class Consumer:
         try:
             conn = await self._cluster.connection(node)
             resp, data = await conn.request(req, (), self.request_timeout)
+            self._succeeded()
             self._on_fetch(resp, data, epochs, offsets)
         except asyncio.CancelledError:
             raise
         except errors.SluiceError as exc:
-            if exc.retriable:
+            if self._can_retry(exc):
                 self._needs_refresh = True
-                await asyncio.sleep(0.1)  # broker unreachable or busy: do not spin
+                try:
+                    delay = self._failed(exc)
+                except errors.SluiceError as final:
+                    self._error = final
+                else:
+                    await asyncio.sleep(delay)  # broker unreachable or busy: do not spin
             else:
                 self._error = exc
         finally:
@@ -591,9 +689,14 @@ class Consumer:
                         for (t, p), o in batch.items()
                     ],
                 )
-                resp, _ = await self._cluster.request(req)
-                for r in resp.partitions:
-                    errors.raise_for_code(r.error, r.message)
+
+
+                async def send() -> None:
+                    resp, _ = await self._cluster.request(req)
+                    for r in resp.partitions:
+                        errors.raise_for_code(r.error, r.message)
+
+                await self._retrying(send)
                 self._committed_positions.update(batch)
         except BaseException:
             for tp, off in batch.items():
@@ -614,7 +717,8 @@ class Consumer:
             raise errors.ConfigError("committed() needs a consumer group (group=...)")
         if not self._started:
             await self.start()
-        return (await self._fetch_committed([tp])).get(tuple(tp))
+        committed = await self._retrying(lambda: self._fetch_committed([tp]))
+        return committed.get(tuple(tp))
 
     async def _fetch_committed(self, tps: list[TP]) -> dict[TP, int | None]:
         req = messages.OffsetFetchRequest(

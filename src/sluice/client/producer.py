@@ -78,6 +78,10 @@ def _record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
     return _zz_len(body) + body
 
 
+def _deadline(batch: Batch) -> float:
+    return batch.deadline
+
+
 def default_partitioner(key: bytes, partitions: int) -> int:
     """Partition of a keyed record: CRC-32C of the key modulo the partition count."""
     return _crc32c.crc32c(key) % partitions
@@ -105,6 +109,7 @@ class Producer:
         linger_ms: float = 5,
         buffer_memory: int = 64 * 1024 * 1024,
         max_block_ms: float = 60000,
+        unknown_topic_wait_ms: float = 1000,
         compression: str = "none",
         max_in_flight: int = 16,
         retries: int | None = None,
@@ -115,8 +120,11 @@ class Producer:
         max_request_size: int = 16 * 1024 * 1024,
         partitioner: Callable[[bytes | None, int], int] | None = None,
         connect_timeout_ms: float = 10000,
+        metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
+        """``metadata_max_age_ms``: how often metadata of the topics sent to is refreshed,
+        which picks up new partitions and changed size limits."""
         if acks not in _ACKS:
             raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")
         if compression not in records.COMPRESSION_CODES:
@@ -127,6 +135,7 @@ class Producer:
         _positive("linger_ms", linger_ms, 0)
         _positive("buffer_memory", buffer_memory, 1)
         _positive("max_block_ms", max_block_ms, 0)
+        _positive("unknown_topic_wait_ms", unknown_topic_wait_ms, 0)
         _positive("max_in_flight", max_in_flight, 1)
         if retries is not None:
             _positive("retries", retries, 0)
@@ -136,6 +145,7 @@ class Producer:
         _positive("request_timeout_ms", request_timeout_ms, 1)
         _positive("max_request_size", max_request_size, records.HEADER_SIZE + 1)
         _positive("connect_timeout_ms", connect_timeout_ms, 1)
+        _positive("metadata_max_age_ms", metadata_max_age_ms, 1)
         if retry_backoff_max_ms < retry_backoff_ms:
             raise errors.ConfigError("retry_backoff_max_ms must be >= retry_backoff_ms")
         if batch_size > buffer_memory:
@@ -146,6 +156,7 @@ class Producer:
         self.batch_size = int(batch_size)
         self.linger = linger_ms / 1000
         self.max_block = max_block_ms / 1000
+        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
         self.codec = records.COMPRESSION_CODES[compression]
         self.max_in_flight = int(max_in_flight)
         self.retries = retries
@@ -155,6 +166,8 @@ class Producer:
         self.request_timeout = request_timeout_ms / 1000
         self.max_request_size = int(max_request_size)
         self.partitioner = partitioner
+        self.metadata_max_age = metadata_max_age_ms / 1000
+        self._metadata_at = 0.0  # monotonic time of the last metadata refresh
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -167,6 +180,7 @@ class Producer:
         self._inflight_tps: set[tuple[str, int]] = set()
         self._inflight_nodes: dict[int, int] = {}
         self._retry_at: dict[tuple[str, int], float] = {}
+        self._failures: dict[tuple[str, int], int] = {}  # consecutive failed attempts
         self._requests: set[asyncio.Task] = set()
         self._sender: asyncio.Task | None = None
         self._refresh_task: asyncio.Task | None = None
@@ -188,6 +202,7 @@ class Producer:
         self._loop = asyncio.get_running_loop()
         self._acc.on_ready = self._wake
         await self._cluster.refresh([])
+        self._metadata_at = time.monotonic()
         self._sender = self._loop.create_task(self._run_sender(), name="sluice-producer-sender")
 
     async def close(self) -> None:
@@ -244,13 +259,17 @@ class Producer:
     # ------------------------------------------------------------------ metadata
 
     async def _topic(self, topic: str):
-        """Metadata of ``topic``, refreshing until it exists or the delivery timeout passes."""
+        """Metadata of ``topic``, refreshing until it is known.
+
+        A broker that cannot be reached is waited for up to ``max_block_ms`` (bounded by the
+        delivery timeout); a topic the broker says does not exist, only up to
+        ``unknown_topic_wait_ms`` (it may be being created), then ``UnknownTopic``.
+        """
         info = self._cluster.topics.get(topic)
         if info is not None:
             return info
-        # Like Kafka's max.block.ms: a send waits this long for its topic's metadata.
+        started = time.monotonic()
         wait = min(self.max_block, self.delivery_timeout)
-        deadline = time.monotonic() + wait
         attempt = 0
         last: Exception | None = None
         while True:
@@ -268,21 +287,37 @@ class Producer:
                 raise last
             delay = self._backoff_delay(attempt)
             attempt += 1
-            if time.monotonic() + delay > deadline:
+            if isinstance(last, errors.UnknownTopic):
+                wait = min(wait, self.unknown_topic_wait)
+            if time.monotonic() + delay - started > wait:
+                if isinstance(last, errors.UnknownTopic):
+                    raise errors.UnknownTopic(
+                        f"topic {topic!r} does not exist (waited {wait * 1000:g} ms: "
+                        f"unknown_topic_wait_ms)"
+                    )
                 raise errors.UnknownTopic(
-                    f"topic {topic!r} not found within {wait:g}s"
+                    f"no metadata for topic {topic!r} within {wait:g}s"
                     + (f" (last error: {last})" if last else "")
                 )
             await asyncio.sleep(delay)
             if self._closing:
                 raise errors.ClientClosed("producer closed while the send waited for metadata")
 
-    async def _usable_topic(self, topic: str):
-        """Metadata of ``topic`` (waiting for it if new); it must have partitions."""
+    async def _usable_topic(self, topic: str, partition: int | None = None):
+        """Metadata of ``topic`` (waiting for it if new); it must have partitions.  A
+        ``partition`` beyond those known refreshes the metadata once: the topic may have
+        grown since."""
         info = self._cluster.topics.get(topic)
         if info is None:
             info = await self._topic(topic)
             self._check_open()
+        if partition is not None and partition >= info.partitions:
+            try:
+                await self._cluster.refresh([*self._cluster.topics, topic])
+            except errors.SluiceError:
+                pass  # unreachable now: the send is refused on what is known
+            self._check_open()
+            info = self._cluster.topics.get(topic) or await self._topic(topic)
         if info.partitions <= 0:
             raise errors.UnknownPartition(f"topic {topic!r} has no partitions")
         return info
@@ -304,6 +339,7 @@ class Producer:
         except errors.SluiceError:
             await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
         finally:
+            self._metadata_at = time.monotonic()  # a failed refresh is not repeated at once either
             self._wake()
 
     # ------------------------------------------------------------------ partitioning
@@ -348,7 +384,7 @@ class Producer:
         producer is closed, also while waiting.  When it raises, nothing was buffered.
         """
         self._check_open()
-        info = await self._usable_topic(topic)
+        info = await self._usable_topic(topic, partition)
         n = info.partitions
         limit = self._max_batch_bytes(info)
         tail = _tail_size(key, value, headers)
@@ -449,7 +485,7 @@ class Producer:
             fut = self._loop.create_future()
             fut.set_result((partition if partition is not None else -1, -1))
             return fut
-        info = await self._usable_topic(topic)
+        info = await self._usable_topic(topic, partition)
         n = info.partitions
         limit = self._max_batch_bytes(info)
         if partition is None:
@@ -552,6 +588,7 @@ class Producer:
             acc.expire(now, self._release)
             wake_at = acc.close_lingered(now, force=self._flushing > 0 or self._closing)
             wake_at = self._dispatch(now, wake_at)
+            wake_at = self._refresh_when_old(now, wake_at)
             self._waiter = loop.create_future()
             handle = None
             if wake_at is not None:
@@ -565,6 +602,17 @@ class Producer:
                 if handle is not None:
                     handle.cancel()
 
+    def _refresh_when_old(self, now: float, wake_at: float | None) -> float | None:
+        """Refresh metadata ``metadata_max_age_ms`` after the last refresh (new partitions,
+        changed limits) if any topic is known; return the next wake-up time."""
+        if not self._cluster.topics:
+            return wake_at
+        due = self._metadata_at + self.metadata_max_age
+        if now >= due:
+            self._request_refresh()
+            due = now + self.metadata_max_age
+        return due if wake_at is None else min(wake_at, due)
+
     def _dispatch(self, now: float, wake_at: float | None) -> float | None:
         """Turn ready batches into requests, within the per-partition and per-connection
         in-flight limits; return the next time something becomes due."""
@@ -572,12 +620,17 @@ class Producer:
         need_refresh = False
         cluster = self._cluster
         for tp, q in self._acc.queues.items():
-            if not q or tp in self._inflight_tps:
+            if not q:
+                continue
+            if tp in self._inflight_tps:  # waits for its request; expire() at its deadline
+                deadline = q[0].deadline
+                wake_at = deadline if wake_at is None else min(wake_at, deadline)
                 continue
             retry_at = self._retry_at.get(tp)
             if retry_at is not None:
                 if retry_at > now:
-                    wake_at = retry_at if wake_at is None else min(wake_at, retry_at)
+                    due = min(retry_at, q[0].deadline)  # expire() fails the head at its deadline
+                    wake_at = due if wake_at is None else min(wake_at, due)
                     continue
                 del self._retry_at[tp]
             node = cluster.leader(*tp)
@@ -630,40 +683,46 @@ class Producer:
     async def _send_request(self, node: int, batches: dict[tuple[str, int], list[Batch]]) -> None:
         """One produce request: every batch it holds ends acknowledged, failed or requeued,
         whatever is raised (a bug, a foreign error, cancellation by ``close``)."""
+        flat = [b for bs in batches.values() for b in bs]
         try:
             try:
-                response = await self._exchange(node, batches)
-                if response is None:  # acks=none: written is all we will know
-                    for bs in batches.values():
-                        for b in bs:
-                            self._complete(b, -1, -1)
-                else:
-                    self._on_response(batches, response)
-            except asyncio.CancelledError:
-                # only close() cancels requests, and it has failed these batches already
-                self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
+                response = await self._exchange(node, batches, flat)
+            except BaseException:
+                for b in flat:
+                    b.settle(known=False)  # written or not, no answer was read
                 raise
-            except errors.SluiceError as exc:
-                self._on_request_error(batches, exc)
-            except OSError as exc:
-                self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
-            except Exception as exc:
-                log.exception("produce request to broker %s failed unexpectedly", node)
-                self._abandon(batches, exc)
+            if response is None:  # acks=none: written is all we will know
+                for b in flat:
+                    b.settle(known=False)
+                    self._complete(b, -1, -1)
+            else:
+                self._on_response(batches, response)
+        except asyncio.CancelledError:
+            # only close() cancels requests, and it has failed these batches already
+            self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
+            raise
+        except errors.SluiceError as exc:
+            self._on_request_error(batches, exc)
+        except OSError as exc:
+            self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
+        except Exception as exc:
+            log.exception("produce request to broker %s failed unexpectedly", node)
+            self._abandon(batches, exc)
         finally:
             self._inflight_nodes[node] -= 1
             for tp in batches:
                 self._inflight_tps.discard(tp)
             self._wake()
 
-    async def _exchange(self, node: int, batches: dict[tuple[str, int], list[Batch]]):
-        """Connect, write and await the answer (None with ``acks="none"``), all bounded by
-        ``request_timeout_ms`` and by the earliest delivery deadline of ``batches``; the
-        broker is told the same bound.  ``RequestTimedOut`` when it passes."""
-        deadline = min(b.deadline for bs in batches.values() for b in bs)
-        timeout = min(self.request_timeout, deadline - time.monotonic())
-        if timeout <= 0:
-            raise errors.RequestTimedOut("delivery deadline passed before the request was sent")
+    async def _exchange(self, node: int, batches: dict[tuple[str, int], list[Batch]], flat):
+        """Send one request and return its response (None with ``acks="none"``).
+
+        The request itself is bounded by ``connect_timeout_ms`` and ``request_timeout_ms``
+        alone (a timeout closes its connection, see ``Connection.request``), never shrunk by
+        the batches' deadlines: a batch whose delivery deadline passes meanwhile fails on
+        its own (its records may have been stored) while the request runs on, and its
+        partition stays in flight until the request ends, so no second copy is sent beside it.
+        """
         partitions = []
         attachments = []
         for (topic, partition), bs in batches.items():
@@ -673,40 +732,71 @@ class Producer:
                 size += len(b.data)
             partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
         request = messages.ProduceRequest(
-            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(timeout * 1000))
+            partitions=partitions, acks=self.acks, timeout_ms=int(self.request_timeout * 1000)
         )
+        task = self._loop.create_task(self._deliver(node, request, attachments, flat))
+        by_deadline = sorted(flat, key=_deadline)
+        i = 0
         try:
-            async with asyncio.timeout(timeout):
-                conn = await self._cluster.connection(node)
-                if self.acks == messages.ACKS_NONE:
-                    await conn.drain()
-                    conn.send_noreply(request, attachments)
-                    return None
-                response, _ = await conn.request(request, attachments, timeout)
-                return response
-        except TimeoutError:
-            raise errors.RequestTimedOut(
-                f"produce to broker {node} not done within {timeout:g}s "
-                f"(request_timeout_ms or the delivery deadline)"
-            ) from None
+            while True:
+                now = time.monotonic()
+                while i < len(by_deadline) and by_deadline[i].deadline <= now:
+                    b = by_deadline[i]
+                    self._acc.finish(b, b.timeout_error(self.delivery_timeout), self._release)
+                    i += 1
+                timeout = by_deadline[i].deadline - now if i < len(by_deadline) else None
+                await asyncio.wait((task,), timeout=timeout)
+                if task.done():
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
+        """Connect and write (marking ``flat`` in flight only once the bytes go out), then
+        await the answer."""
+        conn = await self._cluster.connection(node)
+        if self.acks == messages.ACKS_NONE:
+            await conn.drain()
+        if conn.closed:
+            raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
+        for b in flat:
+            b.in_flight = True
+        if self.acks == messages.ACKS_NONE:
+            conn.send_noreply(request, attachments)
+            return None
+        response, _ = await conn.request(request, attachments, self.request_timeout, check=False)
+        return response
 
     def _on_response(self, batches, response: messages.ProduceResponse) -> None:
+        if response.error:  # the whole request was answered with one error
+            exc = errors.error_for_code(response.error, response.message)
+            for tp, bs in batches.items():
+                self._on_partition_error(tp, bs, exc)
+            return
         results = {(r.topic, r.partition): r for r in response.partitions}
         for tp, bs in batches.items():
             r = results.get(tp)
             if r is None:
-                self._retry(tp, bs, errors.UnknownServerError(f"no result for {tp} in the produce response"))
+                exc = errors.UnknownServerError(f"no result for {tp} in the produce response")
+                self._on_partition_error(tp, bs, exc)
             elif r.error:
-                exc = errors.error_for_code(r.error, r.message)
-                if exc.retriable:
-                    self._retry(tp, bs, exc)
-                else:
-                    self._fail_batches(bs, exc)
+                self._on_partition_error(tp, bs, errors.error_for_code(r.error, r.message))
             else:
+                self._failures.pop(tp, None)
                 offset = r.base_offset
                 for b in bs:
+                    b.settle(known=True)
                     self._complete(b, offset, r.log_append_time)
                     offset += b.count
+
+    def _on_partition_error(self, tp, bs: list[Batch], exc: errors.BrokerError) -> None:
+        for b in bs:
+            b.settle(known=exc.appended_nothing)
+        if exc.retriable:
+            self._retry(tp, bs, exc)
+        else:
+            self._fail_batches(bs, exc)
 
     def _abandon(self, batches, exc: BaseException) -> None:
         """Fail every batch of ``batches`` still unfinished and not requeued."""
@@ -725,17 +815,21 @@ class Producer:
                 self._fail_batches(bs, exc)
 
     def _retry(self, tp, bs: list[Batch], exc: Exception) -> None:
-        """Requeue ``bs`` at the front of their partition (order kept), after a backoff that
-        ends no later than their delivery deadline (where ``expire`` fails them)."""
+        """Requeue the unfinished batches of ``bs`` at the front of their partition (order
+        kept) after a backoff that grows with the partition's consecutive failures up to
+        ``retry_backoff_max_ms``, whatever the deadlines; ``expire`` fails what reaches its
+        deadline meanwhile."""
         now = time.monotonic()
         if isinstance(exc, errors.NotLeader):
             self._cluster.mark_stale(tp[0])
         if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed):
             self._request_refresh()
-        attempts = max(b.attempts for b in bs) + 1
-        retry_at = now + self._backoff_delay(attempts - 1)
+        failures = self._failures[tp] = self._failures.get(tp, 0) + 1
+        incomplete = self._acc.incomplete
         keep = []
         for b in bs:
+            if b not in incomplete:
+                continue  # failed at its deadline while in flight
             b.last_error = exc
             b.attempts += 1
             if b.deadline <= now:
@@ -746,7 +840,7 @@ class Producer:
                 keep.append(b)
         if keep:
             self._acc.queues.setdefault(tp, deque()).extendleft(reversed(keep))
-            self._retry_at[tp] = min(retry_at, min(b.deadline for b in keep))
+            self._retry_at[tp] = now + self._backoff_delay(failures - 1)
 
     def _backoff_delay(self, attempt: int) -> float:
         delay = min(self.backoff * (2 ** min(attempt, 30)), self.backoff_max)

@@ -165,17 +165,19 @@ class SyncProducer(_SyncBase):
     def send_many(self, topic: str, values: Sequence[bytes], **kw) -> concurrent.futures.Future:
         return self._call(_chained_send_many, topic, values, **kw)
 
-    def send_batch(self, messages: Iterable[tuple]) -> concurrent.futures.Future:
+    def send_batch(self, messages: Iterable, topic: str | None = None) -> concurrent.futures.Future:
         """Buffer many records in one hop onto the loop; return one future for the lot.
 
-        Each message is ``(topic, value, key, headers, partition)`` (``key``, ``headers``
-        and ``partition`` may be None) and goes through ``Producer.send``: its own
-        partitioning, size checks and memory wait.  The future resolves to the number of
-        records once every one is acknowledged, or fails with the first failure.  Raises at
-        once where ``send`` would; the records buffered before the failing one are still
-        sent.
+        With ``topic``, each message is a value (``bytes`` or None) or a ``(key, value)``
+        pair.  Without it, each message is a tuple ``(topic, value[, key[, headers[,
+        partition]]])`` (trailing fields may be left out or None).  Anything else raises
+        ``ConfigError`` naming the message, before any record is buffered.  Each record goes
+        through ``Producer.send``: its own partitioning, size checks and memory wait.  The
+        future resolves to the number of records once every one is acknowledged, or fails
+        with the first failure.  Raises at once where ``send`` would; the records buffered
+        before the failing one are still sent.
         """
-        return self._call(_send_batch, messages)
+        return self._call(_send_batch, [_message(i, m, topic) for i, m in enumerate(messages)])
 
     def send_each(self, messages: Iterable[tuple]) -> list:
         """Buffer many records in one hop onto the loop, each on its own.
@@ -213,6 +215,25 @@ async def _chained_send(p: Producer, topic, value, **kw):
 
 async def _chained_send_many(p: Producer, topic, values, **kw):
     return await _chained(await p.send_many(topic, values, **kw))
+
+
+def _message(index: int, msg, topic: str | None) -> tuple:
+    """One ``send_batch`` message as ``(topic, value, key, headers, partition)``."""
+    if topic is not None:
+        if msg is None or isinstance(msg, bytes | bytearray | memoryview):
+            return topic, msg, None, None, None
+        if isinstance(msg, tuple) and len(msg) == 2:
+            return topic, msg[1], msg[0], None, None
+        raise errors.ConfigError(
+            f"send_batch(topic=...) takes values or (key, value) pairs; message {index} is "
+            f"{type(msg).__name__}{f' of {len(msg)} items' if isinstance(msg, tuple) else ''}"
+        )
+    if isinstance(msg, tuple) and 2 <= len(msg) <= 5 and isinstance(msg[0], str):
+        return msg if len(msg) == 5 else (*msg, *(None,) * (5 - len(msg)))
+    raise errors.ConfigError(
+        f"send_batch takes (topic, value[, key[, headers[, partition]]]) tuples, or values "
+        f"and (key, value) pairs with topic=...; message {index} is {msg!r:.60}"
+    )
 
 
 async def _send_batch(p: Producer, messages):
@@ -339,3 +360,23 @@ class SyncAdmin(_SyncBase):
 
     def list_offsets(self, topic: str, partitions=None, timestamp: int = -1) -> dict[int, int]:
         return self._call(Admin.list_offsets, topic, partitions, timestamp)
+
+    def alter_topic_config(self, name: str, config=None, *, delete=(), validate_only: bool = False) -> None:
+        self._call(Admin.alter_topic_config, name, config, delete=delete, validate_only=validate_only)
+
+    def add_partitions(self, name: str, *, total=None, count=None, validate_only: bool = False) -> int:
+        return self._call(Admin.add_partitions, name, total=total, count=count, validate_only=validate_only)
+
+    def list_groups(self) -> list:
+        return self._call(Admin.list_groups)
+
+    def describe_group(self, group: str):
+        return self._call(Admin.describe_group, group)
+
+    def delete_group(self, group: str) -> None:
+        self._call(Admin.delete_group, group)
+
+    def reset_group_offsets(self, group: str, topic: str, **kw) -> list:
+        """See ``Admin.reset_group_offsets`` (keyword arguments ``to``, ``shift_by``,
+        ``partitions``, ``dry_run``)."""
+        return self._call(Admin.reset_group_offsets, group, topic, **kw)

@@ -68,8 +68,8 @@ class Connection:
         self._loop = asyncio.get_running_loop()
         self._reader = frames.FrameReader(max_frame_bytes, handshake=True)
         self._transport: asyncio.Transport | None = None
-        # correlation id -> (future, response type)
-        self._pending: dict[int, tuple[asyncio.Future, type]] = {}
+        # correlation id -> (future, response type, raise error responses)
+        self._pending: dict[int, tuple[asyncio.Future, type, bool]] = {}
         self._correlation = itertools.count(1)
         self._handshake: asyncio.Future = self._loop.create_future()
         self._closed_fut: asyncio.Future = self._loop.create_future()
@@ -154,12 +154,19 @@ class Connection:
 
     # ------------------------------------------------------------------ requests
 
-    async def request(self, request, attachments=(), timeout: float | None = None):
+    async def request(
+        self, request, attachments=(), timeout: float | None = None, *, check: bool = True
+    ):
         """Send ``request`` and return ``(response, attachments_memoryview)``.
 
-        Raises the broker's error when the response's top-level ``error`` is set,
-        ``RequestTimedOut`` after ``timeout`` seconds (the request is then forgotten; a late
-        answer is dropped), ``ConnectionClosed`` if the connection breaks first.
+        Raises the broker's error when the response's top-level ``error`` is set (with
+        ``check=False`` such a response is returned like any other: the caller reads
+        ``error``), ``ConnectionClosed`` if the connection breaks first, and
+        ``RequestTimedOut`` after ``timeout`` seconds.  A timeout **closes the connection**:
+        the broker may still be executing the request, and a retry sent on the same
+        connection could run beside it; every other request pending on the connection then
+        fails with ``ConnectionClosed``.  Any exception raised here means no answer was
+        read, so the request's fate on the broker is unknown once it was written.
         """
         if self._error is not None:
             raise self._error
@@ -168,7 +175,7 @@ class Connection:
         header = _encode(request)  # before anything is registered: it may raise
         correlation = next(self._correlation) & 0xFFFFFFFF
         fut = self._loop.create_future()
-        self._pending[correlation] = (fut, response_type)
+        self._pending[correlation] = (fut, response_type, check)
         self._transport.writelines(
             frames.encode_frame(frames.REQUEST, api, version, correlation, header, attachments)
         )
@@ -244,7 +251,7 @@ class Connection:
             entry = pending.pop(ev.correlation, None)
             if entry is None:
                 continue  # timed out or cancelled: the caller is gone
-            fut, response_type = entry
+            fut, response_type, check = entry
             if fut.done():
                 continue
             try:
@@ -254,7 +261,7 @@ class Connection:
                 # broker it means the peer broke the protocol.
                 fut.set_exception(errors.ProtocolError(f"undecodable response: {exc}"))
                 continue
-            if response.error:
+            if response.error and check:
                 fut.set_exception(errors.error_for_code(response.error, response.message))
             else:
                 fut.set_result((response, ev.attachments))
@@ -289,14 +296,17 @@ class Connection:
                 w.set_result(None)
 
     def _expire(self, correlation: int, api: int, timeout: float) -> None:
+        """A request's timeout: fail it, then close the connection (see ``request``)."""
         entry = self._pending.pop(correlation, None)
-        if entry is not None and not entry[0].done():
-            entry[0].set_exception(
-                errors.RequestTimedOut(
-                    f"no answer to {messages.Api(api).name} from {self.host}:{self.port} "
-                    f"within {timeout:g}s"
-                )
-            )
+        if entry is None or entry[0].done():
+            return
+        what = f"{messages.Api(api).name} to {self.host}:{self.port}"
+        entry[0].set_exception(
+            errors.RequestTimedOut(f"no answer to {what} within {timeout:g}s")
+        )
+        self._fail(errors.ConnectionClosed(f"connection closed: {what} timed out after {timeout:g}s"))
+        if self._transport is not None:
+            self._transport.abort()  # unsent bytes of the request are dropped, not delivered late
 
     def _fail(self, exc: Exception) -> None:
         """Make the connection unusable and fail everything waiting on it.
@@ -307,7 +317,7 @@ class Connection:
         if self._error is None:
             self._error = exc
         pending, self._pending = self._pending, {}
-        for fut, _ in pending.values():
+        for fut, *_ in pending.values():
             if not fut.done():
                 fut.set_exception(_waiter_error(exc))
         if not self._handshake.done():

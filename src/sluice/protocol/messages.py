@@ -34,6 +34,11 @@ class Api(IntEnum):
     LIST_OFFSETS = 7
     OFFSET_COMMIT = 8
     OFFSET_FETCH = 9
+    LIST_GROUPS = 10
+    DESCRIBE_GROUPS = 11
+    DELETE_GROUPS = 12
+    ALTER_TOPIC_CONFIGS = 13
+    CREATE_PARTITIONS = 14
 
 
 class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -153,6 +158,35 @@ class TopicDescription(Struct):
 
 class DescribeTopicsResponse(Response):
     topics: list[TopicDescription] = []
+
+
+class TopicConfigChange(Struct):
+    name: str
+    config: dict[str, str] = {}  # overrides to set (added or replaced)
+    delete: list[str] = []  # overrides to drop: back to the broker's default
+
+
+class AlterTopicConfigsRequest(Struct):
+    topics: list[TopicConfigChange]
+    validate_only: bool = False
+
+
+class AlterTopicConfigsResponse(Response):
+    topics: list[TopicResult] = []
+
+
+class PartitionsIncrease(Struct):
+    name: str
+    total: int  # the partition count wanted, above the current one
+
+
+class CreatePartitionsRequest(Struct):
+    topics: list[PartitionsIncrease]
+    validate_only: bool = False
+
+
+class CreatePartitionsResponse(Response):
+    topics: list[TopicResult] = []
 
 
 # --------------------------------------------------------------------------- produce
@@ -290,6 +324,71 @@ class OffsetFetchResponse(Response):
     offsets: list[FetchedOffset] = []
 
 
+# --------------------------------------------------------------------------- groups
+#
+# A group is the committed offsets kept under its name (there is no membership protocol):
+# it exists from its first commit until it is deleted.
+
+
+class ListGroupsRequest(Struct):
+    pass
+
+
+class GroupListing(Struct):
+    name: str
+    topics: list[str] = []  # topics with a committed offset
+    partitions: int = 0  # partitions with a committed offset
+    lag: int = 0  # summed over those partitions
+    last_commit_ms: int = -1  # broker time of the group's latest commit; -1: unknown
+
+
+class ListGroupsResponse(Response):
+    groups: list[GroupListing] = []
+
+
+class DescribeGroupsRequest(Struct):
+    names: list[str]
+
+
+class GroupPartition(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    committed_offset: int = -1  # -1: none (a partition of a topic the group committed to)
+    metadata: str = ""
+    log_start_offset: int = -1
+    high_watermark: int = -1
+    lag: int = -1  # high_watermark - committed_offset, at least 0; -1: nothing committed
+    commit_time_ms: int = -1  # broker time of the last commit of this partition; -1: unknown
+    committed_by: str = ""  # client address (host:port) of that commit's connection
+
+
+class GroupDescription(Struct):
+    name: str
+    error: int = 0
+    message: str = ""
+    partitions: list[GroupPartition] = []
+
+
+class DescribeGroupsResponse(Response):
+    groups: list[GroupDescription] = []
+
+
+class DeleteGroupsRequest(Struct):
+    names: list[str]
+
+
+class GroupResult(Struct):
+    name: str
+    error: int = 0
+    message: str = ""
+
+
+class DeleteGroupsResponse(Response):
+    groups: list[GroupResult] = []
+
+
 # --------------------------------------------------------------------------- registry
 
 APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
@@ -303,6 +402,11 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.LIST_OFFSETS: {1: (ListOffsetsRequest, ListOffsetsResponse)},
     Api.OFFSET_COMMIT: {1: (OffsetCommitRequest, OffsetCommitResponse)},
     Api.OFFSET_FETCH: {1: (OffsetFetchRequest, OffsetFetchResponse)},
+    Api.LIST_GROUPS: {1: (ListGroupsRequest, ListGroupsResponse)},
+    Api.DESCRIBE_GROUPS: {1: (DescribeGroupsRequest, DescribeGroupsResponse)},
+    Api.DELETE_GROUPS: {1: (DeleteGroupsRequest, DeleteGroupsResponse)},
+    Api.ALTER_TOPIC_CONFIGS: {1: (AlterTopicConfigsRequest, AlterTopicConfigsResponse)},
+    Api.CREATE_PARTITIONS: {1: (CreatePartitionsRequest, CreatePartitionsResponse)},
 }
 
 _REQUEST_API: dict[type, tuple[Api, int]] = {

@@ -1,8 +1,10 @@
 """Server lifecycle: start the broker, listen, stop cleanly on SIGTERM / SIGINT.
 
-``run(config)`` is what ``sluice serve`` calls.  Shutdown order: stop accepting, refuse new
-requests, let in-flight ones finish (bounded), then flush and close every partition, so a
-SIGTERM never loses an acknowledged write and leaves indexes saved.
+``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
+the port, recover the logs, then accept connections, so a second broker on the same
+directory or port is refused before it reads a byte of data.  Shutdown order: stop
+accepting, refuse new requests, let in-flight ones finish (bounded), then flush and close
+every partition, so a SIGTERM never loses an acknowledged write and leaves indexes saved.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sluice.broker.broker import Broker
 from sluice.config import ServerConfig
 from sluice.errors import ConfigError
 from sluice.server.connection import Connection
+from sluice.storage.dirlock import DataDirLock
 
 log = logging.getLogger("sluice.server")
 
@@ -30,6 +33,7 @@ class Server:
         self.connections: set[Connection] = set()
         self.stopping = False
         self._listener: asyncio.AbstractServer | None = None
+        self._lock = DataDirLock(config.data_dir)
         self._stopped = asyncio.Event()
 
     def register(self, conn: Connection) -> bool:
@@ -48,22 +52,39 @@ class Server:
         return sock.getsockname()[:2]
 
     async def start(self) -> None:
-        """Open the broker, then listen; ``ConfigError`` (broker closed again) when the
-        address cannot be listened on."""
-        await self.broker.start()
-        loop = asyncio.get_running_loop()
-        host, port = self.config.host, self.config.port
+        """Lock, bind, recover, serve (module docstring).  Raises ``DataDirInUse``, or
+        ``ConfigError`` (also for an address that cannot be listened on), with nothing of
+        the data touched."""
+        cfg = self.config
+        self._lock.acquire()
         try:
-            self._listener = await loop.create_server(
-                lambda: Connection(self), host, port, reuse_address=True, backlog=512
+            loop = asyncio.get_running_loop()
+            self._listener = await self._listen(loop)
+            host, port = self.address
+            self.broker.host = cfg.advertised_host or host
+            self.broker.port = cfg.advertised_port or port
+            await self.broker.start()
+            await self._listener.start_serving()
+        except BaseException:
+            if self._listener is not None:
+                self._listener.close()
+            self._lock.release()
+            raise
+        log.info("sluice broker listening on %s:%d (data: %s)", host, port, cfg.data_dir)
+        if (self.broker.host, self.broker.port) != (host, port):
+            log.info("advertised to clients as %s:%d", self.broker.host, self.broker.port)
+
+    async def _listen(self, loop) -> asyncio.AbstractServer:
+        """Bind (not yet serving); ``ConfigError`` naming the address when it cannot be."""
+        cfg = self.config
+        try:
+            return await loop.create_server(
+                lambda: Connection(self), cfg.host, cfg.port,
+                reuse_address=True, backlog=512, start_serving=False,
             )
         except OSError as exc:
-            await self.broker.close()
             why = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise ConfigError(f"cannot listen on {host}:{port}: {why}") from exc
-        host, port = self.address
-        self.broker.host, self.broker.port = host, port
-        log.info("sluice broker listening on %s:%d (data: %s)", host, port, self.config.data_dir)
+            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {why}") from exc
 
     async def stop(self) -> None:
         if self.stopping:
@@ -80,6 +101,7 @@ class Server:
             )
             await self.broker.close()
         finally:
+            self._lock.release()
             self._stopped.set()  # the process exits even if a close step failed (it is logged)
         log.info("stopped")
 

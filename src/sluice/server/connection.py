@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sluice.broker.peer import client_address
 from sluice.errors import (
     BrokerError,
     BrokerShuttingDown,
@@ -154,6 +155,7 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     async def _handle(self, frame: frames.Frame, handler, request) -> None:
+        client_address.set(self.peer)
         try:
             result = await handler(request, frame.attachments)
         except BrokerError as exc:

@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 )
 
 from sluice import errors
-from sluice.client.sync import SyncProducer
+from sluice.client.sync import SyncAdmin, SyncProducer
 from sluice.spark.options import WriteOptions
 
 __all__ = ["BatchWriter", "StreamWriter", "Written"]
@@ -83,8 +83,13 @@ def check_schema(schema: StructType, opts: WriteOptions) -> None:
 
 class _Sender:
     def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        """On the driver, when the write is planned: check the columns, and that the
+        ``topic`` option names a topic that exists (``UnknownTopic`` now, not in every task)."""
         check_schema(schema, opts)
         self.opts = opts
+        if opts.topic is not None:
+            with SyncAdmin(opts.bootstrap) as admin:
+                admin.describe_topic(opts.topic)
 
     def write(self, iterator) -> Written:
         """Send every row of the task's Arrow batches; return once all are acknowledged."""

@@ -163,6 +163,13 @@ class PartitionLog:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """Use ``config`` from now on (event loop): the next append decides rolls by its
+        segment limits, the next retention pass by its retention, and the index interval
+        applies to the active segment's next batches."""
+        self.config = config
+        self.active.index_interval = config.index_interval_bytes
+
     # ------------------------------------------------------------------ appending
 
     def prepare_append(self, total: int, count: int, now_ms: int) -> Segment | None:
