@@ -765,3 +765,40 @@ def test_readme_names_no_pypi_install_and_says_times_are_utc():
     assert "pip install '.[spark]'" in text
     assert "without a zone is UTC" in text
     assert "PYSPARK_PYTHON" in text
+
+
+# ---------------------------------------------------------------------- following across a restart
+
+
+def read_until(stream, needle: bytes, timeout: float = 30) -> bytes:
+    """Read ``stream`` (a pipe) until ``needle`` has appeared; fail after ``timeout`` s."""
+    import select
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{needle!r} not seen within {timeout}s; got {seen!r}"
+        ready, _, _ = select.select([stream], [], [], left)
+        if ready:
+            chunk = os.read(stream.fileno(), 65536)
+            assert chunk, f"stream ended before {needle!r}; got {seen!r}"
+            seen += chunk
+    return seen
+
+
+@pytest.mark.parametrize("start", [("--from", "earliest"), ("--group", "riders")])
+def test_following_consume_rides_out_a_broker_restart(broker, cli, start):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "ride", "--partitions", "2", bootstrap=b))
+    with running(*sluice_cmd(b, "consume", "ride", *start),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        ok(cli("produce", "ride", bootstrap=b, input=lines_in("before")))
+        read_until(proc.stdout, b"before\n")
+        assert broker.stop() == 0
+        broker.start()
+        ok(cli("produce", "ride", bootstrap=b, input=lines_in("after")))
+        read_until(proc.stdout, b"after\n")
+        if start[0] == "--group":  # it commits past both, across the restart
+            wait_for(lambda: sum(o or 0 for o in committed(b, "riders", "ride", 2)) == 2, what="the commit")
+        assert proc.poll() is None, proc.stderr.read()
