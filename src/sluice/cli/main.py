@@ -17,7 +17,6 @@ Tables on a terminal, plain lines / JSON when piped.  Every failure is one line 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -53,37 +52,6 @@ class _Group(click.Group):
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             _fail_with(errors.SluiceError(f"{exc.strerror or exc}{where}"))
-
-
-def _plain(obj):
-    """A protocol struct as plain data, every field included (the wire omits defaults)."""
-    import msgspec
-
-    if isinstance(obj, msgspec.Struct):
-        return {k: _plain(v) for k, v in msgspec.structs.asdict(obj).items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-def _is_tty() -> bool:
-    return sys.stdout.isatty()
-
-
-def _table(title: str, columns: list[str], rows: list[list]) -> None:
-    if _is_tty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title)
-        for c in columns:
-            table.add_column(c)
-        for r in rows:
-            table.add_row(*(str(x) for x in r))
-        Console().print(table)
-    else:
-        for r in rows:
-            click.echo("\t".join(str(x) for x in r))
 
 
 @click.group(cls=_Group)
@@ -217,7 +185,7 @@ def topic_list(ctx) -> None:
     """List topics."""
     with _admin(ctx) as admin:
         topics = admin.list_topics()
-    _table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
+    output.table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
 
 
 @topic.command("describe")
@@ -228,14 +196,14 @@ def topic_describe(ctx, name: str, as_json: bool) -> None:
     """Show a topic's config and partitions."""
     with _admin(ctx) as admin:
         desc = admin.describe_topic(name)
-    if as_json or not _is_tty():
-        click.echo(json.dumps(_plain(desc)))
+    if output.wants_json(as_json):
+        output.echo_json(desc)
         return
     from sluice.config import TopicConfig
 
     policy = TopicConfig.parse(desc.config).flush_policy
-    _table(f"Topic {name}: config (flush {policy})", ["key", "value"], sorted(desc.config.items()))
-    _table(
+    output.table(f"Topic {name}: config (flush {policy})", ["key", "value"], sorted(desc.config.items()))
+    output.table(
         f"Topic {name}: partitions",
         ["partition", "leader", "log start", "high watermark", "bytes", "segments"],
         [[p.partition, p.leader, p.log_start_offset, p.high_watermark, p.size_bytes, p.segments] for p in desc.partitions],
@@ -548,7 +516,7 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     connector's (S1: batch read throughput, S2: streaming latency; spark: both)."""
     from sluice.bench.runner import run_workloads
 
-    run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
+    run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)
 
 
 from sluice.cli.group import group  # noqa: E402 - a group of its own module
