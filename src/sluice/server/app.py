@@ -3,8 +3,9 @@
 ``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
 the port, recover the logs, then accept connections, so a second broker on the same
 directory or port is refused before it reads a byte of data.  Shutdown order: stop
-accepting, refuse new requests, let in-flight ones finish (bounded), then flush and close
-every partition, so a SIGTERM never loses an acknowledged write and leaves indexes saved.
+accepting, answer waiting fetches at once, refuse new requests, let in-flight ones finish
+(bounded), then flush and close every partition, so a SIGTERM never loses an acknowledged
+write, leaves indexes saved, and exits at once even with consumers waiting for records.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Server:
         try:
             if self._listener is not None:
                 self._listener.close()
+            self.broker.drain()  # long polls answer now, not after their max_wait_ms
             await asyncio.gather(
                 *(c.drain_and_close(SHUTDOWN_GRACE_S) for c in list(self.connections)),
                 return_exceptions=True,
