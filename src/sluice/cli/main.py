@@ -4,9 +4,11 @@ Documented forms (more options are welcome, these must not change)::
 
     sluice serve [--data-dir D] [--host H] [--port P]
     sluice [--bootstrap HOST:PORT] topic create NAME [--partitions N] | list | describe NAME | delete NAME
-    sluice produce TOPIC [--key K]                  one message per stdin line
+    sluice produce TOPIC [--key K | --key-separator SEP] [-H K=V] [--file PATH]
+                         [--delimiter SEP | --raw]        one message per line, sent as read
     sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
-                         [--max-messages N] [--timeout-ms T] [--json]
+                         [--max-messages N] [--timeout-ms T] [-e]
+                         [--json | --raw | --format FMT] [--print-keys]
     sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark [--json]
     sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
