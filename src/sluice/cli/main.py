@@ -325,8 +325,9 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
     finally:
         if path != "-":
             os.close(fd)
-    if sender.summary_error():
-        _fail(sender.summary_error())
+    failure = sender.summary_error()
+    if failure:
+        _fail(failure)
     if sys.stderr.isatty() and report is None:
         click.echo(f"sent {sender.sent} message{'s' if sender.sent != 1 else ''} to {topic_name}", err=True)
 

@@ -98,55 +98,49 @@ class Sender:
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
-                self._tally(0, outcome, 1)
-                if self.report:
-                    self.report(f"not sent: {errors.describe(outcome)}")
+                self._failed(outcome)
             else:
                 outcome.add_done_callback(self._one_done)
 
     def refuse(self, error: errors.SluiceError) -> None:
         """Count a message refused before it reached the producer."""
         self.sent += 1
-        self._tally(0, error, 1)
-        if self.report:
-            self.report(f"not sent: {errors.describe(error)}")
+        self._failed(error)
 
-    def _tally(self, acked: int, error: BaseException | None = None, failed: int = 0) -> None:
+    def _failed(self, error: BaseException, n: int = 1) -> None:
+        """Count ``n`` messages failed by ``error`` (and say so when reporting)."""
         with self._lock:
-            self.acked += acked
-            self.failed += failed
-            if error is not None and self.first_error is None:
+            self.failed += n
+            if self.first_error is None:
                 self.first_error = error
-
-    def _bulk_done(self, fut, n: int) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            self._tally(0, exc, n)
-            if self.report:
-                self.report(f"{n} not sent: {_describe(exc)}")
-            return
-        self._tally(n)
         if self.report:
-            result = fut.result()
-            if isinstance(result, tuple):
-                partition, base = result
-                offsets = [base + i if base >= 0 else -1 for i in range(n)]
-            else:
-                partition, offsets = self.partition, result
+            self.report(f"{'' if n == 1 else f'{n} '}not sent: {_describe(error)}")
+
+    def _acked(self, partition: int | None, offsets: list[int]) -> None:
+        """Count acknowledged messages (and say where each went when reporting)."""
+        with self._lock:
+            self.acked += len(offsets)
+        if self.report:
             for offset in offsets:
                 self.report(_where(partition, offset))
 
-    def _one_done(self, fut) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            self._tally(0, exc, 1)
-            if self.report:
-                self.report(f"not sent: {_describe(exc)}")
+    def _bulk_done(self, fut, n: int) -> None:
+        if fut.exception() is not None:
+            self._failed(fut.exception(), n)
             return
-        self._tally(1)
-        if self.report:
-            meta = fut.result()
-            self.report(_where(meta.partition, meta.offset))
+        result = fut.result()
+        if isinstance(result, tuple):  # (partition, base offset), -1 with acks=none
+            partition, base = result
+            self._acked(partition, [base + i if base >= 0 else -1 for i in range(n)])
+        else:
+            self._acked(self.partition, result)
+
+    def _one_done(self, fut) -> None:
+        if fut.exception() is not None:
+            self._failed(fut.exception())
+            return
+        meta = fut.result()
+        self._acked(meta.partition, [meta.offset])
 
     def summary_error(self) -> str | None:
         """The one-line failure of the whole run (None when every message was acked)."""
