@@ -1,19 +1,23 @@
-"""The whole Sluice exception tree, and the wire code of every remote error.
+"""The whole Sluice exception tree, and the stable name and code of every error.
 
 ::
 
-    SluiceError                          base of everything Sluice raises
-    ├── ConfigError                      bad local settings (client or server config)
-    │   ├── DataDirInUse                 another broker holds the data directory's lock
-    │   └── NodeIdInUse                  another live broker is registered with this node id
-    ├── ProtocolError                    bytes that do not follow the wire protocol
-    │   ├── FrameTooLarge                a length prefix above the frame cap
-    │   └── CorruptRecord                a record batch failing its header or CRC check
-    ├── ConnectionClosed                 the peer closed or broke the connection (retriable)
-    ├── ClientError                      local to the client, never sent on the wire
-    │   ├── ClientClosed                 the producer / consumer was closed by you
-    │   ├── BufferExhausted              no buffer memory within max_block_ms
-    │   └── DeliveryTimeout              a send was not acknowledged within delivery_timeout_ms
+    SluiceError                          SLUICE_ERROR          local 1000  base of everything Sluice raises
+    ├── ConfigError                      CONFIG_ERROR          local 1001  bad local settings (client or server config)
+    │   ├── UsageError                   USAGE_ERROR           local 1002  bad command-line arguments (exit status 2)
+    │   ├── DataDirInUse                 DATA_DIR_IN_USE       local 1014  another broker holds the data directory's lock
+    │   └── NodeIdInUse                  NODE_ID_IN_USE        local 1015  another live broker is registered with this node id
+    ├── ProtocolError                    PROTOCOL_ERROR        local 1003  bytes that do not follow the wire protocol
+    │   ├── FrameTooLarge                FRAME_TOO_LARGE       local 1004  a length prefix above the frame cap
+    │   └── CorruptRecord                CORRUPT_RECORD        local 1005  a record batch failing its header or CRC check
+    ├── ConnectionClosed                 CONNECTION_CLOSED     local 1006  retriable: the peer closed or broke the connection
+    │   ├── BrokerUnreachable            BROKER_UNREACHABLE    local 1007  retriable: no TCP connection to any broker
+    │   └── HandshakeTimeout             HANDSHAKE_TIMEOUT     local 1008  retriable: connected, but no Sluice handshake came back
+    ├── ClientError                      CLIENT_ERROR          local 1009  local to the client, never sent on the wire
+    │   ├── ClientClosed                 CLIENT_CLOSED         local 1010  the producer / consumer was closed by you
+    │   ├── BufferExhausted              BUFFER_EXHAUSTED      local 1011  retriable: no buffer memory within max_block_ms
+    │   ├── DataLoss                     DATA_LOSS             local 1012  records a read planned to return are gone
+    │   └── DeliveryTimeout              DELIVERY_TIMEOUT      local 1013  retriable: a send was not acknowledged within delivery_timeout_ms
     └── BrokerError                      an error code answered by a broker (has .code)
         ├── UnknownServerError           code 1   a bug on the broker; the message says what
         ├── InvalidRequest               code 2   a well-framed request with bad content
@@ -39,7 +43,15 @@
         ├── UnknownGroup                 code 22  no committed offsets are kept for that group
         └── MetadataUnavailable          code 23  retriable: the metadata store (etcd) did not answer
 
-Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
+Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
+``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
+
+- **wire codes** (1-999) are what brokers answer; ``0`` means no error.  A wire code is
+  never reused for another meaning.
+- **local codes** (1000 and up) belong to errors raised in the client, the command line or
+  the server process itself; they are never sent on the wire, and ``error_for_code`` does
+  not map them (an unknown wire code is an ``UnknownServerError``).
+
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
 with ``raise ... from exc`` at their boundary.
 
@@ -57,69 +69,109 @@ from __future__ import annotations
 import errno
 
 NONE = 0
+LOCAL_CODES_START = 1000  # local codes: 1000 and up, never on the wire
+
+_LOCAL_BY_CODE: dict[int, type[SluiceError]] = {}
 
 
+def _local(code: int, name: str, retriable: bool = False):
+    """Give a class that never crosses the wire its stable local code and name."""
+
+    def register(cls):
+        assert code >= LOCAL_CODES_START and code not in _LOCAL_BY_CODE, code
+        cls.code, cls.name, cls.retriable = code, name, retriable
+        _LOCAL_BY_CODE[code] = cls
+        return cls
+
+    return register
+
+
+@_local(1000, "SLUICE_ERROR")
 class SluiceError(Exception):
-    """Base of every error Sluice raises."""
+    """Base of every error Sluice raises.  ``name`` and ``code`` identify the class."""
 
     retriable: bool = False
+    name: str
+    code: int
     # On an error that failed a send: may the records have been stored? (module docstring)
     maybe_stored: bool | None = None
 
 
+@_local(1001, "CONFIG_ERROR")
 class ConfigError(SluiceError, ValueError):
     """A local setting is invalid (raised before anything is sent)."""
 
 
+@_local(1002, "USAGE_ERROR")
+class UsageError(ConfigError):
+    """The command line was given arguments it cannot use (``sluice`` exits with 2)."""
+
+
+@_local(1014, "DATA_DIR_IN_USE")
 class DataDirInUse(ConfigError):
     """The data directory is locked by another running broker."""
 
 
+@_local(1015, "NODE_ID_IN_USE")
 class NodeIdInUse(ConfigError):
     """Another live broker of the cluster is registered with this broker's node id."""
 
 
+@_local(1003, "PROTOCOL_ERROR")
 class ProtocolError(SluiceError):
     """Bytes that do not follow the Sluice wire protocol. The connection must be closed."""
 
 
+@_local(1004, "FRAME_TOO_LARGE")
 class FrameTooLarge(ProtocolError):
     """A frame's length prefix is above the cap; nothing of that size was allocated."""
 
 
+@_local(1005, "CORRUPT_RECORD")
 class CorruptRecord(ProtocolError):
     """A record batch whose header, length or CRC-32C does not check out."""
 
 
+@_local(1006, "CONNECTION_CLOSED", retriable=True)
 class ConnectionClosed(SluiceError):
     """The connection was closed or broken by the peer."""
 
-    retriable = True
+
+@_local(1007, "BROKER_UNREACHABLE", retriable=True)
+class BrokerUnreachable(ConnectionClosed):
+    """No broker could be reached: every TCP connect was refused, failed or timed out."""
 
 
+@_local(1008, "HANDSHAKE_TIMEOUT", retriable=True)
+class HandshakeTimeout(ConnectionClosed):
+    """A peer accepted the TCP connection but did not answer the Sluice handshake in
+    time: most likely not a Sluice broker (or one too busy to answer)."""
+
+
+@_local(1009, "CLIENT_ERROR")
 class ClientError(SluiceError):
     """An error local to the client; never sent on the wire."""
 
 
+@_local(1010, "CLIENT_CLOSED")
 class ClientClosed(ClientError):
     """The client object was closed by its owner."""
 
 
+@_local(1011, "BUFFER_EXHAUSTED", retriable=True)
 class BufferExhausted(ClientError):
     """The producer's buffer memory stayed full for longer than ``max_block_ms``."""
 
-    retriable = True
 
-
+@_local(1012, "DATA_LOSS")
 class DataLoss(ClientError):
     """Records a read was planned to return are gone: deleted by retention, or the topic
     was deleted (and maybe created again) since."""
 
 
+@_local(1013, "DELIVERY_TIMEOUT", retriable=True)
 class DeliveryTimeout(ClientError):
     """A send was not acknowledged within ``delivery_timeout_ms`` (retries included)."""
-
-    retriable = True
 
 
 class BrokerError(SluiceError):
@@ -145,9 +197,9 @@ _BY_CODE: dict[int, type[BrokerError]] = {}
 
 def _code(code: int, name: str, retriable: bool = False, appended_nothing: bool = True):
     def register(cls: type[BrokerError]) -> type[BrokerError]:
+        assert 0 < code < LOCAL_CODES_START and code not in _BY_CODE, code
         cls.code, cls.name, cls.retriable = code, name, retriable
         cls.appended_nothing = appended_nothing
-        assert code not in _BY_CODE, code
         _BY_CODE[code] = cls
         return cls
 
@@ -315,6 +367,18 @@ def annotated(exc: SluiceError, note: str) -> SluiceError:
 def all_codes() -> dict[int, type[BrokerError]]:
     """Every registered wire code and its class (for docs and tests)."""
     return dict(_BY_CODE)
+
+
+def local_codes() -> dict[int, type[SluiceError]]:
+    """Every local code (1000 and up, never on the wire) and its class."""
+    return dict(_LOCAL_BY_CODE)
+
+
+def describe(exc: SluiceError) -> str:
+    """``NAME (code): message``: the one line the command line prints for ``exc``."""
+    if isinstance(exc, BrokerError):
+        return str(exc)
+    return f"{exc.name} ({exc.code}): {str(exc) or exc.name}"
 
 
 def storage_error_from_os(exc: OSError, what: str) -> StorageError:

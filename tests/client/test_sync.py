@@ -105,3 +105,21 @@ def test_closed_facade_raises_instead_of_reopening():
     with pytest.raises(errors.ClientClosed):
         c.getmany()
     assert [r.value for r in broker.records("t", 0)] == [b"x"]
+
+
+def test_send_each_gives_one_outcome_per_message_in_order():
+    """A refused message gets its error; the others are sent and acknowledged."""
+    broker = FakeBroker({"t": 2}, max_message_bytes=1024)
+    with SyncProducer("fake:1", connection_factory=broker.factory) as p:
+        outcomes = p.send_each([
+            ("t", b"a", b"k", [("h", b"1")], None),
+            ("t", b"x" * 5000, None, None, 0),
+            ("t", b"b", None, None, 1),
+            ("t", b"c", None, None, 7),
+        ])
+        assert isinstance(outcomes[1], errors.MessageTooLarge)
+        assert isinstance(outcomes[3], errors.UnknownPartition)
+        first, third = outcomes[0].result(5), outcomes[2].result(5)
+    assert third.partition == 1
+    assert [(r.key, r.value) for r in broker.records("t", first.partition)][first.offset] == (b"k", b"a")
+    assert sorted(r.value for p in (0, 1) for r in broker.records("t", p)) == [b"a", b"b"]

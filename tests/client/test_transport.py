@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from sluice import errors
-from sluice.client.transport import Cluster, Connection, parse_bootstrap
+from sluice.client.transport import DEFAULT_PORT, Cluster, Connection, parse_bootstrap
 from sluice.protocol import frames, messages
 
 
@@ -99,6 +99,61 @@ def test_parse_bootstrap():
         parse_bootstrap("")
 
 
+@pytest.mark.parametrize(
+    "spelled, addr",
+    [("127.0.0.1", ("127.0.0.1", 7400)), ("[::1]", ("::1", 7400)), ("::1", ("::1", 7400)),
+     ("h:65535", ("h", 65535))],
+)
+def test_parse_bootstrap_default_port_is_sluices(spelled, addr):
+    assert DEFAULT_PORT == 7400
+    assert parse_bootstrap(spelled) == [addr]
+
+
+@pytest.mark.parametrize("bad", ["h:0", "h:65536", "127.0.0.1:99999", "h:x", "h:-1", "[::1]x", "h:\u0661"])
+def test_parse_bootstrap_refuses_bad_ports(bad):
+    with pytest.raises(errors.ConfigError, match="bad bootstrap address"):
+        parse_bootstrap(bad)
+
+
+async def test_connect_refused_is_broker_unreachable():
+    with pytest.raises(errors.BrokerUnreachable, match="127.0.0.1:1: Connection refused"):
+        await Connection.open("127.0.0.1", 1, connect_timeout=2)
+
+
+async def test_silent_peer_is_a_handshake_timeout_not_a_connect_timeout():
+    """A server that accepts and never answers (an HTTP server waiting for a request line)
+    fails after the handshake timeout, and says it connected."""
+    accepted = []
+    srv = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(errors.HandshakeTimeout) as ei:
+            await Connection.open("127.0.0.1", port, connect_timeout=30, handshake_timeout=0.2)
+        assert asyncio.get_running_loop().time() - t0 < 10
+        assert f"connected to 127.0.0.1:{port}" in str(ei.value)
+        assert "is it a Sluice broker?" in str(ei.value)
+    finally:
+        for w in accepted:
+            w.close()
+        srv.close()
+
+
+async def test_wrong_peer_says_it_is_not_a_sluice_broker(server):
+    EchoServer.mode = "badmagic"
+    with pytest.raises(errors.ProtocolError, match=f"127.0.0.1:{server} is not a Sluice broker"):
+        await Connection.open("127.0.0.1", server, connect_timeout=2)
+
+
+async def test_unreachable_bootstrap_raises_the_connect_error_itself():
+    cluster = Cluster("127.0.0.1:1", connect_timeout=2)
+    try:
+        with pytest.raises(errors.BrokerUnreachable, match="127.0.0.1:1"):
+            await cluster.refresh()
+    finally:
+        await cluster.close()
+
+
 # ---------------------------------------------------------------- review regressions
 
 
@@ -149,3 +204,13 @@ async def test_close_during_connect_gives_client_closed():
     await cluster.close()
     with pytest.raises(errors.ClientClosed):
         await asyncio.wait_for(waiter, 2)
+
+
+async def test_out_of_range_number_is_a_config_error_and_leaves_nothing_pending(server):
+    """An offset past 2**64 cannot be encoded: ConfigError at once, no orphan future."""
+    conn = await Connection.open("127.0.0.1", server)
+    req = messages.FetchRequest(partitions=[messages.FetchPartition(topic="t", partition=0, offset=2**65)])
+    with pytest.raises(errors.ConfigError, match="out of range"):
+        await conn.request(req)
+    assert conn.in_flight == 0
+    conn.close()

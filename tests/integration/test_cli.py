@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import os
+import pty
+import re
 import socket
+import subprocess
+import sys
+import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import crc32c
 import pytest
@@ -32,10 +41,11 @@ def topic_names(b: BrokerProcess, cli) -> list[str]:
 
 
 def ok(res) -> str:
-    """Assert the command succeeded; return its stdout as text."""
+    """Assert the command succeeded; return its stdout as text (bytes that are not UTF-8
+    as surrogates: compare ``res.stdout`` for bytes)."""
     assert res.returncode == 0, (res.returncode, res.stderr.decode(errors="replace"))
     assert b"Traceback" not in res.stderr, res.stderr.decode(errors="replace")
-    return res.stdout.decode()
+    return res.stdout.decode(errors="surrogateescape")
 
 
 def assert_error(res, *needles: str) -> str:
@@ -364,3 +374,431 @@ def test_broker_not_running(cli, args, stdin):
     line = assert_error(res, f"127.0.0.1:{port}")
     assert "connect" in line.lower()
     assert time.monotonic() - t0 < 15
+
+
+# ---------------------------------------------------------------------- helpers for the newer options
+
+
+def assert_usage_error(res, *needles: str) -> str:
+    """A usage error: one ``error: USAGE_ERROR (1002): ...`` line and exit status 2."""
+    line = assert_error(res, "USAGE_ERROR (1002)", *needles)
+    assert res.returncode == 2, (res.returncode, line)
+    return line
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int | None]:
+    from sluice.client import SyncConsumer
+
+    with SyncConsumer(bootstrap, group=group, enable_auto_commit=False) as c:
+        return [c.committed((topic, p)) for p in range(partitions)]
+
+
+def wait_for(condition, timeout: float = 15, what: str = "condition"):
+    """Poll ``condition()`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running(*cmd, **kw):
+    """``subprocess.Popen(cmd)``, killed (and reaped) on the way out whatever happens."""
+    proc = subprocess.Popen(cmd, **kw)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def sluice_cmd(bootstrap: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "sluice.cli.main", "--bootstrap", bootstrap, *args]
+
+
+# ---------------------------------------------------------------------- item 2: group start positions
+
+
+def test_new_group_starts_at_earliest(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "g2", "--partitions", "2", bootstrap=b))
+    ok(cli("produce", "g2", bootstrap=b, input=lines_in("before-1", "before-2")))
+    out = ok(cli("consume", "g2", "--group", "fresh", "--timeout-ms", "500", bootstrap=b))
+    assert sorted(out.splitlines()) == ["before-1", "before-2"]
+
+
+def test_group_less_consume_starts_at_latest(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "g3", bootstrap=b))
+    ok(cli("produce", "g3", bootstrap=b, input=lines_in("old")))
+    assert ok(cli("consume", "g3", "--timeout-ms", "300", bootstrap=b)) == ""
+
+
+def test_group_commits_its_starting_position_even_when_it_reads_nothing(broker, cli):
+    """An idle first run at `latest` must leave a position behind, or what is produced
+    before the next run is skipped by it."""
+    b = broker.bootstrap
+    ok(cli("topic", "create", "g4", "--partitions", "2", bootstrap=b))
+    ok(cli("produce", "g4", bootstrap=b, input=lines_in("skipped-1", "skipped-2")))
+    assert ok(cli("consume", "g4", "--group", "late", "--from", "latest", "--timeout-ms", "300", bootstrap=b)) == ""
+    assert sum(committed(b, "late", "g4", 2)) == 2  # the end of each partition, committed
+    ok(cli("produce", "g4", bootstrap=b, input=lines_in("next")))
+    assert ok(cli("consume", "g4", "--group", "late", "--timeout-ms", "500", bootstrap=b)) == "next\n"
+
+
+def test_idle_new_group_commits_so_the_next_run_sees_new_messages(broker, cli):
+    """The issue's reproduction: `consume --group fresh --timeout-ms ...` on an idle topic,
+    then a message, then the same command again."""
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    assert ok(cli("consume", "orders", "--group", "fresh", "--timeout-ms", "300", bootstrap=b)) == ""
+    assert committed(b, "fresh", "orders", 1) == [0]
+    ok(cli("produce", "orders", bootstrap=b, input=lines_in("m1")))
+    assert ok(cli("consume", "orders", "--group", "fresh", "--timeout-ms", "500", bootstrap=b)) == "m1\n"
+
+
+def test_consume_help_states_the_defaults(cli):
+    out = ok(cli("consume", "--help", bootstrap="127.0.0.1:1"))
+    flat = " ".join(out.split())
+    assert "earliest where it has none" in flat and "without --group, latest" in flat
+
+
+# ---------------------------------------------------------------------- item 3: bytes
+
+
+def test_raw_mode_roundtrips_random_bytes_exactly(broker, cli, tmp_path):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "bin", bootstrap=b))
+    data = os.urandom(100_000)
+    (tmp_path / "in").write_bytes(data)
+    ok(cli("produce", "bin", "--raw", "--file", str(tmp_path / "in"), bootstrap=b))
+    res = cli("consume", "bin", "--from", "earliest", "-e", "--raw", "--delimiter", "", bootstrap=b)
+    ok(res)
+    assert res.stdout == data
+    text = cli("consume", "bin", "--from", "earliest", "-e", bootstrap=b).stdout
+    assert len(text) > len(data)  # text mode escapes, as its help says
+
+
+def test_raw_mode_with_a_nul_delimiter_keeps_newlines_and_carriage_returns(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "bin0", bootstrap=b))
+    values = [b"line\r\nbreak", b"\xe9\xff\n", b"", b"tab\there"]
+    ok(cli("produce", "bin0", "--delimiter", "\\0", bootstrap=b, input=b"\0".join(values) + b"\0"))
+    res = cli("consume", "bin0", "--from", "earliest", "-e", "--raw", "--delimiter", "\\0", bootstrap=b)
+    ok(res)
+    assert res.stdout == b"".join(v + b"\0" for v in values)
+
+
+def test_produce_keeps_a_carriage_return(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "crlf", bootstrap=b))
+    ok(cli("produce", "crlf", bootstrap=b, input=b"dos\r\nunix\nlast"))
+    recs = json_lines(ok(cli("consume", "crlf", "--from", "earliest", "-e", "--json", bootstrap=b)))
+    assert [r["value"] for r in recs] == ["dos\r", "unix", "last"]
+
+
+def test_help_says_what_each_mode_does_to_bytes(cli):
+    flat = " ".join(ok(cli("consume", "--help", bootstrap="127.0.0.1:1")).split())
+    assert "not UTF-8 are written as \\xNN escapes" in flat
+    assert "--raw" in flat and "byte for byte" in flat and "base64" in flat
+    flat = " ".join(ok(cli("produce", "--help", bootstrap="127.0.0.1:1")).split())
+    assert "Only the delimiter is removed" in flat and "one message, byte for byte" in flat
+
+
+# ---------------------------------------------------------------------- item 4: streaming produce
+
+
+def test_produce_sends_each_line_while_stdin_stays_open(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "live", bootstrap=b))
+    from sluice.client import SyncConsumer
+
+    with running(*sluice_cmd(b, "produce", "live"), stdin=subprocess.PIPE, stderr=subprocess.PIPE) as proc, \
+            SyncConsumer(b, auto_offset_reset="earliest") as consumer:
+        consumer.assign([("live", 0)])
+        got: list[bytes] = []
+        for line in (b"first", b"second"):
+            proc.stdin.write(line + b"\n")
+            proc.stdin.flush()
+            wait_for(lambda line=line: got.extend(r.value for r in consumer.getmany(timeout_ms=200))
+                     or line in got, what=f"{line!r} to arrive while stdin is open")
+            assert proc.poll() is None  # still reading its input
+        proc.stdin.close()
+        assert proc.wait(15) == 0
+        assert got == [b"first", b"second"]
+        assert proc.stderr.read() == b""
+
+
+def test_produce_on_a_terminal_says_where_each_message_went(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "tty", bootstrap=b))
+    main_fd, tty_fd = pty.openpty()
+    try:
+        with running(*sluice_cmd(b, "produce", "tty"), stdin=tty_fd, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE) as proc:
+            os.close(tty_fd)
+            tty_fd = None
+            for offset, line in enumerate([b"typed one\n", b"typed two\n"]):
+                os.write(main_fd, line)
+                assert proc.stderr.readline() == f"tty: partition 0, offset {offset}\n".encode()
+            os.write(main_fd, b"\x04")  # Ctrl-D: end of input
+            assert proc.wait(15) == 0
+            assert proc.stdout.read() == b""
+    finally:
+        os.close(main_fd)
+        if tty_fd is not None:
+            os.close(tty_fd)
+    out = ok(cli("consume", "tty", "--from", "earliest", "-e", bootstrap=b))
+    assert out.splitlines() == ["typed one", "typed two"]
+
+
+def test_large_piped_input_arrives_whole_and_in_order(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "big", "--config", "flush.messages=0", bootstrap=b))
+    values = [b"%07d" % i + b"x" * (i % 300) for i in range(100_000)]
+    ok(cli("produce", "big", bootstrap=b, input=b"\n".join(values) + b"\n"))
+    res = cli("consume", "big", "--from", "earliest", "-e", "--raw", bootstrap=b)
+    ok(res)
+    assert res.stdout.split(b"\n")[:-1] == values
+
+
+# ---------------------------------------------------------------------- item 5: bad values
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("consume", "t", "--from", "9999999999999999999999"), "--from"),
+        (("consume", "t", "--from", "9223372036854775808"), "out of range"),
+        (("consume", "t", "--from", ""), "--from"),
+        (("consume", "t", "--from", "1969-07-20T20:17:00"), "before 1970"),
+        (("consume", "t", "--from", "\u00b2"), "--from"),
+        (("consume", "t", "--partition", "99999999999999999999"), "--partition"),
+        (("consume", "t", "--format", "%x"), "--format"),
+        (("consume", "t", "--delimiter", "\\q"), "--delimiter"),
+        (("consume", "t", "--json", "--raw"), "--json and --raw"),
+        (("consume", "t", "--format", "%v", "--print-keys"), "--format and --print-keys"),
+        (("consume", "t", "--group", ""), "--group"),
+        (("produce", "t", "--key", "k", "--key-separator", ":"), "--key and --key-separator"),
+        (("produce", "t", "--file", "/nonexistent/file"), "--file"),
+        (("produce", "t", "--raw", "--delimiter", ","), "--raw and --delimiter"),
+        (("produce", "t", "--partition", "-1"), "--partition"),
+        (("topic", "create", "t", "--partitions", "99999999999999999999"), "--partitions"),
+        (("--log-level", "bogus", "topic", "list"), "--log-level"),
+        (("--bootstrap", "127.0.0.1:99999", "topic", "list"), "65535"),
+        (("--bootstrap", "127.0.0.1:0", "topic", "list"), "--bootstrap"),
+        (("--bootstrap", "h:port", "topic", "list"), "not a number"),
+        (("--bootstrap", "", "topic", "list"), "--bootstrap"),
+        (("no-such-command",), "no-such-command"),
+        (("consume",), "TOPIC"),
+    ],
+)
+def test_bad_usage_is_refused_before_anything_is_sent(cli, args, needle):
+    """Against a port nobody listens on: a usage error proves nothing was sent."""
+    res = cli(*args, bootstrap=f"127.0.0.1:{free_port()}", input=b"", timeout=20)
+    assert_usage_error(res, needle)
+
+
+def test_from_out_of_range_against_a_real_broker_is_one_line(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    t0 = time.monotonic()
+    res = cli("consume", "orders", "--from", "9999999999999999999999", bootstrap=b, timeout=20)
+    assert_usage_error(res, "--from", "out of range")
+    assert time.monotonic() - t0 < 10
+    assert b"OverflowError" not in res.stderr and b"Task exception" not in res.stderr
+
+
+def test_bad_log_level_from_the_environment(cli):
+    res = subprocess.run(sluice_cmd("127.0.0.1:1", "topic", "list"), capture_output=True, timeout=20,
+                         env={**os.environ, "SLUICE_LOG_LEVEL": "bogus"})
+    assert_usage_error(res, "--log-level")
+
+
+# ---------------------------------------------------------------------- item 6: error names and codes
+
+
+def test_connection_refused_is_broker_unreachable_with_a_code(cli):
+    port = free_port()
+    res = cli("topic", "list", bootstrap=f"127.0.0.1:{port}")
+    assert_error(res, f"BROKER_UNREACHABLE (1007): cannot connect to 127.0.0.1:{port}: Connection refused")
+    assert res.returncode == 1
+
+
+def test_bootstrap_without_a_port_means_7400(cli):
+    """7400, Sluice's port; 9092 is Kafka's.  (A broker may listen on 7400 here.)"""
+    res = cli("topic", "list", bootstrap="127.0.0.1", timeout=20)
+    if res.returncode != 0:
+        assert_error(res, "127.0.0.1:7400")
+
+
+@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1", "no-such-host.invalid"])
+def test_bad_host_names_the_option(cli, tmp_path, host):
+    res = cli("serve", "--data-dir", str(tmp_path / "d"), "--host", host, "--port", "0", bootstrap="127.0.0.1:1")
+    assert_usage_error(res, "--host", host)
+
+
+def test_port_in_use_is_a_config_error(broker, cli, tmp_path):
+    res = cli("serve", "--data-dir", str(tmp_path / "d"), "--port", str(broker.port), bootstrap="127.0.0.1:1")
+    line = assert_error(res, "CONFIG_ERROR (1001)", f"cannot listen on 127.0.0.1:{broker.port}", "in use")
+    assert res.returncode == 1, line
+
+
+def test_bad_topic_default_is_a_usage_error(cli, tmp_path):
+    res = cli("serve", "--data-dir", str(tmp_path / "d"), "--topic-default", "flush.messages=-5",
+              bootstrap="127.0.0.1:1")
+    assert_usage_error(res, "flush.messages")
+
+
+def test_http_server_is_a_handshake_timeout_not_a_connect_timeout(cli):
+    """Pointed at an HTTP server, the CLI says it connected and got no Sluice handshake,
+    within a few seconds (the TCP connect timeout is 10 s)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        t0 = time.monotonic()
+        res = cli("topic", "list", bootstrap=f"127.0.0.1:{port}", timeout=30)
+        took = time.monotonic() - t0
+        assert_error(res, "HANDSHAKE_TIMEOUT (1008)", f"connected to 127.0.0.1:{port}",
+                     "did not answer the Sluice handshake", "is it a Sluice broker?")
+        assert res.returncode == 1
+        assert took < 9.5, took
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+# ---------------------------------------------------------------------- item 7: kcat-like options
+
+
+def test_consume_format_print_keys_and_headers(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "fmt", bootstrap=b))
+    ok(cli("produce", "fmt", "--key", "k1", "-H", "a=1", "--header", "b=2", bootstrap=b, input=lines_in("v1")))
+    out = ok(cli("consume", "fmt", "--from", "earliest", "-e",
+                 "--format", "%t|%p|%o|%k|%v|%h|%T|%%\\n", bootstrap=b))
+    topic, part, off, key, value, headers, ts, pct = out.rstrip("\n").split("|")
+    assert (topic, part, off, key, value, headers, pct) == ("fmt", "0", "0", "k1", "v1", "a=1,b=2", "%")
+    assert abs(int(ts) - time.time() * 1000) < 60_000
+    assert ok(cli("consume", "fmt", "--from", "earliest", "-e", "--print-keys", bootstrap=b)) == "k1\tv1\n"
+    out = ok(cli("consume", "fmt", "--from", "earliest", "-e", "--print-keys", "--key-separator", " => ",
+                 bootstrap=b))
+    assert out == "k1 => v1\n"
+
+
+def test_exit_at_end_stops_at_the_end_it_started_with(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "ends", "--partitions", "3", bootstrap=b))
+    values = [f"v{i}" for i in range(20)]
+    ok(cli("produce", "ends", "--key-separator", ":", bootstrap=b,
+           input=lines_in(*(f"k{i % 5}:{v}" for i, v in enumerate(values)))))
+    t0 = time.monotonic()
+    out = ok(cli("consume", "ends", "--from", "earliest", "--exit-at-end", bootstrap=b, timeout=30))
+    assert sorted(out.splitlines()) == sorted(values)
+    assert time.monotonic() - t0 < 15
+    # nothing left to read: exits at once, with a group too (which commits where it ended)
+    assert ok(cli("consume", "ends", "-e", bootstrap=b)) == ""
+    assert ok(cli("consume", "ends", "-e", "--group", "snap", bootstrap=b)) != ""
+    assert ok(cli("consume", "ends", "-e", "--group", "snap", bootstrap=b)) == ""
+
+
+def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "keys", bootstrap=b))
+    (tmp_path / "input").write_bytes(b"alice:one:1\nbob:two\nno separator here\n")
+    res = cli("produce", "keys", "--key-separator", ":", "--file", str(tmp_path / "input"), "-H", "src=file",
+              bootstrap=b, input=b"ignored:stdin\n")
+    line = assert_error(res, "1 of 3 messages failed", "no key separator")
+    assert "USAGE_ERROR (1002)" in line and res.returncode == 1
+    recs = json_lines(ok(cli("consume", "keys", "--from", "earliest", "-e", "--json", bootstrap=b)))
+    assert [(r["key"], r["value"], r["headers"]) for r in recs] == [
+        ("alice", "one:1", {"src": "file"}), ("bob", "two", {"src": "file"})]
+
+
+# ---------------------------------------------------------------------- README and docs
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_using_it_commands() -> list[str]:
+    """The command lines of every ```sh block in README.md's "Using it" section, in order,
+    up to its first subsection (Python, Spark)."""
+    text = README.read_text()
+    start = text.index("## Using it")
+    section = text[start : re.search(r"\n##", text[start + 1 :]).start() + start + 1]
+    blocks = re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    return [ln for block in blocks for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_readme_using_it_examples_run_as_written(broker, tmp_path):
+    """Every line as written, through bash, with the venv's `sluice` first on PATH and
+    SLUICE_BOOTSTRAP pointing at the test broker."""
+    commands = readme_using_it_commands()
+    assert any("--from 20" in c for c in commands)  # the replay from a time is among them
+    env = {**os.environ, "SLUICE_BOOTSTRAP": broker.bootstrap,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for command in commands:
+        res = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        assert res.returncode == 0, (command, res.stderr.decode(errors="replace"))
+        assert b"Traceback" not in res.stderr, (command, res.stderr)
+
+
+def test_bench_help_points_to_a_spec_in_the_repository(cli):
+    flat = " ".join(ok(cli("bench", "--help", bootstrap="127.0.0.1:1")).split())
+    assert "docs/benchmarks.md" in flat and "shared/" not in flat
+    assert (README.parent / "docs" / "benchmarks.md").is_file()
+
+
+def test_readme_names_no_pypi_install_and_says_times_are_utc():
+    text = " ".join(README.read_text().replace("**", "").split())
+    assert "pip install 'sluice[spark]'" not in text
+    assert "pip install '.[spark]'" in text
+    assert "without a zone is UTC" in text
+    assert "PYSPARK_PYTHON" in text
+
+
+# ---------------------------------------------------------------------- following across a restart
+
+
+def read_until(stream, needle: bytes, timeout: float = 30) -> bytes:
+    """Read ``stream`` (a pipe) until ``needle`` has appeared; fail after ``timeout`` s."""
+    import select
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{needle!r} not seen within {timeout}s; got {seen!r}"
+        ready, _, _ = select.select([stream], [], [], left)
+        if ready:
+            chunk = os.read(stream.fileno(), 65536)
+            assert chunk, f"stream ended before {needle!r}; got {seen!r}"
+            seen += chunk
+    return seen
+
+
+@pytest.mark.parametrize("start", [("--from", "earliest"), ("--group", "riders")])
+def test_following_consume_rides_out_a_broker_restart(broker, cli, start):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "ride", "--partitions", "2", bootstrap=b))
+    with running(*sluice_cmd(b, "consume", "ride", *start),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        ok(cli("produce", "ride", bootstrap=b, input=lines_in("before")))
+        read_until(proc.stdout, b"before\n")
+        assert broker.stop() == 0
+        broker.start()
+        ok(cli("produce", "ride", bootstrap=b, input=lines_in("after")))
+        read_until(proc.stdout, b"after\n")
+        if start[0] == "--group":  # it commits past both, across the restart
+            wait_for(lambda: sum(o or 0 for o in committed(b, "riders", "ride", 2)) == 2, what="the commit")
+        assert proc.poll() is None, proc.stderr.read()

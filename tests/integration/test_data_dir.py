@@ -83,4 +83,5 @@ def test_data_dir_that_is_a_file(tmp_path):
     path.write_text("not a directory")
     res = _serve(path, free_port())
     err = res.stderr.decode()
-    assert res.returncode != 0 and "is not a directory" in err and "Traceback" not in err, err
+    assert res.returncode == 2 and "is not a directory" in err and "Traceback" not in err, err
+    assert err.startswith("error: USAGE_ERROR (1002): ") and "--data-dir" in err and err.count("\n") == 1, err

@@ -149,3 +149,59 @@ def test_storage_error_messages():
     assert ro.message == "flush: Read-only file system" and ro.code == 15
     io = storage_error_from_os(OSError(errno.EIO, "Input/output error"), "read")
     assert io.message == "read: Input/output error" and io.code == 13
+
+
+# ---------------------------------------------------------------- local codes
+
+LOCAL = sorted(errors.local_codes().items())
+
+
+def test_every_local_class_has_a_local_code_and_name():
+    """Each SluiceError that is not a broker error has its own code >= 1000 and NAME."""
+    defined = {
+        cls
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.SluiceError)
+        and not issubclass(cls, BrokerError)
+    }
+    assert defined == {cls for _, cls in LOCAL}
+    for code, cls in LOCAL:
+        assert code >= errors.LOCAL_CODES_START and vars(cls)["code"] == code
+        assert re.fullmatch(r"[A-Z][A-Z_]+", vars(cls)["name"])
+    names = [cls.name for _, cls in LOCAL + CODES]
+    assert len(set(names)) == len(names)
+
+
+def test_local_codes_never_collide_with_wire_codes():
+    assert not set(errors.local_codes()) & set(all_codes())
+    assert max(all_codes()) < errors.LOCAL_CODES_START
+    for code in errors.local_codes():
+        assert type(error_for_code(code)) is UnknownServerError  # never read off the wire
+
+
+def test_local_codes_are_documented():
+    documented = {}
+    for line in errors.__doc__.splitlines():
+        m = re.search(r"(\w+)\s+([A-Z_]+)\s+local (\d+)\s*(retriable)?", line)
+        if m:
+            documented[int(m.group(3))] = (m.group(1), m.group(2), bool(m.group(4)))
+    assert documented == {code: (cls.__name__, cls.name, cls.retriable) for code, cls in LOCAL}
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (errors.BrokerUnreachable("cannot connect to h:1"), "BROKER_UNREACHABLE (1007): cannot connect to h:1"),
+        (errors.ConfigError("bad"), "CONFIG_ERROR (1001): bad"),
+        (errors.ClientClosed(), "CLIENT_CLOSED (1010): CLIENT_CLOSED"),
+        (errors.UnknownTopic("topic 'x'"), "UNKNOWN_TOPIC (4): topic 'x'"),
+    ],
+)
+def test_describe_is_name_code_message(exc, line):
+    assert errors.describe(exc) == line
+
+
+def test_new_connection_errors_are_retriable_connection_closed():
+    for cls in (errors.BrokerUnreachable, errors.HandshakeTimeout):
+        assert issubclass(cls, errors.ConnectionClosed) and cls.retriable
+    assert issubclass(errors.UsageError, errors.ConfigError)

@@ -1,4 +1,4 @@
-"""The benchmark workloads of ``shared/bench/WORKLOADS.md``, run against one broker.
+"""The benchmark workloads of ``docs/benchmarks.md``, run against one broker.
 
 Each workload function takes the broker address and returns a result row in the shape of
 ``peers-results.jsonl``.  Rules kept from the spec: one producer connection, at most 1000

@@ -93,6 +93,7 @@ class Broker:
         # metadata writes, directory moves and deletions: never in the way of produce / fetch
         self.housekeeping = ThreadPoolExecutor(1, thread_name_prefix="sluice-housekeeping")
         self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
+        self._draining = False  # shutdown began: fetches answer at once instead of waiting
         self.metadata = store if store is not None else open_store(config)
         self.groups: GroupOffsets | None = None
         self.host, self.port = config.host, config.port
@@ -120,6 +121,15 @@ class Broker:
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
+
+    def drain(self) -> None:
+        """Shutdown has begun: every fetch long poll answers now with what it has (a client
+        waiting for new records must not hold the shutdown for its ``max_wait_ms``), and so
+        do fetches that come later."""
+        self._draining = True
+        for topic in self.topics.values():
+            for p in topic.partitions:
+                p.wake_fetches()
 
     async def close(self) -> None:
         """Finish queued writes, fsync and close every partition."""
@@ -578,7 +588,7 @@ class Broker:
         while True:
             results, blobs, size = await self._fetch_once(req)
             remaining = deadline - loop.time()
-            if size >= req.min_bytes or remaining <= 0 or any(r.error for r in results):
+            if size >= req.min_bytes or remaining <= 0 or self._draining or any(r.error for r in results):
                 return m.FetchResponse(partitions=results), blobs
             woken = loop.create_future()
 

@@ -277,6 +277,10 @@ class Partition:
         except ValueError:
             pass
 
+    def wake_fetches(self) -> None:
+        """Call every fetch waiter now, as if the high watermark had moved."""
+        self._notify()
+
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for cb in waiters:

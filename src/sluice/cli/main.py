@@ -4,33 +4,33 @@ Documented forms (more options are welcome, these must not change)::
 
     sluice serve [--data-dir D] [--host H] [--port P]
     sluice [--bootstrap HOST:PORT] topic create NAME [--partitions N] | list | describe NAME | delete NAME
-    sluice produce TOPIC [--key K]                  one message per stdin line
+    sluice produce TOPIC [--key K | --key-separator SEP] [-H K=V] [--file PATH]
+                         [--delimiter SEP | --raw]        one message per line, sent as read
     sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
-                         [--max-messages N] [--timeout-ms T] [--json]
+                         [--max-messages N] [--timeout-ms T] [-e]
+                         [--json | --raw | --format FMT] [--print-keys]
     sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark [--json]
     sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
 Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
-``error: NAME (code): message``, and a non-zero exit status.
+``error: NAME (code): message`` (``errors.describe``), and exit status 2 for bad usage,
+1 for anything else.  Ctrl-C stops a command with status 130 and no error line.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import logging
+import os
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from sluice.cli.params import key_values
-from sluice.errors import BrokerError, SluiceError
+from sluice import errors
+from sluice.cli import output
+from sluice.cli.params import LOG_LEVELS, Bootstrap, Escaped, StartPosition, key_values
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
-PRODUCE_CHUNK = 1000  # stdin lines per bulk send
 
 
 def _fail(message: str, code: int = 1):
@@ -38,62 +38,41 @@ def _fail(message: str, code: int = 1):
     sys.exit(code)
 
 
+def _fail_with(exc: errors.SluiceError):
+    """One line for ``exc``; exit status 2 for a usage error, else 1."""
+    _fail(errors.describe(exc), 2 if isinstance(exc, errors.UsageError) else 1)
+
+
 class _Group(click.Group):
-    """Turns every SluiceError into one clear line and exit status 1."""
+    """Turns every SluiceError (and a stray OSError) into one line and a non-zero exit."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except BrokerError as exc:
-            _fail(str(exc))
-        except SluiceError as exc:
-            _fail(f"{type(exc).__name__}: {exc}")
+        except errors.SluiceError as exc:
+            _fail_with(exc)
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
-            _fail(f"{exc.strerror or exc}{where}")
-
-
-def _plain(obj):
-    """A protocol struct as plain data, every field included (the wire omits defaults)."""
-    import msgspec
-
-    if isinstance(obj, msgspec.Struct):
-        return {k: _plain(v) for k, v in msgspec.structs.asdict(obj).items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-def _is_tty() -> bool:
-    return sys.stdout.isatty()
-
-
-def _table(title: str, columns: list[str], rows: list[list]) -> None:
-    if _is_tty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title)
-        for c in columns:
-            table.add_column(c)
-        for r in rows:
-            table.add_row(*(str(x) for x in r))
-        Console().print(table)
-    else:
-        for r in rows:
-            click.echo("\t".join(str(x) for x in r))
+            _fail_with(errors.SluiceError(f"{exc.strerror or exc}{where}"))
 
 
 @click.group(cls=_Group)
 @click.option(
-    "--bootstrap", envvar="SLUICE_BOOTSTRAP", default=DEFAULT_BOOTSTRAP, show_default=True,
-    help="Broker address HOST:PORT (env SLUICE_BOOTSTRAP).",
+    "--bootstrap", envvar="SLUICE_BOOTSTRAP", type=Bootstrap(), default=DEFAULT_BOOTSTRAP, show_default=True,
+    help="Broker address HOST[:PORT] (port 7400 if left out; env SLUICE_BOOTSTRAP).",
 )
-@click.option("--log-level", default="WARNING", envvar="SLUICE_LOG_LEVEL", help="Logging level.")
+@click.option(
+    "--log-level", envvar="SLUICE_LOG_LEVEL", type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="WARNING", show_default=True, help="Logging level (env SLUICE_LOG_LEVEL).",
+)
 @click.version_option(package_name="sluice")
 @click.pass_context
 def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
-    """Sluice: a durable message queue."""
+    """Sluice: a durable message queue.
+
+    Errors are one line on stderr, error: NAME (code): message; the exit status is 2 for
+    bad usage and 1 for other failures.
+    """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -103,11 +82,39 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
 # --------------------------------------------------------------------------- serve
 
 
+def _data_dir(path: Path) -> Path:
+    """``--data-dir``: a directory, or a path where one can be created."""
+    if path.exists() and not path.is_dir():
+        raise click.BadParameter(f"{path} exists and is not a directory")
+    return path
+
+
+def _listen_host(ctx, param, host: str) -> str:
+    """``--host``: a name or address this machine can listen on (checked by binding a
+    throwaway socket to a free port of it)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise click.BadParameter(f"cannot resolve {host!r}: {getattr(exc, 'strerror', exc)}") from None
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.bind(addr)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot listen on {host!r}: {exc.strerror or exc}") from None
+    return host
+
+
 @cli.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+              callback=lambda ctx, param, path: _data_dir(path),
+              help="Directory of the logs and metadata (created if missing).")
+@click.option("--host", default="127.0.0.1", show_default=True, callback=_listen_host,
+              help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=7400, show_default=True)
-@click.option("--node-id", type=int, default=0, show_default=True)
+@click.option("--node-id", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
     "--topic-default", "topic_defaults", multiple=True, metavar="KEY=VALUE",
     help="Default topic config, e.g. flush.messages=0 (repeatable).",
@@ -134,17 +141,23 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger("sluice").setLevel(logging.INFO)
-    adv_host = adv_port = None
-    if advertised_address is not None:
-        [(adv_host, adv_port)] = parse_bootstrap(advertised_address)[:1]
-    config = ServerConfig(
-        data_dir=data_dir, host=host, port=port, node_id=node_id,
-        advertised_host=adv_host, advertised_port=adv_port,
-        topic_defaults=key_values(topic_defaults, "--topic-default"),
-        retention_check_ms=retention_check_ms, max_connections=max_connections,
-        max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
-    )
-    run(config)
+    try:
+        adv_host = adv_port = None
+        if advertised_address is not None:
+            [(adv_host, adv_port)] = parse_bootstrap(advertised_address)[:1]
+        config = ServerConfig(
+            data_dir=data_dir, host=host, port=port, node_id=node_id,
+            advertised_host=adv_host, advertised_port=adv_port,
+            topic_defaults=key_values(topic_defaults, "--topic-default"),
+            retention_check_ms=retention_check_ms, max_connections=max_connections,
+            max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
+        )
+    except errors.ConfigError as exc:
+        raise errors.UsageError(str(exc)) from None
+    try:
+        run(config)
+    except OSError as exc:
+        raise errors.storage_error_from_os(exc, f"data directory {data_dir}") from exc
 
 
 # --------------------------------------------------------------------------- topics
@@ -163,7 +176,7 @@ def _admin(ctx):
 
 @topic.command("create")
 @click.argument("name")
-@click.option("--partitions", type=int, default=1, show_default=True)
+@click.option("--partitions", type=click.IntRange(-(2**31), 2**31 - 1), default=1, show_default=True)
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config (repeatable).")
 @click.pass_context
 def topic_create(ctx, name: str, partitions: int, configs: tuple[str, ...]) -> None:
@@ -179,7 +192,7 @@ def topic_list(ctx) -> None:
     """List topics."""
     with _admin(ctx) as admin:
         topics = admin.list_topics()
-    _table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
+    output.table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
 
 
 @topic.command("describe")
@@ -190,14 +203,14 @@ def topic_describe(ctx, name: str, as_json: bool) -> None:
     """Show a topic's config and partitions."""
     with _admin(ctx) as admin:
         desc = admin.describe_topic(name)
-    if as_json or not _is_tty():
-        click.echo(json.dumps(_plain(desc)))
+    if output.wants_json(as_json):
+        output.echo_json(desc)
         return
     from sluice.config import TopicConfig
 
     policy = TopicConfig.parse(desc.config).flush_policy
-    _table(f"Topic {name}: config (flush {policy})", ["key", "value"], sorted(desc.config.items()))
-    _table(
+    output.table(f"Topic {name}: config (flush {policy})", ["key", "value"], sorted(desc.config.items()))
+    output.table(
         f"Topic {name}: partitions",
         ["partition", "leader", "log start", "high watermark", "bytes", "segments"],
         [[p.partition, p.leader, p.log_start_offset, p.high_watermark, p.size_bytes, p.segments] for p in desc.partitions],
@@ -250,200 +263,246 @@ def topic_add_partitions(ctx, name: str, num: int | None, total: int | None, dry
 
 # --------------------------------------------------------------------------- produce / consume
 
+PARTITION = click.IntRange(0, 2**31 - 1)
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether option ``name`` was given on the command line or by the environment."""
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _exclusive(ctx: click.Context, *names: str) -> None:
+    """A usage error when more than one of the options ``names`` was given."""
+    given = [n for n in names if _given(ctx, n)]
+    if len(given) > 1:
+        spelled = {p.name: p.opts[-1] for p in ctx.command.params}
+        raise click.UsageError(f"{' and '.join(spelled[n] for n in given)} cannot be used together")
+
 
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--key", default=None, help="Key of every message.")
-@click.option("--partition", type=int, default=None, help="Send to this partition.")
+@click.option("--key-separator", type=Escaped(), default=None,
+              help="Split each message at the first SEP into key and value (a message without SEP fails).")
+@click.option("--partition", type=PARTITION, default=None, help="Send to this partition.")
 @click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
-@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Header on every message.")
+@click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
+              help="Header on every message (repeatable).")
+@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
+              default="-", help="Read this file instead of standard input.")
+@click.option("--delimiter", type=Escaped(), default="\\n", show_default=True,
+              help="What ends a message in the input (escapes: \\n \\t \\r \\0 \\xHH).")
+@click.option("--raw", is_flag=True, help="Send the whole input as one message, byte for byte.")
 @click.pass_context
-def produce(ctx, topic_name: str, key: str | None, partition: int | None, acks: str, headers) -> None:
-    """Send each line of standard input as one message."""
+def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, partition: int | None,
+            acks: str, headers, path: str, delimiter: bytes, raw: bool) -> None:
+    """Send each line of standard input (or --file) as one message.
+
+    Messages go out as they are read, a few milliseconds apart at most: `tail -f app.log |
+    sluice produce logs` streams.  Only the delimiter is removed: a message's bytes are
+    sent as they are (a \\r before the newline stays).  When the input is a terminal, where
+    each message went (partition and offset) is printed on stderr.
+    """
+    from sluice.cli.producing import Sender, read_available, split_messages
     from sluice.client.sync import SyncProducer
 
+    _exclusive(ctx, "key", "key_separator")
+    _exclusive(ctx, "raw", "delimiter")
     hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header").items()] or None
-    key_bytes = key.encode() if key is not None else None
-    counts = {"acked": 0, "failed": 0}
-    errors: list[BaseException] = []
-
-    def done(fut) -> None:  # runs on the producer's loop thread; the main thread only reads
-        exc = fut.exception()
-        if exc is None:
-            counts["acked"] += 1
-        else:
-            counts["failed"] += 1
-            errors.append(exc)
-
-    with _admin(ctx) as admin:
-        admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
-    def send_one(producer, value: bytes) -> None:
-        try:
-            producer.send(topic_name, value, key=key_bytes, headers=hdrs, partition=partition).add_done_callback(done)
-        except SluiceError as exc:
-            counts["failed"] += 1
-            errors.append(exc)
-
-    def send_chunk(producer, values: list[bytes]) -> None:
-        """The bulk path (one call per chunk); per message only with headers or on a refusal."""
-        if hdrs:
-            for v in values:
-                send_one(producer, v)
-            return
-        try:
-            fut = producer.send_many(topic_name, values, key=key_bytes, partition=partition)
-        except SluiceError:
-            for v in values:  # find which message is refused, send the others
-                send_one(producer, v)
-            return
-
-        n = len(values)
-
-        def chunk_done(f) -> None:
-            if f.exception() is None:
-                counts["acked"] += n
-            else:
-                counts["failed"] += n
-                errors.append(f.exception())
-
-        fut.add_done_callback(chunk_done)
-
-    sent = 0
-    chunk: list[bytes] = []
-    with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer, _status(f"producing to {topic_name}") as status:
-        for line in sys.stdin.buffer:
-            chunk.append(line.rstrip(b"\r\n"))
-            if len(chunk) == PRODUCE_CHUNK:
-                send_chunk(producer, chunk)
-                sent += len(chunk)
-                chunk = []
-                if status is not None:
-                    status.update(f"{topic_name}: sent {sent:,}, acknowledged {counts['acked']:,}")
-        if chunk:
-            send_chunk(producer, chunk)
-            sent += len(chunk)
-        producer.flush()
-    if counts["failed"]:
-        _fail(f"{counts['failed']} of {sent} messages failed; first: {errors[0]}")
-    if _is_tty() or sys.stderr.isatty():
-        click.echo(f"sent {sent} message{'s' if sent != 1 else ''} to {topic_name}", err=True)
-
-
-@contextlib.contextmanager
-def _status(text: str):
-    """A live spinner on stderr when it is a terminal; yields it (or None when piped)."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-
-    with Console(stderr=True).status(text) as status:
-        yield status
-
-
-def _text_or_b64(data: bytes | None, field: str) -> dict:
-    if data is None:
-        return {field: None}
+    fd = os.open(path, os.O_RDONLY) if path != "-" else sys.stdin.fileno()
     try:
-        return {field: data.decode()}
-    except UnicodeDecodeError:
-        return {field: base64.b64encode(data).decode(), f"{field}_encoding": "base64"}
+        with _admin(ctx) as admin:
+            admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
+        report = None
+        if os.isatty(fd):
+            def report(line: str) -> None:
+                click.echo(f"{topic_name}: {line}", err=True)
+
+        with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer:
+            sender = Sender(producer, topic_name, key=key.encode() if key is not None else None,
+                            headers=hdrs, partition=partition, report=report)
+            for values in split_messages(read_available(fd), None if raw else delimiter):
+                if key_separator is None:
+                    sender.send(values)
+                else:
+                    _send_keyed(sender, values, key_separator)
+            producer.flush()
+    finally:
+        if path != "-":
+            os.close(fd)
+    failure = sender.summary_error()
+    if failure:
+        _fail(failure)
+    if sys.stderr.isatty() and report is None:
+        click.echo(f"sent {sender.sent} message{'s' if sender.sent != 1 else ''} to {topic_name}", err=True)
 
 
-def record_json(rec) -> str:
-    """One consumed record as a JSON object (text fields when UTF-8, else base64)."""
-    obj = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset, "timestamp": rec.timestamp}
-    obj.update(_text_or_b64(rec.key, "key"))
-    obj.update(_text_or_b64(rec.value, "value"))
-    obj["headers"] = {
-        k: (None if v is None else v.decode("utf-8", "backslashreplace")) for k, v in rec.headers
-    }
-    return json.dumps(obj, ensure_ascii=False)
+def _send_keyed(sender, messages: list[bytes], separator: bytes) -> None:
+    """Split each message at its first ``separator`` into key and value and send those;
+    a message without the separator is refused (and counted as failed)."""
+    keys, values = [], []
+    for m in messages:
+        k, sep, v = m.partition(separator)
+        if sep:
+            keys.append(k)
+            values.append(v)
+            continue
+        if values:
+            sender.send(values, keys)
+            keys, values = [], []
+        shown = m[:40].decode("utf-8", "backslashreplace")
+        sender.refuse(errors.UsageError(f"no key separator {separator!r} in message {shown!r}"))
+    if values:
+        sender.send(values, keys)
 
 
-def parse_from(value: str):
-    """``--from``: 'earliest', 'latest', an offset, or an ISO-8601 time (-> ms)."""
-    v = value.strip().lower()
-    if v in ("earliest", "latest"):
-        return v, None
-    if v.lstrip("-").isdigit():
-        n = int(v)
-        if n < 0:
-            raise click.BadParameter(f"offset must be ≥ 0, got {n}", param_hint="--from")
-        return "offset", n
-    try:
-        dt = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise click.BadParameter(
-            f"expected earliest, latest, an offset or an ISO time, got {value!r}", param_hint="--from"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return "time", int(dt.timestamp() * 1000)
+def _quiet_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so that the exit flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
-@click.option("--from", "start", default=None, help="earliest | latest | OFFSET | ISO-TIME (default: group's committed offsets, else latest).")
-@click.option("--group", default=None, help="Consumer group: start from and commit its offsets.")
-@click.option("--partition", type=int, default=None, help="Only this partition.")
+@click.option(
+    "--from", "start", type=StartPosition(), default=None, metavar="POSITION",
+    help="earliest | latest | OFFSET | ISO-TIME (a time without a zone is UTC).  Default: with "
+         "--group, the group's committed offsets, and earliest where it has none; without "
+         "--group, latest.",
+)
+@click.option("--group", default=None,
+              help="Consumer group: start from its committed offsets and commit as messages are printed; "
+                   "the starting positions are committed at once, even if nothing is read.")
+@click.option("--partition", type=PARTITION, default=None, help="Only this partition.")
 @click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@click.option("-e", "--exit-at-end", is_flag=True,
+              help="Stop once every partition is read up to the end it had when the command started "
+                   "(messages arriving meanwhile may be printed too).")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per message; keys and values that are not UTF-8 are base64.")
+@click.option("--raw", is_flag=True,
+              help="Write each value byte for byte, then --delimiter (default: text mode, where bytes "
+                   "that are not UTF-8 are written as \\xNN escapes).")
+@click.option("--format", "fmt", type=Escaped(), default=None, metavar="FMT",
+              help=f"Write each message per FMT, keys and values byte for byte: {output.FORMAT_HELP}.")
+@click.option("--print-keys", is_flag=True, help="Write the key and --key-separator before each value.")
+@click.option("--key-separator", type=Escaped(), default="\\t", show_default=True,
+              help="Between key and value with --print-keys.")
+@click.option("--delimiter", type=Escaped(allow_empty=True), default="\\n", show_default=True,
+              help="Written after each message in text and raw mode (escapes: \\n \\t \\r \\0 \\xHH).")
 @click.pass_context
-def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, as_json) -> None:
-    """Print messages of TOPIC, one per line."""
-    import time
+def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, exit_at_end,
+            as_json, raw, fmt, print_keys, key_separator, delimiter) -> None:
+    """Print messages of TOPIC, one per line.
 
+    By default (text mode) values are written as UTF-8 text, one per line, and bytes that
+    are not UTF-8 become \\xNN escapes; --raw and --format write bytes exactly as stored,
+    --json encodes them (base64 when not UTF-8).
+    """
     from sluice.client.sync import SyncConsumer
     from sluice.errors import UnknownPartition
 
-    mode = parse_from(start) if start else (None, None)
-    reset = "earliest" if mode[0] == "earliest" else "latest"
+    _exclusive(ctx, "as_json", "raw", "fmt")
+    for mode in ("as_json", "fmt"):
+        for extra in ("print_keys", "key_separator", "delimiter"):
+            _exclusive(ctx, mode, extra)
+    if group is not None and not group:
+        raise click.BadParameter("must not be empty", param_hint="--group")
+    try:
+        render = output.formatter(as_json=as_json, raw=raw, fmt=fmt, print_keys=print_keys,
+                                  delimiter=delimiter, key_separator=key_separator)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--format") from None
     with _admin(ctx) as admin:
         desc = admin.describe_topic(topic_name)  # UNKNOWN_TOPIC is an error, not an empty wait
-    partitions = [p.partition for p in desc.partitions]
-    if partition is not None:
-        if partition not in partitions:
-            raise UnknownPartition(f"topic {topic_name!r} has partitions 0-{len(partitions) - 1}, not {partition}")
-        partitions = [partition]
-    consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, auto_offset_reset=reset, enable_auto_commit=False)
-    count = 0
-    out = sys.stdout
+        partitions = [p.partition for p in desc.partitions]
+        if partition is not None:
+            if partition not in partitions:
+                raise UnknownPartition(f"topic {topic_name!r} has partitions 0-{len(partitions) - 1}, not {partition}")
+            partitions = [partition]
+        ends = admin.list_offsets(topic_name, partitions) if exit_at_end else None
+    consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, auto_offset_reset="earliest" if group else "latest",
+                            enable_auto_commit=False)
     try:
         consumer.assign([(topic_name, p) for p in partitions])
-        kind, arg = mode
-        if kind == "earliest":
-            consumer.seek_to_beginning()
-        elif kind == "latest":
-            consumer.seek_to_end()
-        elif kind == "offset":
-            for tp in consumer.assignment():
-                consumer.seek(tp[0], tp[1], arg)
-        elif kind == "time":
-            consumer.seek_to_time(arg)
-        idle_since = time.monotonic()
-        while max_messages is None or count < max_messages:
-            wait = 500 if timeout_ms is None else max(1, min(500, timeout_ms))
-            records = consumer.getmany(timeout_ms=wait, max_records=(max_messages - count) if max_messages else 10000)
-            if not records:
-                if timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
-                    break
-                continue
-            idle_since = time.monotonic()
-            for rec in records:
-                if as_json:
-                    out.write(record_json(rec) + "\n")
-                else:
-                    out.write((rec.value or b"").decode("utf-8", "backslashreplace") + "\n")
-            out.flush()
-            count += len(records)
-            if group:
-                consumer.commit()
+        _seek(consumer, start)
+        _print_records(consumer, render, group=group, max_messages=max_messages, timeout_ms=timeout_ms,
+                       ends=None if ends is None else {(topic_name, p): off for p, off in ends.items()})
     except BrokenPipeError:
-        pass
+        _quiet_stdout()
     finally:
         consumer.close()
+
+
+def _seek(consumer, start) -> None:
+    """Apply ``--from`` (a ``params.Start``; None: the consumer's own default)."""
+    if start is None:
+        return
+    if start.kind == "earliest":
+        consumer.seek_to_beginning()
+    elif start.kind == "latest":
+        consumer.seek_to_end()
+    elif start.kind == "offset":
+        for tp in consumer.assignment():
+            consumer.seek(tp[0], tp[1], start.arg)
+    else:
+        consumer.seek_to_time(start.arg)
+
+
+def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends) -> None:
+    """The consume loop: write records as they come, commit a group's positions.
+
+    The first poll only establishes the starting positions, which a group commits at once;
+    later commits follow each batch written.  Stops after ``max_messages``, after
+    ``timeout_ms`` without a record, or (``ends``: end offset per partition at the start)
+    once every position reached its end.
+    """
+    import time
+
+    out = sys.stdout.buffer
+    count = 0
+    wait = 0  # the first poll returns at once
+    commit_due = group is not None
+    idle_since = time.monotonic()
+    while max_messages is None or count < max_messages:
+        records = consumer.getmany(timeout_ms=wait, max_records=(max_messages - count) if max_messages else 10000)
+        wait = 500 if timeout_ms is None else max(1, min(500, timeout_ms))
+        if records:
+            out.write(b"".join(map(render, records)))
+            out.flush()
+            count += len(records)
+            idle_since = time.monotonic()
+            commit_due = group is not None
+        if commit_due:
+            commit_due = not _commit(consumer)
+        if ends is not None and _reached(consumer, ends):
+            break
+        if not records and timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
+            break
+
+
+def _commit(consumer) -> bool:
+    """Commit the consumer's positions; False (to try again later) on a retriable error."""
+    try:
+        consumer.commit()
+    except errors.SluiceError as exc:
+        if not exc.retriable:
+            raise
+        logging.getLogger("sluice.cli").warning("commit failed, will retry: %s", exc)
+        return False
+    return True
+
+
+def _reached(consumer, ends: dict) -> bool:
+    """Drop from ``ends`` the partitions whose position reached their end; True when none
+    is left."""
+    for tp in list(ends):
+        position = consumer.position(tp)
+        if position is not None and position >= ends[tp]:
+            del ends[tp]
+    return not ends
 
 
 # --------------------------------------------------------------------------- bench
@@ -457,14 +516,15 @@ def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, 
     ),
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per workload.")
-@click.option("--bootstrap", "bench_bootstrap", default=None, help="Use this broker instead of starting one.")
+@click.option("--bootstrap", "bench_bootstrap", type=Bootstrap(), default=None,
+              help="Use this broker instead of starting one.")
 @click.pass_context
 def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> None:
-    """Run the benchmark workloads of shared/bench/WORKLOADS.md (all), or the Spark
+    """Run the benchmark workloads specified in docs/benchmarks.md (all), or the Spark
     connector's (S1: batch read throughput, S2: streaming latency; spark: both)."""
     from sluice.bench.runner import run_workloads
 
-    run_workloads(workload, as_json=as_json or not _is_tty(), bootstrap=bench_bootstrap)
+    run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)
 
 
 from sluice.cli.group import group  # noqa: E402 - a group of its own module
@@ -475,15 +535,18 @@ cli.add_command(group)
 
 
 def main() -> None:
+    """The ``sluice`` entry point: click's parsing with Sluice's one-line errors."""
     try:
-        cli.main(prog_name="sluice", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+        code = cli.main(prog_name="sluice", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # `sluice` / `sluice topic` alone: the help, as click does
         sys.exit(exc.exit_code)
     except click.Abort:
-        _fail("aborted", 130)
+        sys.exit(130)  # Ctrl-C: click already ended the line
     except click.ClickException as exc:
         # one line, like every other error; `--help` shows the usage
-        _fail(exc.format_message(), exc.exit_code)
+        _fail(errors.describe(errors.UsageError(exc.format_message())), exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def archive_command(ctx, topics, pattern, output, checkpoint, continuous, trigge
     try:
         from sluice.spark import pipelines
     except ImportError as exc:
-        raise ConfigError(f"the Spark pipelines need the spark extra: pip install 'sluice[spark]' ({exc})") from None
+        raise ConfigError(f"the Spark pipelines need the spark extra: pip install '.[spark]' in a clone of the Sluice repository ({exc})") from None
     from pyspark.errors import PySparkException
 
     spark = pipelines.session(master, "sluice-archive", key_values(confs, "--conf"))

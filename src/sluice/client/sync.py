@@ -179,6 +179,16 @@ class SyncProducer(_SyncBase):
         """
         return self._call(_send_batch, [_message(i, m, topic) for i, m in enumerate(messages)])
 
+    def send_each(self, messages: Iterable[tuple]) -> list:
+        """Buffer many records in one hop onto the loop, each on its own.
+
+        Each message is ``(topic, value, key, headers, partition)``.  Returns, per message
+        in order, a ``concurrent.futures.Future`` of its ``RecordMetadata``, or the
+        ``SluiceError`` ``send`` raised for it at once (nothing of that one was buffered;
+        the others still are).
+        """
+        return self._call(_send_each, messages)
+
     def flush(self) -> None:
         self._call(Producer.flush)
 
@@ -232,6 +242,16 @@ async def _send_batch(p: Producer, messages):
         for topic, value, key, headers, partition in messages
     ]
     return await _chained(asyncio.ensure_future(_count(asyncio.gather(*futs))))
+
+
+async def _send_each(p: Producer, messages) -> list:
+    out: list = []
+    for topic, value, key, headers, partition in messages:
+        try:
+            out.append(await _chained(await p.send(topic, value, key=key, headers=headers, partition=partition)))
+        except errors.SluiceError as exc:
+            out.append(exc)
+    return out
 
 
 async def _count(fut) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import os
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,7 +26,8 @@ from sluice.protocol import frames, messages
 
 ConnectionFactory = Callable[[str, int], Awaitable["Connection"]]
 
-DEFAULT_PORT = 9092
+DEFAULT_PORT = 7400  # what `sluice serve` listens on
+HANDSHAKE_TIMEOUT = 5.0  # seconds for a connected peer to answer the handshake
 
 
 class _Protocol(asyncio.Protocol):
@@ -88,27 +91,46 @@ class Connection:
         port: int,
         *,
         connect_timeout: float = 10.0,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
         max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
     ) -> Connection:
-        """Connect and handshake; ``ConnectionClosed`` if the broker cannot be reached.
+        """Connect and handshake.
 
-        A broker refusing the handshake raises the error of its code; a peer that is not a
-        Sluice broker raises ``ProtocolError``.
+        ``BrokerUnreachable`` when the TCP connect fails or takes over ``connect_timeout``;
+        ``HandshakeTimeout`` when the peer accepts but does not answer the handshake within
+        ``handshake_timeout`` (it is probably not a Sluice broker); ``ProtocolError`` when
+        it answers something that is not a Sluice handshake.  A broker refusing the
+        handshake raises the error of its code.
         """
         conn = cls(host, port, max_frame_bytes=max_frame_bytes)
         loop = conn._loop
         try:
-            async with asyncio.timeout(connect_timeout):
-                await loop.create_connection(lambda: _Protocol(conn), host, port)
-                await conn._handshake
-        except TimeoutError:
-            conn.close()
-            raise errors.ConnectionClosed(
-                f"connecting to {host}:{port} timed out after {connect_timeout}s"
-            ) from None
-        except OSError as exc:
-            conn.close()
-            raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from exc
+            try:
+                async with asyncio.timeout(connect_timeout):
+                    await loop.create_connection(lambda: _Protocol(conn), host, port)
+            except TimeoutError:
+                raise errors.BrokerUnreachable(
+                    f"cannot connect to {host}:{port}: no answer within {connect_timeout:g}s"
+                ) from None
+            except OSError as exc:
+                raise errors.BrokerUnreachable(
+                    f"cannot connect to {host}:{port}: {_os_reason(exc)}"
+                ) from exc
+            try:
+                async with asyncio.timeout(handshake_timeout):
+                    await conn._handshake
+            except TimeoutError:
+                raise errors.HandshakeTimeout(
+                    f"connected to {host}:{port} but it did not answer the Sluice handshake "
+                    f"within {handshake_timeout:g}s: is it a Sluice broker?"
+                ) from None
+            except errors.ProtocolError as exc:
+                raise type(exc)(f"{host}:{port} is not a Sluice broker: {exc}") from exc
+            except errors.ConnectionClosed as exc:
+                raise errors.ConnectionClosed(
+                    f"{host}:{port} closed the connection before answering the Sluice "
+                    "handshake: is it a Sluice broker?"
+                ) from exc
         except BaseException:
             conn.close()
             raise
@@ -150,13 +172,12 @@ class Connection:
             raise self._error
         api, version = messages.api_of(request)
         response_type = messages.types_for(api, version)[1]
+        header = _encode(request)  # before anything is registered: it may raise
         correlation = next(self._correlation) & 0xFFFFFFFF
         fut = self._loop.create_future()
         self._pending[correlation] = (fut, response_type, check)
         self._transport.writelines(
-            frames.encode_frame(
-                frames.REQUEST, api, version, correlation, messages.encode(request), attachments
-            )
+            frames.encode_frame(frames.REQUEST, api, version, correlation, header, attachments)
         )
         handle = None
         if timeout is not None:
@@ -174,11 +195,10 @@ class Connection:
         if self._error is not None:
             raise self._error
         api, version = messages.api_of(request)
+        header = _encode(request)
         correlation = next(self._correlation) & 0xFFFFFFFF
         self._transport.writelines(
-            frames.encode_frame(
-                frames.REQUEST, api, version, correlation, messages.encode(request), attachments
-            )
+            frames.encode_frame(frames.REQUEST, api, version, correlation, header, attachments)
         )
 
     async def drain(self) -> None:
@@ -309,6 +329,27 @@ class Connection:
                 w.set_exception(_waiter_error(exc))
 
 
+def _encode(request) -> bytes:
+    """The request's header bytes; ``ConfigError`` when a number in it does not fit the
+    wire format (an offset past 2**63, say): a caller's mistake, found before sending."""
+    try:
+        return messages.encode(request)
+    except OverflowError as exc:
+        raise errors.ConfigError(
+            f"{type(request).__name__} cannot be sent: a number in it is out of range ({exc})"
+        ) from exc
+
+
+def _os_reason(exc: OSError) -> str:
+    """A short reason for a failed connect: "Connection refused", "Name or service not
+    known" (the name did not resolve), else the exception's text."""
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host name ({exc.strerror})"
+    if exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return str(exc) or type(exc).__name__
+
+
 def _waiter_error(exc: Exception) -> Exception:
     """A fresh exception for one waiter of a failed connection (see ``Connection._fail``)."""
     if isinstance(exc, errors.BrokerError):
@@ -337,24 +378,36 @@ class TopicInfo:
 
 
 def parse_bootstrap(bootstrap: str | Iterable[str]) -> list[tuple[str, int]]:
-    """``"host:port,host:port"`` or a list of ``"host:port"`` -> addresses; ``ConfigError``."""
+    """``"host:port,host:port"`` or a list of ``"host:port"`` -> addresses; ``ConfigError``.
+
+    The port defaults to ``DEFAULT_PORT`` and must be 1-65535; an IPv6 address takes
+    brackets when it has a port (``[::1]:7400``).
+    """
     items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
-    out = []
-    for item in items:
-        item = item.strip()
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep:
-            host, port = item, str(DEFAULT_PORT)
-        host = host.strip("[]")  # [::1]:9092
-        try:
-            out.append((host or "localhost", int(port)))
-        except ValueError:
-            raise errors.ConfigError(f"bad bootstrap address {item!r}: port is not a number") from None
+    out = [_parse_address(item.strip()) for item in items if item.strip()]
     if not out:
         raise errors.ConfigError("bootstrap must name at least one host:port")
     return out
+
+
+def _parse_address(item: str) -> tuple[str, int]:
+    """One ``host[:port]``, ``[v6]:port`` or bare IPv6 address -> ``(host, port)``."""
+    if item.startswith("["):
+        host, sep, rest = item[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise errors.ConfigError(f"bad bootstrap address {item!r}: expected [IPv6]:port")
+        port = rest[1:] if rest else str(DEFAULT_PORT)
+    elif item.count(":") > 1:  # a bare IPv6 address: no port
+        host, port = item, str(DEFAULT_PORT)
+    else:
+        host, sep, port = item.partition(":")
+        if not sep:
+            port = str(DEFAULT_PORT)
+    if not port.isascii() or not port.isdigit():
+        raise errors.ConfigError(f"bad bootstrap address {item!r}: port {port!r} is not a number")
+    if not 1 <= int(port) <= 65535:
+        raise errors.ConfigError(f"bad bootstrap address {item!r}: port {port} is not in 1-65535")
+    return host or "localhost", int(port)
 
 
 async def _default_factory(host: str, port: int, **kw) -> Connection:
@@ -428,7 +481,7 @@ class Cluster:
                 async with asyncio.timeout(self._connect_timeout):
                     conn = await self._factory(*addr)
             except TimeoutError:
-                raise errors.ConnectionClosed(
+                raise errors.BrokerUnreachable(
                     f"connecting to {addr[0]}:{addr[1]} timed out after {self._connect_timeout:g}s"
                 ) from None
         else:
@@ -465,13 +518,17 @@ class Cluster:
         for conn in self._conns.values():
             if not conn.closed:
                 return conn
-        last: Exception | None = None
-        for addr in [*self.brokers.values(), *self.bootstrap]:
+        failures: list[errors.ConnectionClosed] = []
+        for addr in dict.fromkeys([*self.brokers.values(), *self.bootstrap]):
             try:
                 return await self._connect(addr)
             except errors.ConnectionClosed as exc:
-                last = exc
-        raise errors.ConnectionClosed(f"no broker reachable: {last}")
+                failures.append(exc)
+        if len(failures) == 1:
+            raise failures[0]
+        raise errors.BrokerUnreachable(
+            "no broker reachable: " + "; ".join(str(exc) for exc in failures)
+        )
 
     async def request(self, request, attachments=(), timeout: float | None = None):
         """Send ``request`` to any broker (metadata, admin)."""

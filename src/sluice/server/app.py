@@ -3,18 +3,21 @@
 ``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
 the port, recover the logs, then accept connections, so a second broker on the same
 directory or port is refused before it reads a byte of data.  Shutdown order: stop
-accepting, refuse new requests, let in-flight ones finish (bounded), then flush and close
-every partition, so a SIGTERM never loses an acknowledged write and leaves indexes saved.
+accepting, answer waiting fetches at once, refuse new requests, let in-flight ones finish
+(bounded), then flush and close every partition, so a SIGTERM never loses an acknowledged
+write, leaves indexes saved, and exits at once even with consumers waiting for records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from sluice.broker.broker import Broker
 from sluice.config import ServerConfig
+from sluice.errors import ConfigError
 from sluice.server.connection import Connection
 from sluice.storage.dirlock import DataDirLock
 
@@ -50,16 +53,14 @@ class Server:
         return sock.getsockname()[:2]
 
     async def start(self) -> None:
-        """Lock, bind, recover, serve (module docstring).  Raises ``DataDirInUse``,
-        ``ConfigError`` or ``OSError`` (port taken) with nothing of the data touched."""
+        """Lock, bind, recover, serve (module docstring).  Raises ``DataDirInUse``, or
+        ``ConfigError`` (also for an address that cannot be listened on), with nothing of
+        the data touched."""
         cfg = self.config
         self._lock.acquire()
         try:
             loop = asyncio.get_running_loop()
-            self._listener = await loop.create_server(
-                lambda: Connection(self), cfg.host, cfg.port,
-                reuse_address=True, backlog=512, start_serving=False,
-            )
+            self._listener = await self._listen(loop)
             host, port = self.address
             self.broker.host = cfg.advertised_host or host
             self.broker.port = cfg.advertised_port or port
@@ -74,6 +75,18 @@ class Server:
         if (self.broker.host, self.broker.port) != (host, port):
             log.info("advertised to clients as %s:%d", self.broker.host, self.broker.port)
 
+    async def _listen(self, loop) -> asyncio.AbstractServer:
+        """Bind (not yet serving); ``ConfigError`` naming the address when it cannot be."""
+        cfg = self.config
+        try:
+            return await loop.create_server(
+                lambda: Connection(self), cfg.host, cfg.port,
+                reuse_address=True, backlog=512, start_serving=False,
+            )
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {why}") from exc
+
     async def stop(self) -> None:
         if self.stopping:
             await self._stopped.wait()
@@ -83,6 +96,7 @@ class Server:
         try:
             if self._listener is not None:
                 self._listener.close()
+            self.broker.drain()  # long polls answer now, not after their max_wait_ms
             await asyncio.gather(
                 *(c.drain_and_close(SHUTDOWN_GRACE_S) for c in list(self.connections)),
                 return_exceptions=True,

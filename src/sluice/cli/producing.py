@@ -1,0 +1,160 @@
+"""``sluice produce``'s moving parts: input split into messages as it arrives, and a sender
+that hands them to the producer at once and tallies what the broker acknowledged.
+
+Nothing waits for more input than is there: ``read_available`` returns whatever one
+``read`` gives (a typed line, a line from ``tail -f``, up to 1 MiB of a piped file), the
+complete messages in it go to the producer straight away, and the producer's linger
+(a few ms) batches what comes close together.  A large piped input thus still goes out in
+big bulk sends, and a slow one goes out line by line.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+
+from sluice import errors
+
+READ_SIZE = 1 << 20
+
+
+def read_available(fd: int, size: int = READ_SIZE) -> Iterator[bytes]:
+    """Chunks of ``fd`` as they arrive: each ``read`` blocks only until some bytes are
+    there, never for a full buffer.  Ends at end of input."""
+    while chunk := os.read(fd, size):
+        yield chunk
+
+
+def split_messages(chunks: Iterable[bytes], delimiter: bytes | None) -> Iterator[list[bytes]]:
+    """The messages in ``chunks``: per chunk, the messages it completes (it may complete
+    none); at the end, what follows the last delimiter, if anything.
+
+    Only the delimiter is removed (with ``b"\\n"``, a ``\\r`` before it stays in the
+    message).  ``delimiter=None``: the whole input is one message, byte for byte, even
+    when empty.  Linear in the input, however long a message is.
+    """
+    buf = bytearray()
+    if delimiter is None:
+        for chunk in chunks:
+            buf += chunk
+        yield [bytes(buf)]
+        return
+    for chunk in chunks:
+        search_from = max(0, len(buf) - len(delimiter) + 1)  # a delimiter may straddle chunks
+        buf += chunk
+        last = buf.rfind(delimiter, search_from)
+        if last < 0:
+            continue
+        complete = bytes(buf[:last])
+        del buf[: last + len(delimiter)]
+        yield complete.split(delimiter)
+    if buf:
+        yield [bytes(buf)]
+
+
+class Sender:
+    """Sends messages of one topic through a ``SyncProducer``; never waits for acks.
+
+    ``send`` takes values (and, with ``--key-separator``, one key per value).  Messages
+    with one key for all and no headers take the producer's bulk path; others are sent one
+    by one in a single hop.  Outcomes are tallied on the producer's loop thread (under a
+    lock) and, with ``report``, described one line each: where the message went, or why it
+    was not sent.  Read ``sent``, ``acked``, ``failed`` and ``first_error`` after
+    ``producer.flush()``.
+    """
+
+    def __init__(
+        self,
+        producer,
+        topic: str,
+        *,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]] | None,
+        partition: int | None,
+        report: Callable[[str], None] | None,
+    ) -> None:
+        self.producer, self.topic = producer, topic
+        self.key, self.headers, self.partition = key, headers, partition
+        self.report = report
+        self.sent = self.acked = self.failed = 0
+        self.first_error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def send(self, values: list[bytes], keys: list[bytes] | None = None) -> None:
+        """Hand ``values`` to the producer (``keys``: one per value, else ``key`` for all)."""
+        self.sent += len(values)
+        if keys is None and not self.headers:
+            try:
+                fut = self.producer.send_many(self.topic, values, key=self.key, partition=self.partition)
+            except errors.SluiceError:
+                pass  # one of them is refused: find which, send the others
+            else:
+                fut.add_done_callback(lambda f: self._bulk_done(f, len(values)))
+                return
+        keys = keys if keys is not None else [self.key] * len(values)
+        outcomes = self.producer.send_each(
+            (self.topic, v, k, self.headers, self.partition) for v, k in zip(values, keys, strict=True)
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                self._failed(outcome)
+            else:
+                outcome.add_done_callback(self._one_done)
+
+    def refuse(self, error: errors.SluiceError) -> None:
+        """Count a message refused before it reached the producer."""
+        self.sent += 1
+        self._failed(error)
+
+    def _failed(self, error: BaseException, n: int = 1) -> None:
+        """Count ``n`` messages failed by ``error`` (and say so when reporting)."""
+        with self._lock:
+            self.failed += n
+            if self.first_error is None:
+                self.first_error = error
+        if self.report:
+            self.report(f"{'' if n == 1 else f'{n} '}not sent: {_describe(error)}")
+
+    def _acked(self, partition: int | None, offsets: list[int]) -> None:
+        """Count acknowledged messages (and say where each went when reporting)."""
+        with self._lock:
+            self.acked += len(offsets)
+        if self.report:
+            for offset in offsets:
+                self.report(_where(partition, offset))
+
+    def _bulk_done(self, fut, n: int) -> None:
+        if fut.exception() is not None:
+            self._failed(fut.exception(), n)
+            return
+        result = fut.result()
+        if isinstance(result, tuple):  # (partition, base offset), -1 with acks=none
+            partition, base = result
+            self._acked(partition, [base + i if base >= 0 else -1 for i in range(n)])
+        else:
+            self._acked(self.partition, result)
+
+    def _one_done(self, fut) -> None:
+        if fut.exception() is not None:
+            self._failed(fut.exception())
+            return
+        meta = fut.result()
+        self._acked(meta.partition, [meta.offset])
+
+    def summary_error(self) -> str | None:
+        """The one-line failure of the whole run (None when every message was acked)."""
+        if not self.failed:
+            return None
+        return f"{self.failed} of {self.sent} messages failed; first: {_describe(self.first_error)}"
+
+
+def _where(partition: int | None, offset: int) -> str:
+    where = "partition ?" if partition is None else f"partition {partition}"
+    return f"{where}, offset unknown (acks=none)" if offset < 0 else f"{where}, offset {offset}"
+
+
+def _describe(exc: BaseException | None) -> str:
+    if isinstance(exc, errors.SluiceError):
+        return errors.describe(exc)
+    return f"{type(exc).__name__}: {exc}"
