@@ -98,4 +98,4 @@ def test_a_taken_node_id_or_no_etcd_stops_the_broker(etcd, cluster_name, broker_
     assert "METADATA_UNAVAILABLE" in down.stderr and f"127.0.0.1:{port}" in down.stderr
 
     bad = subprocess.run([*serve, "--cluster", "etcd:/nowhere"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "etcd://HOST:PORT" in bad.stderr
+    assert bad.returncode == 2 and "etcd://HOST:PORT" in bad.stderr  # a usage error
