@@ -35,7 +35,13 @@
         ├── NotLeader                    code 19  retriable: metadata is stale
         ├── TopicBeingDeleted            code 20  retriable
         ├── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
-        └── UnknownGroup                 code 22  no committed offsets are kept for that group
+        ├── UnknownGroup                 code 22  no committed offsets are kept for that group
+        ├── NotEnoughReplicas            code 23  retriable: acks=all while the ISR is below
+        │                                         min.insync.replicas; nothing was written
+        ├── BrokerBusy                   code 24  retriable: the partition's write queue or its
+        │                                         acks=all waits are full; nothing was written
+        └── OffsetNotAvailable           code 25  retriable: the offset is in the log but above
+                                                  the high watermark (a new leader catching up)
 
 Codes are stable: a code is never reused for another meaning.  ``0`` means no error.
 Layers translate foreign exceptions (``OSError``, ``msgspec.DecodeError``) into this tree
@@ -256,6 +262,24 @@ class InvalidRecord(BrokerError):
 @_code(22, "UNKNOWN_GROUP")
 class UnknownGroup(BrokerError):
     pass
+
+
+@_code(23, "NOT_ENOUGH_REPLICAS", retriable=True)
+class NotEnoughReplicas(BrokerError):
+    """An ``acks=all`` write refused at once: fewer in-sync replicas than the topic's
+    ``min.insync.replicas``.  Fail fast instead of waiting for replicas (DESIGN §7)."""
+
+
+@_code(24, "BROKER_BUSY", retriable=True)
+class BrokerBusy(BrokerError):
+    """A write refused at once because the partition holds as many pending writes or
+    ``acks=all`` waits as it may (``write.queue.max.bytes``, ``replica.wait.max.*``)."""
+
+
+@_code(25, "OFFSET_NOT_AVAILABLE", retriable=True)
+class OffsetNotAvailable(BrokerError):
+    """A fetch at an offset the partition has but may not show yet: above its high
+    watermark.  Retry the same offset later; it is not out of range."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

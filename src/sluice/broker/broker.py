@@ -9,6 +9,7 @@ Data directory::
 
     <data>/meta/topics.json        topic definitions (cluster/embedded.py)
     <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
+    <data>/logs/replication-offset-checkpoint   high watermarks (storage/checkpoint.py)
     <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
 """
 
@@ -30,8 +31,11 @@ from sluice.cluster.embedded import EmbeddedMetadata
 from sluice.config import ServerConfig, TopicConfig
 from sluice.errors import UnknownPartition
 from sluice.protocol import messages as m
+from sluice.storage.checkpoint import read_offsets, write_offsets
 
 log = logging.getLogger("sluice.broker")
+
+HW_CHECKPOINT = "replication-offset-checkpoint"
 
 
 class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
@@ -54,7 +58,9 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         self.groups: GroupOffsets | None = None
         self.host, self.port = config.host, config.port
         self._retention_task: asyncio.Task | None = None
+        self._checkpoint_task: asyncio.Task | None = None
         self._expired: list = []  # segments out of their logs whose files are still to delete
+        self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -64,21 +70,32 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         (self.data_dir / "logs").mkdir(exist_ok=True)
         self.metadata = EmbeddedMetadata(self.data_dir, self.config.node_id)
         self.groups = GroupOffsets(self.data_dir, self.housekeeping)
+        try:
+            self.checkpointed_hw = read_offsets(self._hw_path)
+        except ValueError as exc:  # derived data: every partition starts from its log end
+            log.error("%s; high watermarks start from the logs", exc)
         for record in self.metadata.topics.values():
             await self._open_topic(record)
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
+        self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
 
     async def close(self) -> None:
         """Finish queued writes, fsync and close every partition."""
-        if self._retention_task:
-            self._retention_task.cancel()
+        for task in (self._retention_task, self._checkpoint_task):
+            if task:
+                task.cancel()
         parts = [p for topic in self.topics.values() for p in topic.partitions]
         results = await asyncio.gather(*(p.close() for p in parts), return_exceptions=True)
         for p, result in zip(parts, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("closing %s-%d failed: %r", p.topic, p.index, result)
+        if self.metadata is not None:
+            try:
+                await self.checkpoint_high_watermarks()
+            except OSError as exc:
+                log.error("cannot checkpoint high watermarks: %s", exc)
         for executor in (self.write_executor, self.read_executor, self.housekeeping):
             executor.shutdown(wait=True)
 
@@ -89,6 +106,29 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
                 await self.enforce_retention()
             except Exception:  # keep enforcing: the cause (a full or read-only disk) may pass
                 log.exception("retention pass failed")
+
+    @property
+    def _hw_path(self) -> Path:
+        return self.data_dir / "logs" / HW_CHECKPOINT
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.hw_checkpoint_ms / 1000)
+            try:
+                await self.checkpoint_high_watermarks()
+            except OSError as exc:  # keep trying: the cause (a full disk) may pass
+                log.error("cannot checkpoint high watermarks: %s", exc)
+
+    async def checkpoint_high_watermarks(self) -> bool:
+        """Write every partition's high watermark (tmp + fsync + rename) if one changed
+        since the last write; True if written.  Partitions reopen at min(checkpoint, log
+        end)."""
+        hws = {(p.topic, p.index): p.high_watermark for t in self.topics.values() for p in t.partitions}
+        if hws == self.checkpointed_hw:
+            return False
+        await asyncio.get_running_loop().run_in_executor(self.housekeeping, write_offsets, self._hw_path, hws)
+        self.checkpointed_hw = hws
+        return True
 
     async def enforce_retention(self) -> int:
         """Delete segments past retention; returns how many files sets were deleted.
@@ -106,6 +146,7 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         for seg in pending:
             try:
                 await loop.run_in_executor(self.housekeeping, seg.delete)
+                seg.close()  # now, or when its last reader is done
                 deleted += 1
             except OSError as exc:
                 log.error("cannot delete expired segment %s: %s; will retry", seg.path, exc)

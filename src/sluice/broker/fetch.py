@@ -11,11 +11,12 @@ from sluice.broker.topics import error_fields
 from sluice.errors import (
     BrokerError,
     InvalidRequest,
+    OffsetNotAvailable,
     OffsetOutOfRange,
     storage_error_from_os,
 )
 from sluice.protocol import messages as m
-from sluice.storage.log import OutOfRange
+from sluice.storage.log import NotYetAvailable, OutOfRange
 
 FETCH_OVERHEAD = 1024 * 1024  # room in a response frame for its header
 
@@ -30,7 +31,10 @@ class FetchHandlers:
         while True:
             results, blobs, size = await self._fetch_once(req)
             remaining = deadline - loop.time()
-            if size >= req.min_bytes or remaining <= 0 or any(r.error for r in results):
+            # an offset not available yet is waited for like data (the high watermark is
+            # catching up), and answered as such when the wait ends
+            failed = any(r.error and r.error != OffsetNotAvailable.code for r in results)
+            if size >= req.min_bytes or remaining <= 0 or failed:
                 return m.FetchResponse(partitions=results), blobs
             woken = loop.create_future()
 
@@ -71,11 +75,17 @@ class FetchHandlers:
                     ))
                     continue
                 try:
-                    res = await part.read(fp.offset, max(limit, 1))
+                    # consumers see what every in-sync replica has: below the high watermark
+                    res = await part.read(fp.offset, max(limit, 1), part.high_watermark)
                 except OutOfRange:
                     raise OffsetOutOfRange(
                         f"offset {fp.offset} of {fp.topic}-{fp.partition} is outside "
-                        f"[{part.log_start_offset}, {part.high_watermark}]"
+                        f"[{part.log_start_offset}, {part.log_end_offset}]"
+                    ) from None
+                except NotYetAvailable:
+                    raise OffsetNotAvailable(
+                        f"offset {fp.offset} of {fp.topic}-{fp.partition} is above the high "
+                        f"watermark {part.high_watermark} (log end {part.log_end_offset}); retry"
                     ) from None
                 except OSError as exc:
                     raise storage_error_from_os(exc, f"read {fp.topic}-{fp.partition}") from exc

@@ -22,7 +22,16 @@ from sluice.protocol.records import BatchTooLarge, validate_batches
 
 class ProduceHandler:
     async def produce(self, req: m.ProduceRequest, att: memoryview):
-        """Validate each partition's batches, queue them on its writer, await the acks."""
+        """Validate each partition's batches, queue them on its writer, await the acks.
+
+        ``acks=leader`` is answered once the batches are appended (and fsynced with
+        ``flush.messages=1``); ``acks=all`` once the high watermark passes them, i.e. every
+        in-sync replica has them, within ``timeout_ms`` (else ``REQUEST_TIMED_OUT``, the
+        records may be stored).  Refusals come at once: ``NOT_ENOUGH_REPLICAS``,
+        ``BROKER_BUSY`` (see broker/partition.py).
+        """
+        if req.acks not in (m.ACKS_NONE, m.ACKS_LEADER, m.ACKS_ALL):
+            raise InvalidRequest(f"acks must be 0 (none), 1 (leader) or -1 (all), not {req.acks}")
         total = sum(p.size for p in req.partitions)
         if total != len(att) or any(p.size < 0 for p in req.partitions):
             raise InvalidRequest(f"partition sizes add up to {total}, attachments hold {len(att)} bytes")
@@ -46,7 +55,7 @@ class ProduceHandler:
             except BrokerError as exc:
                 results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(exc)))
                 continue
-            pending.append((len(results), part.append(chunk, spans)))
+            pending.append((len(results), part.append(chunk, spans, req.acks == m.ACKS_ALL)))
             results.append(None)
         if req.acks == m.ACKS_NONE:
             # no answer, but the frame stays counted against the connection until written

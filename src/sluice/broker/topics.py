@@ -73,14 +73,18 @@ class TopicAdmin:
         try:
             for i in indexes:
                 plog = await loop.run_in_executor(
-                    self.write_executor, PartitionLog.open, self._log_dir(name, i), config.log_config
+                    self.write_executor, PartitionLog.open, self._log_dir(name, i),
+                    config.log_config, self.checkpointed_hw.get((name, i)),
                 )
                 for cut in plog.cuts:
                     log.warning(
                         "partition %s-%d recovered: cut %d bytes at position %d of %s (%s)",
                         name, i, cut.dropped_bytes, cut.position, cut.segment.name, cut.reason,
                     )
-                partitions.append(Partition(name, i, plog, config, self.write_executor, self.read_executor))
+                partitions.append(Partition(
+                    name, i, plog, config, self.write_executor, self.read_executor,
+                    replica_id=self.config.node_id,
+                ))
         except BaseException:
             await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
             raise
