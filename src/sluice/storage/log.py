@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from sluice.protocol.records import LOG_OVERHEAD
+from sluice.protocol.records import HEADER_SIZE, LOG_OVERHEAD, parse_header
 from sluice.storage.checkpoint import fsync_dir, write_atomic
 from sluice.storage.epochs import LeaderEpochCache
 from sluice.storage.segment import Cut, Segment, SegmentClosed
@@ -289,7 +289,8 @@ class PartitionLog:
         return True
 
     def position_of(self, offset: int) -> LogPosition:
-        """Where the batch holding ``offset`` begins (the log end's position at or past it)."""
+        """Where the batch holding ``offset`` begins, with that batch's base offset (the
+        log end at or past it). Owner's thread."""
         if offset >= self.log_end.offset:
             return self.log_end
         segs = self.segments
@@ -297,7 +298,8 @@ class PartitionLog:
         for seg in segs[i:]:
             pos = seg.locate(offset, seg.size)
             if pos is not None:
-                return LogPosition(offset, seg.base_offset, pos)
+                base = parse_header(seg.read(pos, HEADER_SIZE)).base_offset
+                return LogPosition(base, seg.base_offset, pos)
         return self.log_end
 
     # ------------------------------------------------------------------ reading
@@ -320,6 +322,10 @@ class PartitionLog:
                 if self.view is view:  # not a newer view: the log itself was closed
                     raise OSError(errno.EBADF, f"log {self.directory} is closed") from None
                 continue
+            except Exception:
+                if view.generation == self.generation:
+                    raise
+                continue  # bytes cut under the read made no sense: redo on the new view
             if view.generation == self.generation:
                 return result
             # a truncation changed bytes under this read: redo it on the new view
@@ -353,21 +359,23 @@ class PartitionLog:
                         # extend to the end of the first batch if the cap cut it
                         first = int.from_bytes(data[8:12], "big") + LOG_OVERHEAD
                         if first > len(data):
-                            data = seg.read(pos, first)
+                            data = seg.read(pos, min(first, limit - pos))
                     return ReadResult(data, hw.offset, start, leo.offset)
         return ReadResult(b"", hw.offset, start, leo.offset)
 
     @staticmethod
     def _position_in(view: LogView, offset: int) -> LogPosition:
-        """Position of ``offset`` (a batch boundary below the view's log end) in ``view``."""
+        """Where the batch holding ``offset`` (below the view's log end) begins in ``view``:
+        a bound inside a batch leaves that whole batch out."""
         bases, segments = view.bases, view.segments
         i = max(bisect_right(bases, offset) - 1, 0)
         for seg in segments[i:]:
             with seg.pinned():
                 limit = view.log_end.position if seg.base_offset == view.log_end.segment else seg.size
                 pos = seg.locate(offset, limit)
-            if pos is not None:
-                return LogPosition(offset, seg.base_offset, pos)
+                if pos is not None:
+                    base = parse_header(seg.read(pos, HEADER_SIZE)).base_offset
+                    return LogPosition(base, seg.base_offset, pos)
         return view.log_end
 
     def offset_for_time(self, timestamp: int, upper_bound: int) -> int | None:
@@ -380,6 +388,10 @@ class PartitionLog:
             except SegmentClosed:
                 if self.view is view:
                     raise OSError(errno.EBADF, f"log {self.directory} is closed") from None
+                continue
+            except Exception:
+                if view.generation == self.generation:
+                    raise
                 continue
             if view.generation == self.generation:
                 return found
