@@ -184,7 +184,8 @@ class Partition:
         leader epochs and timestamps are the leader's.  The future gives AppendResult.
 
         Checked here: every batch's header and CRC, offsets contiguous between batches,
-        epochs never decreasing.  Checked by the writer: the first batch starts at the log
+        epochs never decreasing; a partial last batch (a fetch's size cap cut it) is left
+        out.  Checked by the writer: the first batch starts at the log
         end and its epoch is not below the log's latest.  A failed check fails the future
         with ``InvalidRecord`` and writes nothing of the request.  Written through the same
         group commit and flush policy as the leader's appends; the high watermark does not
@@ -204,10 +205,12 @@ class Partition:
             return fut
         if not batches:
             fut.set_result(AppendResult(self.log.log_end_offset, -1))
-        elif not self._admit(len(data)):
+            return fut
+        size = batches[-1].pos + batches[-1].size  # without a partial last batch
+        if not self._admit(size):
             fut.set_exception(BrokerBusy(f"{self.topic}-{self.index}: writer queue full; retry"))
         else:
-            self._enqueue(_Append(data, batches, fut, len(data), replica=True))
+            self._enqueue(_Append(memoryview(data)[:size], batches, fut, size, replica=True))
         return fut
 
     def _admit(self, size: int) -> bool:
@@ -221,15 +224,16 @@ class Partition:
         self._queue.append(req)
         self._wakeup.set()
 
-    async def truncate_to(self, offset: int) -> None:
+    def truncate_to(self, offset: int) -> asyncio.Future:
         """Cut the log at ``offset`` (see PartitionLog.truncate_to), in the writer's turn:
-        after the appends queued before it, before those queued after.  Raises a
-        ``StorageError`` when the disk refuses."""
+        after the appends queued before this call, before those queued after it.  The
+        future fails with a ``StorageError`` when the disk refuses."""
         fut = asyncio.get_running_loop().create_future()
         if self._closing:
-            raise BrokerShuttingDown("partition is closing")
-        self._enqueue(_Truncate(offset, fut))
-        await fut
+            fut.set_exception(BrokerShuttingDown("partition is closing"))
+        else:
+            self._enqueue(_Truncate(offset, fut))
+        return fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

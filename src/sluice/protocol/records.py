@@ -210,16 +210,16 @@ def validate_replica_batches(buf, max_batch_bytes: int = MAX_REPLICA_BATCH_BYTES
 
     Per-batch work only: header, one CRC over each batch, offsets contiguous from batch to
     batch, leader epochs never decreasing.  Whether the first batch follows the follower's
-    log end is for its writer to check.  Raises ``CorruptRecord``; an empty buffer is valid
-    (nothing new on the leader).
+    log end is for its writer to check.  A partial last batch (a fetch's size cap cut it)
+    is not returned.  Raises ``CorruptRecord``; an empty buffer is valid (nothing new).
     """
     out: list[ReplicaBatch] = []
     pos, end = 0, len(buf)
-    while pos < end:
+    while end - pos >= HEADER_SIZE:
         h = parse_header(buf, pos)
         size = h.size
         if pos + size > end:
-            raise CorruptRecord(f"batch at byte {pos} declares {size} bytes, {end - pos} present")
+            break  # partial: the next fetch starts with it
         if size > max_batch_bytes:
             raise CorruptRecord(f"batch at byte {pos} of {size} bytes exceeds {max_batch_bytes}")
         if h.last_offset_delta < 0 or h.base_offset < 0 or h.leader_epoch < 0:
