@@ -419,7 +419,8 @@ class PartitionLog:
     def expired_segments(self, now_ms: int) -> list[Segment]:
         """Remove from the log (not from disk) the segments retention lets go. Event loop.
 
-        Never the active segment.  By age: the segment's newest timestamp (or its file time
+        Never the active segment, nor one holding offsets at or above the high watermark
+        (not every replica has them yet).  By age: the segment's newest timestamp (or its file time
         when it has none) is older than ``retention_ms``.  By size: oldest first while the
         log without them stays at or above ``retention_bytes``.  The caller deletes the files
         (``Segment.delete``) off the event loop, then closes them (``Segment.close``, which
@@ -428,7 +429,7 @@ class PartitionLog:
         cfg = self.config
         expired: list[Segment] = []
         total = self.size_bytes
-        while len(self.segments) > 1:
+        while len(self.segments) > 1 and self.segments[1].base_offset <= self.high_watermark:
             oldest = self.segments[0]
             newest_ts = oldest.max_timestamp if oldest.max_timestamp >= 0 else oldest.created_ms
             by_age = cfg.retention_ms >= 0 and now_ms - newest_ts > cfg.retention_ms
