@@ -114,14 +114,16 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
 )
 @click.option("--retention-check-ms", type=click.IntRange(min=10), default=30_000, show_default=True,
               help="How often segments past retention are deleted.")
+@click.option("--hw-checkpoint-ms", type=click.IntRange(min=1), default=5_000, show_default=True,
+              help="How often high watermarks are written to replication-offset-checkpoint.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
 @click.option("--advertised-address", default=None, metavar="HOST:PORT",
               help="Address clients are told to connect to (default: the listening address).")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
-          retention_check_ms: int, max_connections: int, max_frame_bytes: int,
-          advertised_address: str | None) -> None:
+          retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
+          max_frame_bytes: int, advertised_address: str | None) -> None:
     """Run a single-node broker (embedded metadata, data in DATA_DIR)."""
     from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
@@ -136,7 +138,8 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
         data_dir=data_dir, host=host, port=port, node_id=node_id,
         advertised_host=adv_host, advertised_port=adv_port,
         topic_defaults=key_values(topic_defaults, "--topic-default"),
-        retention_check_ms=retention_check_ms, max_connections=max_connections,
+        retention_check_ms=retention_check_ms, hw_checkpoint_ms=hw_checkpoint_ms,
+        max_connections=max_connections,
         max_frame_bytes=max_frame_bytes,
     )
     run(config)
