@@ -304,6 +304,12 @@ class Partition:
             group = self._follows(group, offset)
             if not group:
                 return
+        elif not self.is_leader:  # queued before make_follower: not ours to write any more
+            err = NotLeader(f"{self.topic}-{self.index} has a new leader")
+            for req in group:
+                if not req.future.done():
+                    req.future.set_exception(err)
+            return
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None
         total = sum(req.size for req in group)
