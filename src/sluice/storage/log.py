@@ -170,11 +170,11 @@ class PartitionLog:
         for seg in self.segments:
             for epoch, start in seg.epoch_runs(self.epochs.latest_epoch):
                 self.epochs.assign(epoch, start)
-        self.log_end = self._end_position()
-        self.high_watermark_position = self.log_end
+        self.log_end = self.high_watermark_position = self._end_position()
+        self._publish()
         if high_watermark is not None and high_watermark < self.log_end.offset:
             self.high_watermark_position = self.position_of(max(high_watermark, self.log_start_offset))
-        self._publish()
+            self._publish()
         return self
 
     def _read_recovery_point(self) -> int:
@@ -291,16 +291,7 @@ class PartitionLog:
     def position_of(self, offset: int) -> LogPosition:
         """Where the batch holding ``offset`` begins, with that batch's base offset (the
         log end at or past it). Owner's thread."""
-        if offset >= self.log_end.offset:
-            return self.log_end
-        segs = self.segments
-        i = max(bisect_right([s.base_offset for s in segs], offset) - 1, 0)
-        for seg in segs[i:]:
-            pos = seg.locate(offset, seg.size)
-            if pos is not None:
-                base = parse_header(seg.read(pos, HEADER_SIZE)).base_offset
-                return LogPosition(base, seg.base_offset, pos)
-        return self.log_end
+        return self._bound_in(self.view, offset)
 
     # ------------------------------------------------------------------ reading
 
@@ -314,10 +305,20 @@ class PartitionLog:
         always makes progress.  Empty at the bound.  Raises ``OutOfRange`` below the log
         start or above the log end, ``NotYetAvailable`` between the bound and the log end.
         """
+        return self._on_view(self._read, offset, max_bytes, upper_bound)
+
+    def offset_for_time(self, timestamp: int, upper_bound: int) -> int | None:
+        """Offset of the first batch below ``upper_bound`` with a timestamp ≥ ``timestamp``;
+        None if none (any thread)."""
+        return self._on_view(self._offset_for_time, timestamp, upper_bound)
+
+    def _on_view(self, fn, *args):
+        """``fn(view, *args)`` on the current view, redone on a newer one when a truncation
+        changed bytes under it (whatever it returned or raised meanwhile)."""
         while True:
             view = self.view
             try:
-                result = self._read(view, offset, max_bytes, upper_bound)
+                result = fn(view, *args)
             except SegmentClosed:
                 if self.view is view:  # not a newer view: the log itself was closed
                     raise OSError(errno.EBADF, f"log {self.directory} is closed") from None
@@ -328,19 +329,13 @@ class PartitionLog:
                 continue  # bytes cut under the read made no sense: redo on the new view
             if view.generation == self.generation:
                 return result
-            # a truncation changed bytes under this read: redo it on the new view
 
     def _read(self, view: LogView, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
         bases, segments, hw, leo, _ = view
         start = bases[0]
         if offset < start or offset > leo.offset:
             raise OutOfRange(f"offset {offset} is outside [{start}, {leo.offset}]")
-        if upper_bound >= leo.offset:
-            end = leo
-        elif upper_bound == hw.offset:
-            end = hw
-        else:
-            end = self._position_in(view, upper_bound)
+        end = self._bound_in(view, upper_bound)
         if offset > end.offset:
             raise NotYetAvailable(f"offset {offset} is above {end.offset}, the bound of this read")
         if offset == end.offset:
@@ -363,46 +358,8 @@ class PartitionLog:
                     return ReadResult(data, hw.offset, start, leo.offset)
         return ReadResult(b"", hw.offset, start, leo.offset)
 
-    @staticmethod
-    def _position_in(view: LogView, offset: int) -> LogPosition:
-        """Where the batch holding ``offset`` (below the view's log end) begins in ``view``:
-        a bound inside a batch leaves that whole batch out."""
-        bases, segments = view.bases, view.segments
-        i = max(bisect_right(bases, offset) - 1, 0)
-        for seg in segments[i:]:
-            with seg.pinned():
-                limit = view.log_end.position if seg.base_offset == view.log_end.segment else seg.size
-                pos = seg.locate(offset, limit)
-                if pos is not None:
-                    base = parse_header(seg.read(pos, HEADER_SIZE)).base_offset
-                    return LogPosition(base, seg.base_offset, pos)
-        return view.log_end
-
-    def offset_for_time(self, timestamp: int, upper_bound: int) -> int | None:
-        """Offset of the first batch below ``upper_bound`` with a timestamp ≥ ``timestamp``;
-        None if none (any thread)."""
-        while True:
-            view = self.view
-            try:
-                found = self._offset_for_time(view, timestamp, upper_bound)
-            except SegmentClosed:
-                if self.view is view:
-                    raise OSError(errno.EBADF, f"log {self.directory} is closed") from None
-                continue
-            except Exception:
-                if view.generation == self.generation:
-                    raise
-                continue
-            if view.generation == self.generation:
-                return found
-
     def _offset_for_time(self, view: LogView, timestamp: int, upper_bound: int) -> int | None:
-        if upper_bound >= view.log_end.offset:
-            end = view.log_end
-        elif upper_bound == view.high_watermark.offset:
-            end = view.high_watermark
-        else:
-            end = self._position_in(view, upper_bound)
+        end = self._bound_in(view, upper_bound)
         for seg in view.segments:
             if seg.base_offset > end.segment:
                 break
@@ -413,6 +370,25 @@ class PartitionLog:
                 if found is not None:
                     return found
         return None
+
+    @staticmethod
+    def _bound_in(view: LogView, upper_bound: int) -> LogPosition:
+        """Where a read bounded by ``upper_bound`` stops in ``view``: the log end or the
+        high watermark as they are (no I/O), else the start of the batch holding it (a
+        bound inside a batch leaves that whole batch out)."""
+        if upper_bound >= view.log_end.offset:
+            return view.log_end
+        if upper_bound == view.high_watermark.offset:
+            return view.high_watermark
+        i = max(bisect_right(view.bases, upper_bound) - 1, 0)
+        for seg in view.segments[i:]:
+            with seg.pinned():
+                limit = view.log_end.position if seg.base_offset == view.log_end.segment else seg.size
+                pos = seg.locate(upper_bound, limit)
+                if pos is not None:
+                    base = parse_header(seg.read(pos, HEADER_SIZE)).base_offset
+                    return LogPosition(base, seg.base_offset, pos)
+        return view.log_end
 
     # ------------------------------------------------------------------ retention and truncation
 
