@@ -63,6 +63,10 @@ class TopicConfig:
     flush_ms: int = 1000  # background fsync of unflushed data at least this often; 0: never
     timestamp_type: str = "LogAppendTime"  # or "CreateTime"
     index_interval_bytes: int = 4096
+    min_insync_replicas: int = 1  # acks=all needs this many in-sync replicas, else refused
+    replica_wait_max_requests: int = 1000  # acks=all requests waiting per partition
+    replica_wait_max_bytes: int = 64 * 1024 * 1024  # their bytes, per partition
+    write_queue_max_bytes: int = 64 * 1024 * 1024  # bytes queued for the writer per partition
 
     KEYS = {
         "retention.ms": _Key("retention_ms", -1, _CENTURY_MS),
@@ -74,6 +78,10 @@ class TopicConfig:
         "flush.ms": _Key("flush_ms", 0, DAY_MS),
         "timestamp.type": _Key("timestamp_type", 0, choices=("LogAppendTime", "CreateTime")),
         "index.interval.bytes": _Key("index_interval_bytes", 64, 1 << 24),
+        "min.insync.replicas": _Key("min_insync_replicas", 1, 1024),
+        "replica.wait.max.requests": _Key("replica_wait_max_requests", 1, 1 << 20),
+        "replica.wait.max.bytes": _Key("replica_wait_max_bytes", 1024, 1 << 40),
+        "write.queue.max.bytes": _Key("write_queue_max_bytes", 1024, 1 << 40),
     }
 
     @classmethod
@@ -150,6 +158,8 @@ class ServerConfig:
     max_partitions: int = 4096  # every partition holds open files: bounded by the fd limit
     io_threads: int = 4
     retention_check_ms: int = 30_000
+    # how often the high watermarks are checkpointed (replication-offset-checkpoint)
+    hw_checkpoint_ms: int = 5_000
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # etcd://host:port[,host:port...][/cluster]: metadata in etcd (cluster/etcd.py); None:
     # in the data directory (cluster/embedded.py)
@@ -164,9 +174,10 @@ class ServerConfig:
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         limits = (self.max_connections, self.max_in_flight_per_connection,
-                  self.max_in_flight_bytes_per_connection, self.io_threads, self.max_partitions)
+                  self.max_in_flight_bytes_per_connection, self.io_threads, self.max_partitions,
+                  self.hw_checkpoint_ms)
         if min(limits) < 1:
-            raise ConfigError("connection, in-flight and thread limits must be ≥ 1")
+            raise ConfigError("connection, in-flight, thread and checkpoint settings must be ≥ 1")
         try:
             TopicConfig.parse(self.topic_defaults)
         except InvalidConfig as exc:

@@ -41,7 +41,13 @@
         ├── TopicBeingDeleted            code 20  retriable
         ├── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
         ├── UnknownGroup                 code 22  no committed offsets are kept for that group
-        └── MetadataUnavailable          code 23  retriable: the metadata store (etcd) did not answer
+        ├── MetadataUnavailable          code 23  retriable: the metadata store (etcd) did not answer
+        ├── NotEnoughReplicas            code 24  retriable: acks=all while the ISR is below
+        │                                         min.insync.replicas; nothing was written
+        ├── BrokerBusy                   code 25  retriable: the partition's write queue or its
+        │                                         acks=all waits are full; nothing was written
+        └── OffsetNotAvailable           code 26  retriable: the offset is in the log but above
+                                                  the high watermark (a new leader catching up)
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -320,6 +326,24 @@ class UnknownGroup(BrokerError):
 class MetadataUnavailable(BrokerError):
     """The cluster metadata store did not answer in time; a change it was asked for may or
     may not have been made (read it back)."""
+
+
+@_code(24, "NOT_ENOUGH_REPLICAS", retriable=True)
+class NotEnoughReplicas(BrokerError):
+    """An ``acks=all`` write refused at once: fewer in-sync replicas than the topic's
+    ``min.insync.replicas``.  Fail fast instead of waiting for replicas (DESIGN §7)."""
+
+
+@_code(25, "BROKER_BUSY", retriable=True)
+class BrokerBusy(BrokerError):
+    """A write refused at once because the partition holds as many pending writes or
+    ``acks=all`` waits as it may (``write.queue.max.bytes``, ``replica.wait.max.*``)."""
+
+
+@_code(26, "OFFSET_NOT_AVAILABLE", retriable=True)
+class OffsetNotAvailable(BrokerError):
+    """A fetch at an offset the partition has but may not show yet: above its high
+    watermark.  Retry the same offset later; it is not out of range."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

@@ -2,8 +2,9 @@
 
 ``append_batches`` follows ``broker.partition.Partition._write_group`` / ``_write_blocking``
 step for step (validate -> prepare_append -> rolled segment flush + save_indexes + recovery
-point -> assign_offsets -> Segment.write -> next_offset -> appended), minus the threads, so a
-PartitionLog test exercises the same sequence of calls the broker makes.
+point -> assign_offsets -> Segment.write -> appended -> the single-replica ISR step
+advance_high_watermark), minus the threads, so a PartitionLog test exercises the same
+sequence of calls the broker makes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def append_batches(
     timestamps: list[int] | None = None,
     now: int | None = None,
     append_time: int | None = None,
+    epoch: int = 0,
+    advance: bool = True,
 ) -> list[int]:
     """Append one produce request holding ``batches`` (one value list each); return bases.
 
@@ -63,10 +66,11 @@ def append_batches(
         bases.append(offset)
         metas.append((offset, offset + s.count, ts, s.size))
         offset += s.count
-    assert assign_offsets(data, spans, plog.next_offset, 0, append_time) == offset
+    assert assign_offsets(data, spans, plog.next_offset, epoch, append_time) == offset
     segment.write([data], total)
-    plog.next_offset = offset
-    plog.appended(segment, metas, offset)
+    plog.appended(segment, metas, offset, [(epoch, bases[0])])
+    if advance:  # ISR = {this replica}: the high watermark follows the log end
+        plog.advance_high_watermark(offset)
     return bases
 
 
@@ -80,7 +84,7 @@ def read_all(plog: PartitionLog, start: int | None = None) -> list[tuple[int, by
     offset = plog.log_start_offset if start is None else start
     out: list[tuple[int, bytes]] = []
     while offset < plog.high_watermark:
-        got = decode(plog.read(offset, 1 << 20).data, offset)
+        got = decode(plog.read(offset, 1 << 20, plog.high_watermark).data, offset)
         assert got, f"no record at {offset} below the high watermark {plog.high_watermark}"
         out += got
         offset = got[-1][0] + 1

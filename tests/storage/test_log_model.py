@@ -159,7 +159,7 @@ class LogMachine(RuleBasedStateMachine):
     @rule(data=st.data(), max_bytes=st.integers(12, 1200))
     def read(self, data, max_bytes):
         offset = data.draw(st.integers(self.model.start, self.model.next - 1), "offset")
-        res = self.plog.read(offset, max_bytes)
+        res = self.plog.read(offset, max_bytes, self.plog.high_watermark)
         assert (res.high_watermark, res.log_start_offset) == (self.model.next, self.model.start)
         got = decode(res.data, offset)
         assert got, "a read below the high watermark must return at least one record"
@@ -167,17 +167,17 @@ class LogMachine(RuleBasedStateMachine):
 
     @rule(past=st.integers(1, 5))
     def read_out_of_range(self, past):
-        assert self.plog.read(self.model.next, 100).data == b""
+        assert self.plog.read(self.model.next, 100, self.plog.high_watermark).data == b""
         with pytest.raises(OutOfRange):
-            self.plog.read(self.model.next + past, 100)
+            self.plog.read(self.model.next + past, 100, self.plog.high_watermark)
         if self.model.start > 0:
             with pytest.raises(OutOfRange):
-                self.plog.read(max(self.model.start - past, 0), 100)
+                self.plog.read(max(self.model.start - past, 0), 100, self.plog.high_watermark)
 
     @rule(data=st.data())
     def offset_for_time(self, data):
         ts = data.draw(st.integers(-1, self.clock + 1), "ts")
-        assert self.plog.offset_for_time(ts) == self.model.offset_for_time(ts)
+        assert self.plog.offset_for_time(ts, self.plog.high_watermark) == self.model.offset_for_time(ts)
 
     @rule(data=st.data())
     def truncate(self, data):
@@ -253,10 +253,10 @@ def plog(tmp_path):
 
 def test_empty_log(plog):
     assert (plog.log_start_offset, plog.high_watermark) == (0, 0)
-    assert plog.read(0, 100).data == b""
-    assert plog.offset_for_time(0) is None
+    assert plog.read(0, 100, plog.high_watermark).data == b""
+    assert plog.offset_for_time(0, plog.high_watermark) is None
     with pytest.raises(OutOfRange):
-        plog.read(1, 100)
+        plog.read(1, 100, plog.high_watermark)
 
 
 def test_rolls_keep_offsets_dense_across_segments(plog):
@@ -304,7 +304,7 @@ def test_retention_by_size_never_drops_the_active_segment(plog):
         seg.delete()
     assert read_all(plog) == [(i, bytes([i]) * 40) for i in range(active.base_offset, 20)]
     with pytest.raises(OutOfRange):
-        plog.read(active.base_offset - 1, 100)
+        plog.read(active.base_offset - 1, 100, plog.high_watermark)
 
 
 def test_retention_by_age(plog):
@@ -323,7 +323,7 @@ def test_retention_by_age(plog):
 @pytest.mark.parametrize("max_bytes", [0, 1, 11])
 def test_read_with_tiny_max_bytes_still_returns_one_batch(plog, max_bytes):
     append_batches(plog, [[b"first", b"second"]])
-    assert decode(plog.read(0, max_bytes).data) == [(0, b"first"), (1, b"second")]
+    assert decode(plog.read(0, max_bytes, plog.high_watermark).data) == [(0, b"first"), (1, b"second")]
 
 
 @given(st.lists(st.tuples(VALUES, st.integers(0, 60)), min_size=1, max_size=12))
@@ -337,7 +337,7 @@ def test_offset_for_time_with_out_of_order_timestamps(batches):
             assert append_batches(plog, [values], [ts]) == model.append([(values, ts)])
         try:
             for ts in range(-1, 62):
-                assert plog.offset_for_time(ts) == model.offset_for_time(ts), ts
+                assert plog.offset_for_time(ts, plog.high_watermark) == model.offset_for_time(ts), ts
         finally:
             plog.close()
 
@@ -350,11 +350,11 @@ def test_reopen_keeps_max_timestamp_of_unindexed_batches(tmp_path):
     append_batches(plog, [[b"d" * 300]], [10])  # rolls: segment 0 is no longer the last
     first = plog.segments[0]
     assert list(first.index.offsets) == [0, 2] and first.max_timestamp == 100
-    assert plog.offset_for_time(80) == 1
+    assert plog.offset_for_time(80, plog.high_watermark) == 1
     plog.close()
     plog = PartitionLog.open(tmp_path, CONFIG)
     try:
         assert plog.segments[0].max_timestamp == 100
-        assert plog.offset_for_time(80) == 1
+        assert plog.offset_for_time(80, plog.high_watermark) == 1
     finally:
         plog.close()

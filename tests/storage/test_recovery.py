@@ -194,7 +194,7 @@ def test_flipped_byte_below_recovery_point_is_not_verified_on_open(logdir):
         assert plog.cuts == []
         assert plog.high_watermark == records[-1][0] + 1
         with pytest.raises(CorruptRecord):
-            decode_records(plog.read(base, 1 << 20).data, "t", 0, min_offset=base)
+            decode_records(plog.read(base, 1 << 20, plog.high_watermark).data, "t", 0, min_offset=base)
         later = layout(segment_files(logdir)[2])[0][2]
         assert read_all(plog, later) == [r for r in records if r[0] >= later]
     finally:
@@ -300,7 +300,7 @@ def test_damaged_index_is_rebuilt(logdir, damage, suffix, which):
         (list(s.index.offsets), list(s.index.positions), list(s.timeindex.offsets), s.max_timestamp)
         for s in plog.segments
     ]
-    times = [plog.offset_for_time(t) for t in range(995, 1025)]
+    times = [plog.offset_for_time(t, plog.high_watermark) for t in range(995, 1025)]
     plog.close()
     victim = segment_files(logdir)[which].with_suffix(suffix)
     damage(victim)
@@ -319,9 +319,9 @@ def test_damaged_index_is_rebuilt(logdir, damage, suffix, which):
         ]
         assert after == before
         assert read_all(plog) == records
-        assert [plog.offset_for_time(t) for t in range(995, 1025)] == times
+        assert [plog.offset_for_time(t, plog.high_watermark) for t in range(995, 1025)] == times
         for offset, val in records[::3]:  # point reads go through the rebuilt index
-            got = decode_records(plog.read(offset, 20).data, "t", 0, min_offset=offset)
+            got = decode_records(plog.read(offset, 20, plog.high_watermark).data, "t", 0, min_offset=offset)
             assert (got[0].offset, got[0].value) == (offset, val)
     finally:
         plog.close()

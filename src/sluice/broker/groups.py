@@ -16,6 +16,9 @@ A group file that cannot be read is set aside as ``<name>.bad`` and reported; th
 starts without it.
 
 Concurrency: event loop only; file writes run in the given executor.
+
+``GroupHandlers`` is the part of ``Broker`` (a mixin) that answers the group and offset
+commit APIs from this store.
 """
 
 from __future__ import annotations
@@ -24,14 +27,26 @@ import asyncio
 import logging
 import os
 import re
+import time
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import NamedTuple
 
-from sluice.errors import InvalidGroup, UnknownGroup, storage_error_from_os
+from sluice.broker.peer import client_address
+from sluice.broker.topics import error_fields
+from sluice.errors import (
+    BrokerError,
+    InvalidGroup,
+    InvalidRequest,
+    UnknownGroup,
+    storage_error_from_os,
+)
+from sluice.protocol import messages as m
 from sluice.storage.checkpoint import fsync_dir, read_json, write_json
 
 log = logging.getLogger("sluice.broker")
+
+MAX_COMMIT_METADATA = 4096
 
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
@@ -203,3 +218,101 @@ class GroupOffsets:
 def _retrieve(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+class GroupHandlers:
+    """The group and committed-offset handlers of ``Broker`` (a mixin)."""
+
+    def _group_partition(self, topic: str, index: int, c: Committed | None) -> m.GroupPartition:
+        """What is known of one partition for a group: its commit (if any) and the log."""
+        known = {} if c is None else {
+            "committed_offset": c.offset, "metadata": c.metadata,
+            "commit_time_ms": c.time_ms, "committed_by": c.client,
+        }
+        try:
+            part = self.partition(topic, index)
+        except BrokerError as exc:
+            return m.GroupPartition(topic=topic, partition=index, **known, **error_fields(exc))
+        hw = part.high_watermark
+        return m.GroupPartition(
+            topic=topic, partition=index, **known, log_start_offset=part.log_start_offset,
+            high_watermark=hw, lag=-1 if c is None else max(hw - c.offset, 0),
+        )
+
+    async def list_groups(self, req: m.ListGroupsRequest, _att):
+        out = []
+        for name in self.groups.names():
+            committed = self.groups.get(name)
+            lags = (self._group_partition(t, p, c).lag for (t, p), c in committed.items())
+            out.append(
+                m.GroupListing(
+                    name=name, topics=sorted({t for t, _ in committed}), partitions=len(committed),
+                    lag=sum(lag for lag in lags if lag > 0),
+                    last_commit_ms=max((c.time_ms for c in committed.values()), default=-1),
+                )
+            )
+        return m.ListGroupsResponse(groups=out), ()
+
+    async def describe_groups(self, req: m.DescribeGroupsRequest, _att):
+        """Per group: every partition of every topic it committed to, committed or not."""
+        out = []
+        for name in req.names:
+            try:
+                committed = self.groups.existing(name)
+            except BrokerError as exc:
+                out.append(m.GroupDescription(name=name, **error_fields(exc)))
+                continue
+            keys = set(committed)
+            for t in {t for t, _ in committed}:
+                if t in self.topics:
+                    keys.update((t, i) for i in range(len(self.topics[t].partitions)))
+            partitions = [self._group_partition(t, p, committed.get((t, p))) for t, p in sorted(keys)]
+            out.append(m.GroupDescription(name=name, partitions=partitions))
+        return m.DescribeGroupsResponse(groups=out), ()
+
+    async def delete_groups(self, req: m.DeleteGroupsRequest, _att):
+        """Delete groups' offsets.  No membership exists to check: a consumer of the group
+        still running recreates it with its next commit."""
+        results = []
+        for name in req.names:
+            try:
+                await self.groups.delete(name)
+                results.append(m.GroupResult(name=name))
+            except BrokerError as exc:
+                results.append(m.GroupResult(name=name, **error_fields(exc)))
+        return m.DeleteGroupsResponse(groups=results), ()
+
+    async def offset_commit(self, req: m.OffsetCommitRequest, _att):
+        check_group_name(req.group)
+        now_ms, client = int(time.time() * 1000), client_address.get()
+        ok: dict = {}
+        results = []
+        for c in req.offsets:
+            try:
+                self.partition(c.topic, c.partition)
+                if c.offset < 0:
+                    raise InvalidRequest(f"cannot commit negative offset {c.offset}")
+                if len(c.metadata) > MAX_COMMIT_METADATA:
+                    raise InvalidRequest(f"commit metadata is limited to {MAX_COMMIT_METADATA} characters")
+                ok[(c.topic, c.partition)] = Committed(c.offset, c.metadata, now_ms, client)
+                results.append(m.PartitionError(topic=c.topic, partition=c.partition))
+            except BrokerError as exc:
+                results.append(m.PartitionError(topic=c.topic, partition=c.partition, **error_fields(exc)))
+        if ok:
+            try:
+                await self.groups.commit(req.group, ok)
+            except BrokerError as exc:
+                results = [
+                    r if r.error else m.PartitionError(topic=r.topic, partition=r.partition, **error_fields(exc))
+                    for r in results
+                ]
+        return m.OffsetCommitResponse(partitions=results), ()
+
+    async def offset_fetch(self, req: m.OffsetFetchRequest, _att):
+        committed = self.groups.get(req.group)
+        keys = committed.keys() if req.partitions is None else [(tp.topic, tp.partition) for tp in req.partitions]
+        out = []
+        for key in sorted(keys):
+            c = committed.get(key, Committed(-1))
+            out.append(m.FetchedOffset(topic=key[0], partition=key[1], offset=c.offset, metadata=c.metadata))
+        return m.OffsetFetchResponse(offsets=out), ()

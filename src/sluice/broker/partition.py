@@ -1,18 +1,33 @@
-"""Partition: one log, its group-commit writer, its flush policy and its fetch waiters.
+"""Partition: one log, its group-commit writer, its flush policy, its acknowledgements.
 
 Group commit: every produce request for the partition, from every connection, is queued;
-the writer task takes *all* queued requests at once, assigns their offsets (per-batch header
-patching, no per-record work), writes them with one ``pwritev`` and at most one
-``fdatasync`` in a worker thread, then answers them all.  (A small group that needs neither
-fsync nor a segment roll is written to the page cache on the event loop: cheaper than the
-thread hop.)  While the thread works the next
-group gathers.  Flush policy: ``flush.messages == 1`` fsyncs every group before its acks
-("always"); otherwise acks go out after the write, and a background fsync starts when
-``flush.messages`` messages are unflushed or the oldest unflushed write is ``flush.ms`` old
-(the writer task doubles as the flusher; appends go on while the fsync runs).
+the writer task takes *all* queued requests at once, assigns their offsets and the leader
+epoch (per-batch header patching, no per-record work), writes them with one ``pwritev`` and
+at most one ``fdatasync`` in a worker thread, then answers them all.  (A small group that
+needs neither fsync nor a segment roll is written to the page cache on the event loop:
+cheaper than the thread hop.)  While the thread works the next group gathers.  Flush
+policy: ``flush.messages == 1`` fsyncs every group before its acks ("always"); otherwise
+acks go out after the write, and a background fsync starts when ``flush.messages``
+messages are unflushed or the oldest unflushed write is ``flush.ms`` old (the writer task
+doubles as the flusher; appends go on while the fsync runs).
+
+Appended is not acknowledged.  The writer only appends and completes "appended" futures
+(``acks=leader``); ``acks=all`` writes then wait in the partition's purgatory
+(broker/purgatory.py) until the high watermark passes them.  The high watermark is the
+minimum log end over the in-sync replicas.  Until replication exists the ISR is this
+broker alone, so after each append (after its fsync with ``flush.messages=1``) the ISR step
+``_log_end_moved`` advances it to the log end: ``acks=all`` behaves as ``acks=leader`` did,
+but honestly, through the high watermark.  ``min.insync.replicas`` above the ISR size
+refuses ``acks=all`` at once (``NOT_ENOUGH_REPLICAS``).  Nothing piles up: bytes queued for
+the writer (``write.queue.max.bytes``) and waits in the purgatory are bounded per
+partition, and a write past a bound is refused at once (``BROKER_BUSY``).
+
+A follower's path (``append_as_follower``) goes through the same writer but keeps the
+leader's offsets, epochs and timestamps; ``truncate_to`` cuts a divergent tail in the
+writer's turn.  Consumers read below the high watermark, replicas below the log end.
 
 Concurrency: every method except those named ``*_blocking`` runs on the event loop; the
-writer task is the only one that appends to or flushes the log.
+writer task is the only one that appends to, truncates or flushes the log.
 """
 
 from __future__ import annotations
@@ -25,15 +40,26 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from sluice.broker.purgatory import Purgatory
 from sluice.config import TopicConfig
 from sluice.errors import (
+    BrokerBusy,
     BrokerShuttingDown,
+    CorruptRecord,
+    InvalidRecord,
+    NotEnoughReplicas,
+    NotLeader,
     UnknownServerError,
     UnknownTopic,
     storage_error_from_os,
 )
-from sluice.protocol.records import BatchSpan, assign_offsets
-from sluice.storage.log import PartitionLog, ReadResult
+from sluice.protocol.records import (
+    BatchSpan,
+    ReplicaBatch,
+    assign_offsets,
+    validate_replica_batches,
+)
+from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
 from sluice.storage.segment import Segment
 
 log = logging.getLogger("sluice.broker")
@@ -46,7 +72,16 @@ FLUSH_RETRY_S = 1.0  # after a failed background fsync
 @dataclass
 class _Append:
     data: bytearray | memoryview
-    spans: list[BatchSpan]
+    spans: list[BatchSpan] | list[ReplicaBatch]
+    future: asyncio.Future
+    size: int = 0
+    acks_all: bool = False  # the future completes when the high watermark passes the batches
+    replica: bool = False  # a follower's copy: offsets, epochs and timestamps are the leader's
+
+
+@dataclass
+class _Truncate:
+    offset: int
     future: asyncio.Future
 
 
@@ -65,6 +100,10 @@ class Partition:
         config: TopicConfig,
         write_executor: Executor,
         read_executor: Executor,
+        *,
+        replica_id: int = 0,
+        leader_epoch: int = 0,
+        leader: bool = True,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -72,7 +111,15 @@ class Partition:
         self.config = config
         self._write_executor = write_executor
         self._read_executor = read_executor
-        self._queue: list[_Append] = []
+        self.replica_id = replica_id
+        # never below an epoch already in the log: a restart keeps the last one stamped
+        self.leader_epoch = max(leader_epoch, plog.epochs.latest_epoch, 0)
+        self.is_leader = leader
+        self.isr: tuple[int, ...] = (replica_id,)  # this broker alone until replication
+        self._queue: list[_Append | _Truncate] = []
+        self._queued_bytes = 0  # of appends queued or being written
+        self._acks = Purgatory()
+        self._truncating = False
         self._wakeup = asyncio.Event()
         self._waiters: list[Callable[[], None]] = []
         self._unflushed = 0
@@ -83,24 +130,109 @@ class Partition:
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"writer {topic}-{index}"
         )
+        if leader:
+            self._log_end_moved()
 
     # ------------------------------------------------------------------ producing
 
-    def append(self, data: bytearray | memoryview, spans: list[BatchSpan]) -> asyncio.Future:
+    def append(
+        self, data: bytearray | memoryview, spans: list[BatchSpan], acks_all: bool = False
+    ) -> asyncio.Future:
         """Queue validated batches (patched in place later); the future gives AppendResult.
 
         The future completes after the write, and after the fsync when the flush policy
-        says "always".  It fails with a ``StorageError`` when the disk refuses the write
-        (nothing of the request stays in the log) or ``BrokerShuttingDown``.  Cancelling
-        it withdraws the append if the writer has not taken it yet (the client that asked
-        is gone); once taken, the write completes regardless.
+        says "always"; with ``acks_all``, once the high watermark passes the batches.  It
+        fails at once, with nothing written, with ``NotEnoughReplicas`` (``acks_all`` while
+        the ISR is smaller than ``min.insync.replicas``), ``BrokerBusy`` (the writer's queue
+        or the purgatory is full), ``NotLeader`` or ``BrokerShuttingDown``; later with a
+        ``StorageError`` when the disk refuses the write (nothing of the request stays in
+        the log).  Cancelling it withdraws the append if the writer has not taken it yet
+        (the client that asked is gone); once taken, the write completes regardless, and a
+        cancelled ``acks_all`` wait leaves the purgatory.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        cfg = self.config
+        size = len(data)
+        if self._closing:
+            fut.set_exception(BrokerShuttingDown("partition is closing"))
+        elif not self.is_leader:
+            fut.set_exception(NotLeader(f"this broker does not lead {self.topic}-{self.index}"))
+        elif acks_all and len(self.isr) < cfg.min_insync_replicas:
+            fut.set_exception(NotEnoughReplicas(
+                f"{self.topic}-{self.index} has {len(self.isr)} in-sync replica(s), "
+                f"min.insync.replicas is {cfg.min_insync_replicas}"
+            ))
+        elif not self._admit(size):
+            fut.set_exception(BrokerBusy(
+                f"{self.topic}-{self.index} has {self._queued_bytes} bytes queued for its writer "
+                f"(write.queue.max.bytes={cfg.write_queue_max_bytes}); retry"
+            ))
+        elif acks_all and not self._acks.admit(
+            fut, size, cfg.replica_wait_max_requests, cfg.replica_wait_max_bytes
+        ):
+            fut.set_exception(BrokerBusy(
+                f"{self.topic}-{self.index} has {self._acks.requests} acks=all writes "
+                f"({self._acks.bytes} bytes) waiting for replicas (replica.wait.max.requests="
+                f"{cfg.replica_wait_max_requests}, replica.wait.max.bytes={cfg.replica_wait_max_bytes}); retry"
+            ))
+        else:
+            self._enqueue(_Append(data, spans, fut, size, acks_all))
+        return fut
+
+    def append_as_follower(self, data: bytearray | memoryview) -> asyncio.Future:
+        """Queue batches copied from the leader's log, kept as they are: base offsets,
+        leader epochs and timestamps are the leader's.  The future gives AppendResult.
+
+        Checked here: every batch's header and CRC, offsets contiguous between batches,
+        epochs never decreasing; a partial last batch (a fetch's size cap cut it) is left
+        out.  Checked by the writer: the first batch starts at the log
+        end and its epoch is not below the log's latest.  A failed check fails the future
+        with ``InvalidRecord`` and writes nothing of the request.  Written through the same
+        group commit and flush policy as the leader's appends; the high watermark does not
+        move (a follower takes it from its leader: ``advance_high_watermark``).
         """
         fut = asyncio.get_running_loop().create_future()
         if self._closing:
             fut.set_exception(BrokerShuttingDown("partition is closing"))
             return fut
-        self._queue.append(_Append(data, spans, fut))
+        if self.is_leader:
+            fut.set_exception(NotLeader(f"{self.topic}-{self.index} is led here: not a follower"))
+            return fut
+        try:
+            batches = validate_replica_batches(data)
+        except CorruptRecord as exc:
+            fut.set_exception(InvalidRecord(str(exc)))
+            return fut
+        if not batches:
+            fut.set_result(AppendResult(self.log.log_end_offset, -1))
+            return fut
+        size = batches[-1].pos + batches[-1].size  # without a partial last batch
+        if not self._admit(size):
+            fut.set_exception(BrokerBusy(f"{self.topic}-{self.index}: writer queue full; retry"))
+        else:
+            self._enqueue(_Append(memoryview(data)[:size], batches, fut, size, replica=True))
+        return fut
+
+    def _admit(self, size: int) -> bool:
+        """Room in the writer's queue for ``size`` more bytes (one request always fits)."""
+        queued = self._queued_bytes
+        return not queued or queued + size <= self.config.write_queue_max_bytes
+
+    def _enqueue(self, req: _Append | _Truncate) -> None:
+        if isinstance(req, _Append):
+            self._queued_bytes += req.size
+        self._queue.append(req)
         self._wakeup.set()
+
+    def truncate_to(self, offset: int) -> asyncio.Future:
+        """Cut the log at ``offset`` (see PartitionLog.truncate_to), in the writer's turn:
+        after the appends queued before this call, before those queued after it.  The
+        future fails with a ``StorageError`` when the disk refuses."""
+        fut = asyncio.get_running_loop().create_future()
+        if self._closing:
+            fut.set_exception(BrokerShuttingDown("partition is closing"))
+        else:
+            self._enqueue(_Truncate(offset, fut))
         return fut
 
     async def _run(self) -> None:
@@ -117,18 +249,45 @@ class Partition:
                 if timer is not None:
                     timer.cancel()
             self._wakeup.clear()
-            group = [req for req in self._queue if not req.future.cancelled()]
-            self._queue = []
-            if group:
-                try:
-                    await self._write_group(loop, group)
-                except Exception as exc:  # a bug must not kill the writer: fail this group only
-                    log.exception("writer of %s-%d failed", self.topic, self.index)
-                    err = UnknownServerError(f"append to {self.topic}-{self.index} failed: {exc!r}")
-                    for req in group:
-                        if not req.future.done():
-                            req.future.set_exception(err)
+            taken, self._queue = self._queue, []
+            for run in _runs(taken):
+                if isinstance(run, _Truncate):
+                    await self._truncate(loop, run)
+                    continue
+                group = [req for req in run if not req.future.cancelled()]
+                if group:
+                    await self._write_guarded(loop, group)
+                self._queued_bytes -= sum(req.size for req in run)
             self._maybe_flush(loop)
+
+    async def _write_guarded(self, loop: asyncio.AbstractEventLoop, group: list[_Append]) -> None:
+        try:
+            await self._write_group(loop, group)
+        except Exception as exc:  # a bug must not kill the writer: fail this group only
+            log.exception("writer of %s-%d failed", self.topic, self.index)
+            err = UnknownServerError(f"append to {self.topic}-{self.index} failed: {exc!r}")
+            for req in group:
+                if not req.future.done():
+                    req.future.set_exception(err)
+
+    async def _truncate(self, loop: asyncio.AbstractEventLoop, req: _Truncate) -> None:
+        """Writer: truncate with no flush, retention pass or append running beside it."""
+        if self._flush_future is not None:
+            await asyncio.wait([self._flush_future])
+        self._truncating = True
+        try:
+            await loop.run_in_executor(self._write_executor, self.log.truncate_to, req.offset)
+        except OSError as exc:
+            err = storage_error_from_os(exc, f"truncate {self.topic}-{self.index}")
+            log.error("%s", err)
+            if not req.future.done():
+                req.future.set_exception(err)
+            return
+        finally:
+            self._truncating = False
+        if not req.future.done():
+            req.future.set_result(None)
+        self._notify()
 
     def _flush_due_in(self) -> float | None:
         """Seconds until the time-based flush is due; None when nothing waits for one (a
@@ -140,21 +299,44 @@ class Partition:
 
     async def _write_group(self, loop: asyncio.AbstractEventLoop, group: list[_Append]) -> None:
         plog, cfg = self.log, self.config
+        first = offset = plog.log_end_offset
+        if group[0].replica:
+            group = self._follows(group, offset)
+            if not group:
+                return
+        elif not self.is_leader:  # queued before make_follower: not ours to write any more
+            err = NotLeader(f"{self.topic}-{self.index} has a new leader")
+            for req in group:
+                if not req.future.done():
+                    req.future.set_exception(err)
+            return
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None
-        total = sum(s.size for req in group for s in req.spans)
-        count = sum(s.count for req in group for s in req.spans)
+        total = sum(req.size for req in group)
+        count = sum(s.count for req in group if not req.replica for s in req.spans)
+        if group[0].replica:
+            count = group[-1].spans[-1].next_offset - offset
         rolled = plog.prepare_append(total, count, now_ms)
         segment = plog.active
-        first = offset = plog.next_offset
-        buffers, metas, bases = [], [], []
+        buffers, metas, ends = [], [], []
+        epochs = []
         for req in group:
-            bases.append(offset)
-            for s in req.spans:
-                ts = append_time if append_time is not None else s.max_timestamp
-                metas.append((offset, offset + s.count, ts, s.size))
-                offset += s.count
-            assign_offsets(req.data, req.spans, bases[-1], 0, append_time)
+            if req.replica:
+                for b in req.spans:
+                    metas.append((b.base_offset, b.next_offset, b.max_timestamp, b.size))
+                    if not epochs or b.leader_epoch > epochs[-1][0]:
+                        epochs.append((b.leader_epoch, b.base_offset))
+                offset = req.spans[-1].next_offset
+            else:
+                base = offset
+                for s in req.spans:
+                    ts = append_time if append_time is not None else s.max_timestamp
+                    metas.append((offset, offset + s.count, ts, s.size))
+                    offset += s.count
+                assign_offsets(req.data, req.spans, base, self.leader_epoch, append_time)
+                if not epochs:
+                    epochs.append((self.leader_epoch, base))
+            ends.append(offset)
             buffers.append(req.data)
         sync = cfg.flush_messages == 1  # "always": the fsync is part of the acknowledgement
         try:
@@ -172,17 +354,38 @@ class Partition:
                 if not req.future.done():
                     req.future.set_exception(err)
             return
-        plog.next_offset = offset
-        plog.appended(segment, metas, offset)
+        plog.appended(segment, metas, offset, epochs)
         if not sync:
             if not self._unflushed:
                 self._unflushed_since = time.monotonic()
             self._unflushed += offset - first
         result_time = append_time if append_time is not None else -1
-        for req, base in zip(group, bases, strict=True):
-            if not req.future.done():
-                req.future.set_result(AppendResult(base, result_time))
-        self._notify()
+        start = first
+        for req, end in zip(group, ends, strict=True):
+            result = AppendResult(start, -1 if req.replica else result_time)
+            if req.acks_all:
+                self._acks.wait(req.future, end, result, plog.high_watermark)
+            elif not req.future.done():
+                req.future.set_result(result)
+            start = end
+        if self.is_leader:
+            self._log_end_moved()
+
+    def _follows(self, group: list[_Append], offset: int) -> list[_Append]:
+        """The follower requests of ``group`` that continue the log at ``offset`` with no
+        lower epoch; the others fail with nothing written."""
+        kept, epoch = [], self.log.epochs.latest_epoch
+        for req in group:
+            first = req.spans[0]
+            if first.base_offset != offset or first.leader_epoch < epoch:
+                req.future.set_exception(InvalidRecord(
+                    f"replica batches at offset {first.base_offset} (epoch {first.leader_epoch}) "
+                    f"do not follow the log end {offset} (epoch {epoch}) of {self.topic}-{self.index}"
+                ))
+                continue
+            kept.append(req)
+            offset, epoch = req.spans[-1].next_offset, req.spans[-1].leader_epoch
+        return kept
 
     def _write_blocking(
         self, rolled: Segment | None, segment: Segment, buffers: list, total: int, sync: bool
@@ -246,6 +449,38 @@ class Partition:
         self.log.reconfigure(config.log_config)
         self._wakeup.set()  # the writer re-evaluates flushes and its flush.ms timer
 
+    # ------------------------------------------------------------------ high watermark
+
+    def _log_end_moved(self) -> None:
+        """The ISR step, after the leader's log end moved: the high watermark is the
+        minimum log end over the ISR.  The ISR is this broker alone until replication
+        exists (followers' log ends join here), so it is our own log end."""
+        self.advance_high_watermark(self.log.log_end_offset)
+
+    def advance_high_watermark(self, offset: int) -> None:
+        """Move the high watermark up to ``offset`` (never past the log end, never down):
+        complete the ``acks=all`` waits it passes and wake fetches waiting for data."""
+        if self.log.advance_high_watermark(offset):
+            self._acks.complete(self.log.high_watermark)
+            self._notify()
+
+    def make_leader(self, leader_epoch: int) -> None:
+        """Lead from now on, stamping ``leader_epoch`` (at least the current one) on new
+        batches.  For the controller of a cluster; a single broker leads in epoch 0."""
+        if leader_epoch < self.leader_epoch:
+            raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
+        self.leader_epoch, self.is_leader = leader_epoch, True
+        self._log_end_moved()
+
+    def make_follower(self, leader_epoch: int) -> None:
+        """Follow the leader of ``leader_epoch``: leader appends are refused from now on,
+        and ``acks=all`` writes still waiting fail with ``NotLeader`` (their batches may
+        be truncated away: the producer retries on the new leader)."""
+        if leader_epoch < self.leader_epoch:
+            raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
+        self.leader_epoch, self.is_leader = leader_epoch, False
+        self._acks.fail_all(NotLeader(f"{self.topic}-{self.index} has a new leader (epoch {leader_epoch})"))
+
     # ------------------------------------------------------------------ reading
 
     @property
@@ -253,19 +488,39 @@ class Partition:
         return self.log.high_watermark
 
     @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
 
-    async def read(self, offset: int, max_bytes: int) -> ReadResult:
-        """Whole batches from ``offset`` (see PartitionLog.read), read off the event loop."""
-        if offset == self.log.high_watermark:
-            return ReadResult(b"", offset, self.log.log_start_offset)
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) for a follower's OffsetsForLeaderEpoch (storage/epochs.py)."""
+        return self.log.epochs.end_offset_for_epoch(epoch, self.log.log_end_offset)
+
+    async def read(self, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
+        """Whole batches from ``offset`` below ``upper_bound`` — the high watermark for a
+        consumer, the log end for a replica — read off the event loop (see
+        PartitionLog.read: ``OutOfRange``, ``NotYetAvailable``)."""
+        plog = self.log
+        leo, start = plog.log_end_offset, plog.log_start_offset
+        if offset < start or offset > leo:
+            raise OutOfRange(f"offset {offset} is outside [{start}, {leo}]")
+        bound = min(upper_bound, leo)
+        if offset > bound:
+            raise NotYetAvailable(f"offset {offset} is above {bound}, the bound of this read")
+        if offset == bound:  # nothing new: answer without a thread hop (long polls idle here)
+            return ReadResult(b"", plog.high_watermark, start, leo)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_executor, self.log.read, offset, max_bytes)
+        return await loop.run_in_executor(self._read_executor, plog.read, offset, max_bytes, bound)
 
     async def offset_for_time(self, timestamp: int) -> int | None:
+        """First offset below the high watermark whose batch reaches ``timestamp``."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_executor, self.log.offset_for_time, timestamp)
+        return await loop.run_in_executor(
+            self._read_executor, self.log.offset_for_time, timestamp, self.log.high_watermark
+        )
 
     def add_waiter(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, the next time the high watermark moves (fetch long poll)."""
@@ -295,6 +550,7 @@ class Partition:
         await self._task
         if self._flush_future is not None:
             await asyncio.wait([self._flush_future])
+        self._acks.fail_all(BrokerShuttingDown("partition closed before its replicas caught up"))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._write_executor, self.log.close)
         self._notify()
@@ -308,7 +564,25 @@ class Partition:
                 req.future.set_exception(UnknownTopic(f"topic {self.topic!r} was deleted"))
         self._wakeup.set()
         await self._task
+        self._acks.fail_all(UnknownTopic(f"topic {self.topic!r} was deleted"))
         self._notify()
 
     def take_expired(self, now_ms: int) -> list[Segment]:
+        """Segments retention removes from the log (none while a truncation runs)."""
+        if self._truncating:
+            return []
         return self.log.expired_segments(now_ms)
+
+
+def _runs(taken: list) -> list:
+    """Split the writer's queue into groups of appends of one kind (leader's or replica's),
+    with each truncation on its own between them, in queue order."""
+    runs: list = []
+    for item in taken:
+        if isinstance(item, _Truncate):
+            runs.append(item)
+        elif runs and isinstance(runs[-1], list) and runs[-1][0].replica == item.replica:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs

@@ -121,6 +121,8 @@ def _listen_host(ctx, param, host: str) -> str:
 )
 @click.option("--retention-check-ms", type=click.IntRange(min=10), default=30_000, show_default=True,
               help="How often segments past retention are deleted.")
+@click.option("--hw-checkpoint-ms", type=click.IntRange(min=1), default=5_000, show_default=True,
+              help="How often high watermarks are written to replication-offset-checkpoint.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
@@ -132,8 +134,9 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=6000, show_default=True,
               help="With --cluster: how long the registration outlives the broker.")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
-          retention_check_ms: int, max_connections: int, max_frame_bytes: int,
-          advertised_address: str | None, cluster: str | None, session_timeout_ms: int) -> None:
+          retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
+          max_frame_bytes: int, advertised_address: str | None, cluster: str | None,
+          session_timeout_ms: int) -> None:
     """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd."""
     from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
@@ -149,7 +152,8 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
             data_dir=data_dir, host=host, port=port, node_id=node_id,
             advertised_host=adv_host, advertised_port=adv_port,
             topic_defaults=key_values(topic_defaults, "--topic-default"),
-            retention_check_ms=retention_check_ms, max_connections=max_connections,
+            retention_check_ms=retention_check_ms, hw_checkpoint_ms=hw_checkpoint_ms,
+            max_connections=max_connections,
             max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
         )
     except errors.ConfigError as exc:

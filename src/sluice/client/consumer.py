@@ -567,6 +567,7 @@ class Consumer:
     def _on_fetch(self, resp, data: memoryview, epochs, offsets) -> None:
         pos = 0
         resets: list[TP] = []
+        not_yet = None
         for r in resp.partitions:
             tp = (r.topic, r.partition)
             chunk = data[pos : pos + r.size]
@@ -577,6 +578,8 @@ class Consumer:
                 exc = errors.error_for_code(r.error, r.message)
                 if isinstance(exc, errors.OffsetOutOfRange) and self.auto_offset_reset != "error":
                     resets.append(tp)  # reset per auto_offset_reset, never to the commit
+                elif isinstance(exc, errors.OffsetNotAvailable):
+                    not_yet = exc  # a new leader's high watermark is behind: same offset, later
                 elif exc.retriable:
                     self._needs_refresh = True
                 else:
@@ -607,6 +610,8 @@ class Consumer:
             self._out_of_range.add(tp)
             self._fetch_offsets.pop(tp, None)
             self._purge(tp)
+        if not_yet is not None:
+            raise not_yet  # _fetch backs off, then fetches the same offsets again
 
     # ------------------------------------------------------------------ iteration
 

@@ -191,6 +191,52 @@ class BatchTooLarge(ValueError):
         self.size = size
 
 
+class ReplicaBatch(NamedTuple):
+    """One batch of a leader's log as a follower receives it: offsets already assigned."""
+
+    pos: int
+    size: int
+    base_offset: int
+    next_offset: int
+    max_timestamp: int
+    leader_epoch: int
+
+
+MAX_REPLICA_BATCH_BYTES = 64 * 1024 * 1024  # no leader accepts a larger batch
+
+
+def validate_replica_batches(buf, max_batch_bytes: int = MAX_REPLICA_BATCH_BYTES) -> list[ReplicaBatch]:
+    """Check batches copied from a leader's log; return one entry per batch.
+
+    Per-batch work only: header, one CRC over each batch, offsets contiguous from batch to
+    batch, leader epochs never decreasing.  Whether the first batch follows the follower's
+    log end is for its writer to check.  A partial last batch (a fetch's size cap cut it)
+    is not returned.  Raises ``CorruptRecord``; an empty buffer is valid (nothing new).
+    """
+    out: list[ReplicaBatch] = []
+    pos, end = 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        h = parse_header(buf, pos)
+        size = h.size
+        if pos + size > end:
+            break  # partial: the next fetch starts with it
+        if size > max_batch_bytes:
+            raise CorruptRecord(f"batch at byte {pos} of {size} bytes exceeds {max_batch_bytes}")
+        if h.last_offset_delta < 0 or h.base_offset < 0 or h.leader_epoch < 0:
+            raise CorruptRecord(f"batch at byte {pos}: offsets or epoch not assigned by a leader")
+        if out and h.base_offset != out[-1].next_offset:
+            raise CorruptRecord(f"batch at offset {h.base_offset} does not follow {out[-1].next_offset}")
+        if out and h.leader_epoch < out[-1].leader_epoch:
+            raise CorruptRecord(
+                f"batch at offset {h.base_offset}: leader epoch {h.leader_epoch} after {out[-1].leader_epoch}"
+            )
+        if not batch_crc_ok(buf, pos, size):
+            raise CorruptRecord(f"batch at offset {h.base_offset}: CRC-32C mismatch")
+        out.append(ReplicaBatch(pos, size, h.base_offset, h.next_offset, h.max_timestamp, h.leader_epoch))
+        pos += size
+    return out
+
+
 def assign_offsets(
     buf: bytearray | memoryview,
     spans: Sequence[BatchSpan],

@@ -56,3 +56,51 @@ def read_json(path: Path, default=None):
         bad = path.with_name(path.name + ".bad")
         os.replace(path, bad)
         raise ValueError(f"{path} is corrupt ({exc}); moved to {bad}") from exc
+
+
+# --------------------------------------------------------------------------- offsets checkpoint
+#
+# Kafka's offset checkpoint layout (``replication-offset-checkpoint``), one text file for
+# all partitions of a data directory::
+#
+#     0                       format version
+#     2                       number of entries
+#     orders 0 1200           topic partition offset (topic names hold no spaces)
+#     orders 1 1187
+
+OFFSETS_VERSION = 0
+
+
+def write_offsets(path: Path, offsets: dict[tuple[str, int], int]) -> None:
+    """Replace the offsets checkpoint at ``path`` atomically and durably."""
+    lines = [str(OFFSETS_VERSION), str(len(offsets))]
+    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
+    write_atomic(path, ("\n".join(lines) + "\n").encode())
+
+
+def read_offsets(path: Path) -> dict[tuple[str, int], int]:
+    """The offsets in the checkpoint at ``path``; empty if it does not exist.
+
+    A file that does not parse is renamed to ``<name>.bad`` and ``ValueError`` raised
+    naming both, so the caller can report it (and go on without: the data is derived).
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    try:
+        lines = text.splitlines()
+        if int(lines[0]) != OFFSETS_VERSION:
+            raise ValueError(f"unknown version {lines[0]!r}")
+        count = int(lines[1])
+        out = {}
+        for line in lines[2:]:
+            topic, partition, offset = line.split(" ")
+            out[(topic, int(partition))] = int(offset)
+        if len(out) != count or len(lines) != count + 2:
+            raise ValueError(f"{count} entries announced, {len(lines) - 2} present")
+        return out
+    except (ValueError, IndexError) as exc:
+        bad = path.with_name(path.name + ".bad")
+        os.replace(path, bad)
+        raise ValueError(f"{path} is corrupt ({exc}); moved to {bad}") from exc

@@ -8,20 +8,34 @@ Directory layout of a partition::
         00000000000000000000.timeindex   sparse time index (derived)
         recovery-point                   offset below which every segment was fsynced
 
-The log does no asyncio itself.  Its owner (broker.partition.PartitionWriter) decides which
+The log does no asyncio itself.  Its owner (broker.partition.Partition) decides which
 thread runs what, following the contracts in segment.py: appends happen through
 ``prepare_append`` (event loop) -> ``Segment.write``/``flush`` (worker thread) ->
-``appended`` (event loop).  ``high_watermark`` is the end of what readers may see; it only
-moves in ``appended``.
+``appended`` (event loop).
 
-Readers in worker threads never look at the mutable segment list: every change (append,
-roll, retention, truncation) publishes an immutable ``LogView`` — segments, their bases,
-the high watermark and the byte end of the active segment that matches it — and a read
-takes one view and works from it alone.
+Two ends, each an offset with its byte position (``LogPosition``):
+
+- the **log end** (LEO): the offset after the last batch written; moves in ``appended``;
+- the **high watermark** (HW): the end of what is acknowledged to the in-sync replicas and
+  may be shown to consumers; at or below the log end, it moves only when the partition's
+  ISR logic calls ``advance_high_watermark`` (and back down only by truncation).  It is
+  persisted by the broker in a checkpoint; on opening it is min(checkpoint, log end).
+
+Every read names its upper bound: the high watermark for consumers, the log end for
+replicas.  Readers in worker threads never look at the mutable segment list: every change
+(append, roll, retention, truncation, HW move) publishes an immutable ``LogView`` — segments,
+their bases, both ends with their positions, and the truncation ``generation`` — and a read
+takes one view and works from it alone.  Segments a read touches are pinned, so their
+files stay open even if the segment is removed meanwhile; bytes that a truncation changed
+under a read are detected by the generation and the read is redone on the new view.
+
+The leader-epoch cache (``epochs``, storage/epochs.py) is rebuilt from batch headers by
+``open`` and kept in step by ``appended``, ``truncate_to`` and retention.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from bisect import bisect_right
@@ -29,9 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from sluice.protocol.records import LOG_OVERHEAD
+from sluice.protocol.records import HEADER_SIZE, LOG_OVERHEAD, parse_header
 from sluice.storage.checkpoint import fsync_dir, write_atomic
-from sluice.storage.segment import Cut, Segment
+from sluice.storage.epochs import LeaderEpochCache
+from sluice.storage.segment import Cut, Segment, SegmentClosed
 
 log = logging.getLogger("sluice.storage")
 
@@ -57,6 +72,15 @@ class ReadResult:
     data: bytes
     high_watermark: int
     log_start_offset: int
+    log_end_offset: int = -1
+
+
+class LogPosition(NamedTuple):
+    """An offset and where it begins: byte ``position`` in the segment based at ``segment``."""
+
+    offset: int
+    segment: int
+    position: int
 
 
 class LogView(NamedTuple):
@@ -64,12 +88,21 @@ class LogView(NamedTuple):
 
     bases: tuple[int, ...]
     segments: tuple[Segment, ...]
-    high_watermark: int
-    active_end: int  # byte end of the last segment that belongs to high_watermark
+    high_watermark: LogPosition
+    log_end: LogPosition
+    generation: int  # truncations so far: a read whose view is older than the log's redoes
 
 
 class OutOfRange(Exception):
-    """The asked offset is below the log start or above the high watermark."""
+    """The asked offset is below the log start or above the log end."""
+
+
+class NotYetAvailable(Exception):
+    """The asked offset is in the log but above the read's upper bound (the high watermark
+    of a new leader that has not caught up yet): retry later."""
+
+
+_ZERO = LogPosition(0, 0, 0)
 
 
 class PartitionLog:
@@ -77,19 +110,28 @@ class PartitionLog:
         self.directory = directory
         self.config = config
         self.segments: list[Segment] = []
-        self.high_watermark = self.next_offset = 0
-        self.view = LogView((), (), 0, 0)
+        self.log_end = self.high_watermark_position = _ZERO
+        self.generation = 0
+        self.view = LogView((), (), _ZERO, _ZERO, 0)
         self.cuts: list[Cut] = []
+        self.epochs = LeaderEpochCache()
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig) -> PartitionLog:
+    def open(
+        cls, directory: Path, config: LogConfig, high_watermark: int | None = None
+    ) -> PartitionLog:
         """Open (or create) the log in ``directory``, recovering what a crash left behind.
 
         Segments at or above the recovery point (normally just the last) are verified batch
         by batch; a torn or corrupt tail is cut, kept aside as ``*.bad`` and reported in
         ``cuts`` and the log.  Segments after a cut are removed as they cannot follow it.
+        The last segment is fsynced (what a crash left in the page cache becomes durable
+        before anyone can see it).  The high watermark is min(``high_watermark``, log end):
+        the checkpointed value, never above what survived; None (no checkpoint, as for a
+        log written before high watermarks were kept) means the log end.  The leader-epoch
+        cache is rebuilt from batch headers.  Worker thread (file I/O).
         """
         created = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
@@ -124,9 +166,15 @@ class PartitionLog:
             fsync_dir(directory)
         if created:
             fsync_dir(directory.parent)  # the new partition directory itself survives a crash
-        self.high_watermark = self.active.next_offset
-        self.next_offset = self.high_watermark
+        self.active.flush()
+        for seg in self.segments:
+            for epoch, start in seg.epoch_runs(self.epochs.latest_epoch):
+                self.epochs.assign(epoch, start)
+        self.log_end = self.high_watermark_position = self._end_position()
         self._publish()
+        if high_watermark is not None and high_watermark < self.log_end.offset:
+            self.high_watermark_position = self.position_of(max(high_watermark, self.log_start_offset))
+            self._publish()
         return self
 
     def _read_recovery_point(self) -> int:
@@ -144,16 +192,35 @@ class PartitionLog:
         self._publish()
 
     def _publish(self) -> None:
-        """Replace the readers' view after the segment list changed (event loop)."""
+        """Replace the readers' view after the segment list or an end changed (event loop)."""
         segs = tuple(self.segments)
-        end = segs[-1].size if segs else 0
-        self.view = LogView(tuple(s.base_offset for s in segs), segs, self.high_watermark, end)
+        self.view = LogView(
+            tuple(s.base_offset for s in segs), segs, self.high_watermark_position,
+            self.log_end, self.generation,
+        )
+
+    def _end_position(self) -> LogPosition:
+        active = self.active
+        return LogPosition(active.next_offset, active.base_offset, active.size)
 
     # ------------------------------------------------------------------ state
 
     @property
     def active(self) -> Segment:
         return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log_end.offset
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended batch gets: the log end."""
+        return self.log_end.offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self.high_watermark_position.offset
 
     @property
     def log_start_offset(self) -> int:
@@ -191,69 +258,154 @@ class PartitionLog:
         self._add(Segment.create(self.directory, self.next_offset, self.config.index_interval_bytes))
         return active
 
-    def appended(self, segment: Segment, batches: list, next_offset: int) -> None:
-        """Publish batches written to ``segment``: (base, next, max_ts, size) each. Event loop."""
+    def appended(
+        self, segment: Segment, batches: list, next_offset: int, epochs=()
+    ) -> None:
+        """Publish batches written to ``segment``: (base, next, max_ts, size) each, ending
+        at ``next_offset``; ``epochs`` lists the (epoch, first offset) runs they start.
+        Moves the log end, not the high watermark. Event loop."""
         segment.appended(batches)
-        self.high_watermark = next_offset
+        for epoch, start in epochs:
+            self.epochs.assign(epoch, start)
+        self.log_end = LogPosition(next_offset, segment.base_offset, segment.size)
         view = self.view
-        self.view = LogView(view.bases, view.segments, next_offset, view.segments[-1].size)
+        self.view = LogView(view.bases, view.segments, view.high_watermark, self.log_end, view.generation)
+
+    def advance_high_watermark(self, offset: int) -> bool:
+        """Move the high watermark up to ``offset`` (at most the log end). Event loop.
+
+        ``offset`` is a replica's log end, so a batch boundary.  Lower values are no change
+        (the HW never moves back but by truncation).  Returns True when it moved.  At the
+        log end this is free; below it the position is found from the index (a short
+        header scan, page-cache reads).
+        """
+        offset = min(offset, self.log_end.offset)
+        if offset <= self.high_watermark_position.offset:
+            return False
+        pos = self.log_end if offset == self.log_end.offset else self.position_of(offset)
+        self.high_watermark_position = pos
+        view = self.view
+        self.view = LogView(view.bases, view.segments, pos, view.log_end, view.generation)
+        return True
+
+    def position_of(self, offset: int) -> LogPosition:
+        """Where the batch holding ``offset`` begins, with that batch's base offset (the
+        log end at or past it). Owner's thread."""
+        return self._bound_in(self.view, offset)
 
     # ------------------------------------------------------------------ reading
 
-    def read(self, offset: int, max_bytes: int) -> ReadResult:
-        """Whole batches from the one holding ``offset``, about ``max_bytes`` (any thread).
+    def read(self, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
+        """Whole batches from the one holding ``offset``, about ``max_bytes``, all below
+        ``upper_bound`` (any thread).
 
-        At least one whole batch is returned when there is one, even if larger than
-        ``max_bytes``, so a consumer always makes progress.  Empty at the high watermark.
-        Raises ``OutOfRange`` below the log start or above the high watermark.
+        ``upper_bound`` is the high watermark for a consumer, the log end for a replica
+        (above the log end it counts as the log end).  At least one whole batch is returned
+        when there is one below the bound, even if larger than ``max_bytes``, so a reader
+        always makes progress.  Empty at the bound.  Raises ``OutOfRange`` below the log
+        start or above the log end, ``NotYetAvailable`` between the bound and the log end.
         """
-        bases, segments, hw, active_end = self.view
-        start = bases[0]
-        if offset < start or offset > hw:
-            raise OutOfRange(f"offset {offset} is outside [{start}, {hw}]")
-        if offset == hw:
-            return ReadResult(b"", hw, start)
-        last = len(segments) - 1
-        for i in range(max(bisect_right(bases, offset) - 1, 0), last + 1):
-            seg = segments[i]
-            limit = active_end if i == last else seg.size
-            pos = seg.locate(offset, limit)
-            if pos is not None:
-                end = min(limit, pos + max(max_bytes, LOG_OVERHEAD))
-                data = seg.read(pos, end - pos)
-                if end < limit:
-                    # extend to the end of the first batch if the cap cut it
-                    first = int.from_bytes(data[8:12], "big") + LOG_OVERHEAD
-                    if first > len(data):
-                        data = seg.read(pos, first)
-                return ReadResult(data, hw, start)
-        return ReadResult(b"", hw, start)
+        return self._on_view(self._read, offset, max_bytes, upper_bound)
 
-    def offset_for_time(self, timestamp: int) -> int | None:
-        """Offset of the first batch with a timestamp ≥ ``timestamp``; None if none (any thread)."""
-        view = self.view
-        for i, seg in enumerate(view.segments):
+    def offset_for_time(self, timestamp: int, upper_bound: int) -> int | None:
+        """Offset of the first batch below ``upper_bound`` with a timestamp ≥ ``timestamp``;
+        None if none (any thread)."""
+        return self._on_view(self._offset_for_time, timestamp, upper_bound)
+
+    def _on_view(self, fn, *args):
+        """``fn(view, *args)`` on the current view, redone on a newer one when a truncation
+        changed bytes under it (whatever it returned or raised meanwhile)."""
+        while True:
+            view = self.view
+            try:
+                result = fn(view, *args)
+            except SegmentClosed:
+                if self.view is view:  # not a newer view: the log itself was closed
+                    raise OSError(errno.EBADF, f"log {self.directory} is closed") from None
+                continue
+            except Exception:
+                if view.generation == self.generation:
+                    raise
+                continue  # bytes cut under the read made no sense: redo on the new view
+            if view.generation == self.generation:
+                return result
+
+    def _read(self, view: LogView, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
+        bases, segments, hw, leo, _ = view
+        start = bases[0]
+        if offset < start or offset > leo.offset:
+            raise OutOfRange(f"offset {offset} is outside [{start}, {leo.offset}]")
+        end = self._bound_in(view, upper_bound)
+        if offset > end.offset:
+            raise NotYetAvailable(f"offset {offset} is above {end.offset}, the bound of this read")
+        if offset == end.offset:
+            return ReadResult(b"", hw.offset, start, leo.offset)
+        for i in range(max(bisect_right(bases, offset) - 1, 0), len(segments)):
+            seg = segments[i]
+            if seg.base_offset > end.segment:
+                break
+            with seg.pinned():
+                limit = end.position if seg.base_offset == end.segment else seg.size
+                pos = seg.locate(offset, limit)
+                if pos is not None:
+                    stop = min(limit, pos + max(max_bytes, LOG_OVERHEAD))
+                    data = seg.read(pos, stop - pos)
+                    if stop < limit:
+                        # extend to the end of the first batch if the cap cut it
+                        first = int.from_bytes(data[8:12], "big") + LOG_OVERHEAD
+                        if first > len(data):
+                            data = seg.read(pos, min(first, limit - pos))
+                    return ReadResult(data, hw.offset, start, leo.offset)
+        return ReadResult(b"", hw.offset, start, leo.offset)
+
+    def _offset_for_time(self, view: LogView, timestamp: int, upper_bound: int) -> int | None:
+        end = self._bound_in(view, upper_bound)
+        for seg in view.segments:
+            if seg.base_offset > end.segment:
+                break
             if seg.max_timestamp >= timestamp:
-                limit = view.active_end if i == len(view.segments) - 1 else seg.size
-                found = seg.find_time(timestamp, limit)
+                with seg.pinned():
+                    limit = end.position if seg.base_offset == end.segment else seg.size
+                    found = seg.find_time(timestamp, limit)
                 if found is not None:
                     return found
         return None
+
+    @staticmethod
+    def _bound_in(view: LogView, upper_bound: int) -> LogPosition:
+        """Where a read bounded by ``upper_bound`` stops in ``view``: the log end or the
+        high watermark as they are (no I/O), else the start of the batch holding it (a
+        bound inside a batch leaves that whole batch out)."""
+        if upper_bound >= view.log_end.offset:
+            return view.log_end
+        if upper_bound == view.high_watermark.offset:
+            return view.high_watermark
+        i = max(bisect_right(view.bases, upper_bound) - 1, 0)
+        for seg in view.segments[i:]:
+            with seg.pinned():
+                limit = view.log_end.position if seg.base_offset == view.log_end.segment else seg.size
+                pos = seg.locate(upper_bound, limit)
+                if pos is not None:
+                    base = parse_header(seg.read(pos, HEADER_SIZE)).base_offset
+                    return LogPosition(base, seg.base_offset, pos)
+        return view.log_end
 
     # ------------------------------------------------------------------ retention and truncation
 
     def expired_segments(self, now_ms: int) -> list[Segment]:
         """Remove from the log (not from disk) the segments retention lets go. Event loop.
 
-        Never the active segment.  By age: the segment's newest timestamp (or its file time
+        Never the active segment, nor one holding offsets at or above the high watermark
+        (not every replica has them yet).  By age: the segment's newest timestamp (or its file time
         when it has none) is older than ``retention_ms``.  By size: oldest first while the
         log without them stays at or above ``retention_bytes``.  The caller deletes the files
-        (``Segment.delete``) off the event loop.
+        (``Segment.delete``) off the event loop, then closes them (``Segment.close``, which
+        waits for readers).
         """
         cfg = self.config
         expired: list[Segment] = []
         total = self.size_bytes
-        while len(self.segments) > 1:
+        while len(self.segments) > 1 and self.segments[1].base_offset <= self.high_watermark:
             oldest = self.segments[0]
             newest_ts = oldest.max_timestamp if oldest.max_timestamp >= 0 else oldest.created_ms
             by_age = cfg.retention_ms >= 0 and now_ms - newest_ts > cfg.retention_ms
@@ -263,18 +415,43 @@ class PartitionLog:
             expired.append(self.segments.pop(0))
             total -= oldest.size
         if expired:
+            self.epochs.truncate_from_start(self.log_start_offset)
             self._publish()
         return expired
 
     def truncate_to(self, offset: int) -> None:
-        """Drop everything at or above ``offset``. Only while nothing else uses the log."""
+        """Drop everything at or above ``offset`` (a follower's divergent tail). Writer only:
+        no append or flush may run meanwhile; readers may.
+
+        Cuts at the start of the batch holding ``offset``, so the log end afterwards is at
+        or below it (never a partial batch).  Later segments are removed (their files close
+        once their readers are done); the cut is fsynced, then the directory.  Indexes,
+        epoch cache, log end and high watermark (min of itself and the new end) follow.
+        Readers that took a view before the cut redo their read on the new one.  Does file
+        I/O: call it in a worker thread with the partition's writer, retention and HW
+        moves paused (Partition.truncate_to does), or in tests.
+        """
+        if offset >= self.log_end.offset:
+            return
+        self.generation += 1  # before any byte changes: reads in progress will redo
+        removed = []
         while len(self.segments) > 1 and self.active.base_offset >= offset:
-            seg = self.segments.pop()
-            seg.close()
-            seg.delete()
+            removed.append(self.segments.pop())
         self.active.truncate_to(offset)
-        self.next_offset = self.high_watermark = self.active.next_offset
+        end = self._end_position()
+        # the HW first: an event-loop reader of the two ends never sees HW above LEO
+        if self.high_watermark_position.offset > end.offset:
+            self.high_watermark_position = end
+        self.log_end = end
+        self.epochs.truncate_from_end(end.offset)
         self._publish()
+        for seg in removed:
+            seg.delete()
+            seg.close()
+        if removed:
+            fsync_dir(self.directory)
+            # a recovery point above the cut would spare rewritten segments the check
+            self.write_recovery_point(self.active.base_offset)
 
     def flush(self) -> None:
         """fsync the active segment. Worker thread."""

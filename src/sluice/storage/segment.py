@@ -9,18 +9,24 @@ Concurrency contract:
 - ``write`` / ``flush`` / ``save_indexes`` run in a worker thread, one at a time per segment
   (the writer task guarantees it); ``appended`` then runs on the event loop.
 - ``read`` / ``locate`` / ``find_time`` may run in any thread at any time: they use ``pread``
-  on the one file descriptor and never read past the ``size`` they were given.
-- ``recover`` / ``truncate_to`` run when nobody else touches the segment.
+  on the one file descriptor and never read past the limit they were given.  A reader
+  ``pin``s the segment first (``pinned()``), which keeps the descriptor open.
+- ``recover`` runs when nobody else touches the segment; ``truncate_to`` runs in the writer
+  while readers may read below the cut (see PartitionLog's generation check).
 
-The file stays open as long as the object lives, so a reader holding a segment that retention
-has just unlinked still reads valid bytes.
+``close`` never pulls a descriptor from under a reader: it only marks the segment, and the
+last reader to unpin closes it.  So a reader holding a segment that retention or truncation
+has just removed (and unlinked) still reads the bytes it was given, never ``EBADF``, and
+never another file that reused the descriptor number.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +57,10 @@ class Cut:
     quarantine: Path | None
 
 
+class SegmentClosed(Exception):
+    """The segment was closed (removed from its log) before a reader could pin it."""
+
+
 class Segment:
     def __init__(self, directory: Path, base_offset: int, index_interval: int = 4096) -> None:
         self.directory = directory
@@ -68,6 +78,13 @@ class Segment:
         self.created_ms = int(time.time() * 1000)
         self._since_index = 0
         self._file = None
+        self._pins = 0
+        self._close_wanted = False
+        self._pin_lock = threading.Lock()
+        # (epoch, first offset) of each run of epochs, filled by a full recovery scan;
+        # edge_epochs: epochs of the first and last batch (None when empty)
+        self.scanned_epochs: list[tuple[int, int]] | None = None
+        self.edge_epochs: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -99,8 +116,39 @@ class Segment:
         return seg, None
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        """Close the file now, or when the last reader unpins it. Idempotent."""
+        with self._pin_lock:
+            self._close_wanted = True
+            if self._pins or self._file is None:
+                return
+            f, self._file = self._file, None
+        f.close()
+
+    def pin(self) -> bool:
+        """Keep the file open for a read (any thread); False once the segment was closed."""
+        with self._pin_lock:
+            if self._close_wanted:
+                return False
+            self._pins += 1
+            return True
+
+    def unpin(self) -> None:
+        with self._pin_lock:
+            self._pins -= 1
+            if self._pins or not self._close_wanted or self._file is None:
+                return
+            f, self._file = self._file, None
+        f.close()
+
+    @contextmanager
+    def pinned(self):
+        """``with seg.pinned():`` read; ``SegmentClosed`` if it is closed already."""
+        if not self.pin():
+            raise SegmentClosed(str(self.path))
+        try:
+            yield self
+        finally:
+            self.unpin()
 
     def delete(self) -> None:
         """Unlink the segment's files; open readers keep reading until they drop it."""
@@ -217,12 +265,13 @@ class Segment:
             if size and not len(index):
                 return False
             last_pos = index.positions[-1] if len(index) else 0
-            next_offset, max_ts = self.base_offset, -1
+            next_offset, max_ts, last_epoch = self.base_offset, -1, None
             # Walk the headers after the last entry to find the end (cheap: a sparse tail).
             for h, p in self.headers_from(last_pos, size):
                 if p + h.size > size:
                     return False
                 next_offset, max_ts = h.next_offset, max(max_ts, h.max_timestamp)
+                last_epoch = h.leader_epoch
                 last_pos = p + h.size
             if last_pos != size:
                 return False
@@ -234,6 +283,9 @@ class Segment:
             return False
         self.index, self.timeindex, self.size, self.next_offset = index, tindex, size, next_offset
         self.max_timestamp = max(max_ts, tindex.timestamps[-1] if len(tindex) else -1)
+        if size:
+            first = parse_header(os.pread(self.fileno, HEADER_SIZE, 0))
+            self.edge_epochs = (first.leader_epoch, last_epoch)
         return True
 
     def _recover(self, verify_crc: bool) -> Cut | None:
@@ -245,6 +297,7 @@ class Segment:
         file_size = os.fstat(fd).st_size
         pos, reason = 0, None
         expected = self.base_offset
+        runs: list[tuple[int, int]] = []
         while pos < file_size:
             head = os.pread(fd, HEADER_SIZE, pos)
             if len(head) < HEADER_SIZE:
@@ -265,9 +318,12 @@ class Segment:
                 reason = f"CRC-32C mismatch in batch at offset {h.base_offset}"
                 break
             self._account(h.base_offset, h.next_offset, h.max_timestamp, pos, h.size)
+            if not runs or h.leader_epoch > runs[-1][0]:
+                runs.append((h.leader_epoch, h.base_offset))
             expected = h.next_offset
             pos += h.size
         self.size = pos
+        self.scanned_epochs = runs
         if reason is None:
             return None
         return self._cut(pos, file_size - pos, reason)
@@ -293,21 +349,60 @@ class Segment:
         return cut
 
     def truncate_to(self, offset: int) -> None:
-        """Drop every batch at or above ``offset`` (must be a batch boundary or the end)."""
+        """Drop the batch holding ``offset`` and every later one; fsync the cut. Writer only.
+
+        The cut falls at the start of the batch holding ``offset`` (normally a batch
+        boundary: then exactly at ``offset``), so ``next_offset`` afterwards is at or below it.
+        The indexes lose their entries past the cut; the max timestamp is recomputed from
+        the time index and the few batches after the last index entry.  Readers may still
+        read below the cut meanwhile; bytes above it change under readers of an older view,
+        which PartitionLog detects (``generation``).
+        """
         if offset >= self.next_offset:
             return
         pos = self.locate(offset, self.size)
         if pos is None:
             return
+        cut = parse_header(os.pread(self.fileno, HEADER_SIZE, pos)).base_offset
         os.ftruncate(self.fileno, pos)
-        self.index.truncate_to(offset)
-        self.timeindex.truncate_to(offset)
+        os.fsync(self.fileno)  # the new size is durable before anything is written after it
+        self.index.truncate_to(cut)
+        self.timeindex.truncate_to(cut)
         self.size = pos
-        self.next_offset, self.max_timestamp = self.base_offset, -1
-        for h, _ in self.headers_from(0, pos):
+        # what remains after the last index entry is a few batches: scan just those
+        _, scan_from = self.index.lookup(cut - 1)
+        self.next_offset = self.base_offset
+        self.max_timestamp = self.timeindex.timestamps[-1] if len(self.timeindex) else -1
+        for h, _ in self.headers_from(scan_from, pos):
             self.max_timestamp = max(self.max_timestamp, h.max_timestamp)
             self.next_offset = h.next_offset
         self._since_index = 0
+
+    def epoch_runs(self, after_epoch: int) -> list[tuple[int, int]]:
+        """(epoch, first offset) of each batch whose epoch is above every one before it,
+        starting from ``after_epoch`` (the last epoch before this segment). Any thread.
+
+        Epochs never decrease along a log, so a segment whose first and last batch have
+        the same epoch holds one run and costs no scan; otherwise the headers are read.
+        """
+        if self.scanned_epochs is not None:
+            runs = self.scanned_epochs
+        elif self.edge_epochs is None:
+            return []
+        elif self.edge_epochs[0] == self.edge_epochs[1]:
+            runs = [(self.edge_epochs[0], self.base_offset)]
+        else:
+            runs, last = [], None
+            for h, _ in self.headers_from(0, self.size):
+                if last is None or h.leader_epoch > last:
+                    runs.append((h.leader_epoch, h.base_offset))
+                    last = h.leader_epoch
+        out = []
+        for epoch, start in runs:
+            if epoch > after_epoch:
+                out.append((epoch, start))
+                after_epoch = epoch
+        return out
 
 
 def _crc_ok(fd: int, pos: int, h: BatchHeader) -> bool:

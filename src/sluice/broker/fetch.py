@@ -1,0 +1,126 @@
+"""Reading handlers: fetch (long poll) and list offsets.
+
+``FetchHandlers`` is a part of ``Broker`` (a mixin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice.broker.topics import error_fields
+from sluice.errors import (
+    BrokerError,
+    InvalidRequest,
+    OffsetNotAvailable,
+    OffsetOutOfRange,
+    storage_error_from_os,
+)
+from sluice.protocol import messages as m
+from sluice.storage.log import NotYetAvailable, OutOfRange
+
+FETCH_OVERHEAD = 1024 * 1024  # room in a response frame for its header
+
+
+class FetchHandlers:
+    async def fetch(self, req: m.FetchRequest, _att):
+        """Long poll: answer once ``min_bytes`` are there or ``max_wait_ms`` has passed."""
+        if len({(fp.topic, fp.partition) for fp in req.partitions}) != len(req.partitions):
+            raise InvalidRequest("a fetch names a partition more than once")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
+        while True:
+            results, blobs, size = await self._fetch_once(req)
+            remaining = deadline - loop.time()
+            # an offset not available yet is waited for like data (the high watermark is
+            # catching up), and answered as such when the wait ends
+            failed = any(r.error and r.error != OffsetNotAvailable.code for r in results)
+            if size >= req.min_bytes or remaining <= 0 or failed or self._draining:
+                return m.FetchResponse(partitions=results), blobs
+            woken = loop.create_future()
+
+            def wake(fut=woken):
+                if not fut.done():
+                    fut.set_result(None)
+
+            parts = [self.partition(fp.topic, fp.partition) for fp in req.partitions]
+            for part in parts:
+                part.add_waiter(wake)
+            try:
+                await asyncio.wait_for(woken, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                for part in parts:
+                    part.remove_waiter(wake)
+
+    async def _fetch_once(self, req: m.FetchRequest):
+        """One pass over the partitions, within the request's byte budget.
+
+        The budget is ``max_bytes`` capped below the frame size; each partition reads at
+        most its own ``max_bytes`` of what is left.  Only the first partition with data may
+        go over (by at most one batch, itself capped by max.message.bytes) so a consumer
+        always makes progress; partitions after the budget is spent get no data this time.
+        """
+        results, blobs, size = [], [], 0
+        frame = self.config.max_frame_bytes
+        budget = min(req.max_bytes, max(frame // 2, frame - FETCH_OVERHEAD))
+        for fp in req.partitions:
+            try:
+                part = self.partition(fp.topic, fp.partition)
+                limit = min(fp.max_bytes, budget - size)
+                if size and limit <= 0:
+                    results.append(m.FetchPartitionResult(
+                        topic=fp.topic, partition=fp.partition, high_watermark=part.high_watermark,
+                        log_start_offset=part.log_start_offset,
+                    ))
+                    continue
+                try:
+                    # consumers see what every in-sync replica has: below the high watermark
+                    res = await part.read(fp.offset, max(limit, 1), part.high_watermark)
+                except OutOfRange:
+                    raise OffsetOutOfRange(
+                        f"offset {fp.offset} of {fp.topic}-{fp.partition} is outside "
+                        f"[{part.log_start_offset}, {part.log_end_offset}]"
+                    ) from None
+                except NotYetAvailable:
+                    raise OffsetNotAvailable(
+                        f"offset {fp.offset} of {fp.topic}-{fp.partition} is above the high "
+                        f"watermark {part.high_watermark} (log end {part.log_end_offset}); retry"
+                    ) from None
+                except OSError as exc:
+                    raise storage_error_from_os(exc, f"read {fp.topic}-{fp.partition}") from exc
+            except BrokerError as exc:
+                results.append(m.FetchPartitionResult(topic=fp.topic, partition=fp.partition, **error_fields(exc)))
+                continue
+            data = res.data
+            results.append(
+                m.FetchPartitionResult(
+                    topic=fp.topic, partition=fp.partition, high_watermark=res.high_watermark,
+                    log_start_offset=res.log_start_offset, size=len(data),
+                )
+            )
+            if data:
+                blobs.append(data)
+            size += len(data)
+        return results, blobs, size
+
+    async def list_offsets(self, req: m.ListOffsetsRequest, _att):
+        out = []
+        for lp in req.partitions:
+            try:
+                part = self.partition(lp.topic, lp.partition)
+                ts = -1
+                if lp.timestamp == m.EARLIEST:
+                    offset = part.log_start_offset
+                elif lp.timestamp == m.LATEST:
+                    offset = part.high_watermark
+                elif lp.timestamp < 0:
+                    raise InvalidRequest(f"bad timestamp {lp.timestamp}: use -1, -2 or ms since the epoch")
+                else:
+                    found = await part.offset_for_time(lp.timestamp)
+                    offset = part.high_watermark if found is None else found
+                    ts = lp.timestamp if found is not None else -1
+                out.append(m.ListOffsetsResult(topic=lp.topic, partition=lp.partition, offset=offset, timestamp=ts))
+            except BrokerError as exc:
+                out.append(m.ListOffsetsResult(topic=lp.topic, partition=lp.partition, **error_fields(exc)))
+        return m.ListOffsetsResponse(partitions=out), ()

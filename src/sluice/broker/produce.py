@@ -1,0 +1,97 @@
+"""The produce handler: validate batches, queue them on the partitions' writers, answer.
+
+``ProduceHandler`` is a part of ``Broker`` (a mixin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice.broker.topics import error_fields
+from sluice.errors import (
+    BrokerError,
+    CorruptRecord,
+    InvalidRecord,
+    InvalidRequest,
+    MessageTooLarge,
+    RequestTimedOut,
+)
+from sluice.protocol import messages as m
+from sluice.protocol.records import BatchTooLarge, validate_batches
+
+
+class ProduceHandler:
+    async def produce(self, req: m.ProduceRequest, att: memoryview):
+        """Validate each partition's batches, queue them on its writer, await the acks.
+
+        ``acks=leader`` is answered once the batches are appended (and fsynced with
+        ``flush.messages=1``); ``acks=all`` once the high watermark passes them, i.e. every
+        in-sync replica has them, within ``timeout_ms`` (else ``REQUEST_TIMED_OUT``, the
+        records may be stored).  Refusals come at once: ``NOT_ENOUGH_REPLICAS``,
+        ``BROKER_BUSY`` (see broker/partition.py).
+        """
+        if req.acks not in (m.ACKS_NONE, m.ACKS_LEADER, m.ACKS_ALL):
+            raise InvalidRequest(f"acks must be 0 (none), 1 (leader) or -1 (all), not {req.acks}")
+        total = sum(p.size for p in req.partitions)
+        if total != len(att) or any(p.size < 0 for p in req.partitions):
+            raise InvalidRequest(f"partition sizes add up to {total}, attachments hold {len(att)} bytes")
+        results: list[m.ProducePartitionResult | None] = []
+        pending: list[tuple[int, asyncio.Future]] = []
+        pos = 0
+        for p in req.partitions:
+            chunk = att[pos : pos + p.size]
+            pos += p.size
+            try:
+                part = self.partition(p.topic, p.partition)
+                max_bytes = part.config.max_message_bytes
+                try:
+                    spans = validate_batches(chunk, max_bytes)
+                except BatchTooLarge as exc:
+                    raise MessageTooLarge(
+                        f"batch of {exc.size} bytes exceeds max.message.bytes={max_bytes} of topic {p.topic!r}"
+                    ) from None
+                except CorruptRecord as exc:
+                    raise InvalidRecord(str(exc)) from None
+            except BrokerError as exc:
+                results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(exc)))
+                continue
+            pending.append((len(results), part.append(chunk, spans, req.acks == m.ACKS_ALL)))
+            results.append(None)
+        if req.acks == m.ACKS_NONE:
+            # no answer, but the frame stays counted against the connection until written
+            if pending:
+                await asyncio.wait([f for _, f in pending])
+            for _, fut in pending:
+                _consume_exception(fut)
+            return None
+        if pending:
+            try:
+                await asyncio.wait([f for _, f in pending], timeout=max(req.timeout_ms, 1) / 1000)
+            except asyncio.CancelledError:
+                # The connection is gone: nobody will learn the outcome, and the client may
+                # already be retrying elsewhere.  Withdraw what no writer has taken yet, so
+                # the broker never runs an abandoned copy beside the retry.
+                for _, fut in pending:
+                    fut.cancel()
+                raise
+        for i, fut in pending:
+            p = req.partitions[i]
+            part = self.topics.get(p.topic)
+            if not fut.done():
+                fut.add_done_callback(_consume_exception)
+                late = RequestTimedOut(f"write not completed within {req.timeout_ms} ms")
+                results[i] = m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(late))
+            elif fut.exception() is not None:
+                results[i] = m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(fut.exception()))
+            else:
+                r = fut.result()
+                start = part.partitions[p.partition].log_start_offset if part else -1
+                results[i] = m.ProducePartitionResult(
+                    topic=p.topic, partition=p.partition, base_offset=r.base_offset,
+                    log_append_time=r.append_time, log_start_offset=start,
+                )
+        return m.ProduceResponse(partitions=results), ()
+
+def _consume_exception(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -1,0 +1,102 @@
+"""acks=all on one broker, honestly: through the high watermark, refused at once when the
+topic asks for more in-sync replicas than there are; high watermarks checkpointed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sluice import errors
+from sluice.client import Admin, Consumer, Producer
+from sluice.protocol import messages as m
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _create(bootstrap: str, name: str, config: dict | None = None, partitions: int = 1) -> None:
+    async with Admin(bootstrap) as admin:
+        await admin.create_topic(name, partitions=partitions, config=config or {})
+
+
+async def _read(bootstrap: str, topic: str, n: int) -> list:
+    out: list = []
+    async with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([(topic, 0)])
+        deadline = time.monotonic() + 20
+        while len(out) < n and time.monotonic() < deadline:
+            out += await consumer.getmany(timeout_ms=500)
+    return out
+
+
+def test_acks_all_is_answered_and_readable(broker):
+    async def run():
+        await _create(broker.bootstrap, "all", {"flush.messages": "1"})
+        async with Producer(broker.bootstrap, acks="all", linger_ms=1) as producer:
+            futures = [await producer.send("all", b"v%d" % i, partition=0) for i in range(300)]
+            metas = [await f for f in futures]
+        assert [md.offset for md in metas] == list(range(300))
+        async with Admin(broker.bootstrap) as admin:
+            part = (await admin.describe_topic("all")).partitions[0]
+        assert part.high_watermark == 300
+        records = await _read(broker.bootstrap, "all", 300)
+        assert [r.value for r in records] == [b"v%d" % i for i in range(300)]
+
+    asyncio.run(run())
+
+
+def test_acks_all_with_too_few_in_sync_replicas_fails_fast_and_stores_nothing(broker):
+    async def run():
+        await _create(broker.bootstrap, "strict", {"min.insync.replicas": "2"})
+        async with Producer(broker.bootstrap, acks="all", retries=0, linger_ms=0) as producer:
+            started = time.monotonic()
+            with pytest.raises(errors.NotEnoughReplicas) as info:
+                await (await producer.send("strict", b"x", partition=0))
+            assert time.monotonic() - started < 5, "answered at once, not at a timeout"
+            assert info.value.maybe_stored is False and info.value.retriable
+        async with Producer(broker.bootstrap, acks="leader") as producer:
+            meta = await (await producer.send("strict", b"y", partition=0))
+        assert meta.offset == 0, "the refused write stored nothing"
+        async with Admin(broker.bootstrap) as admin:
+            await admin.alter_topic_config("strict", {"min.insync.replicas": "1"})
+        async with Producer(broker.bootstrap, acks="all", retries=0) as producer:
+            assert (await (await producer.send("strict", b"z", partition=0))).offset == 1
+
+    asyncio.run(run())
+
+
+def test_unknown_acks_value_is_an_invalid_request(broker):
+    async def run():
+        await _create(broker.bootstrap, "acks")
+        async with Producer(broker.bootstrap) as producer:
+            conn = await producer._cluster.connection(0)
+            req = m.ProduceRequest(partitions=[], acks=2)
+            resp, _ = await conn.request(req, (), 5, check=False)
+            assert resp.error == errors.InvalidRequest.code and "acks" in resp.message
+
+    asyncio.run(run())
+
+
+def test_high_watermarks_are_checkpointed(broker_factory):
+    broker = broker_factory(extra_args=["--hw-checkpoint-ms", "100"]).start()
+    path = broker.data_dir / "logs" / "replication-offset-checkpoint"
+
+    async def run():
+        await _create(broker.bootstrap, "cp", partitions=2)
+        async with Producer(broker.bootstrap, acks="all") as producer:
+            await (await producer.send_many("cp", [b"a"] * 7, partition=0))
+            await (await producer.send_many("cp", [b"b"] * 3, partition=1))
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 10
+    while not (path.exists() and "cp 0 7" in path.read_text()):
+        assert time.monotonic() < deadline, "no checkpoint within 10 s"
+        time.sleep(0.05)
+    assert path.read_text().splitlines() == ["0", "2", "cp 0 7", "cp 1 3"]
+    assert broker.stop() == 0
+    assert path.read_text().splitlines()[2:] == ["cp 0 7", "cp 1 3"]
+    path.write_text("garbage\n")  # derived data: a bad file is set aside, the broker starts
+    broker.start()
+    assert "replication-offset-checkpoint is corrupt" in broker.log()
+    assert len(asyncio.run(_read(broker.bootstrap, "cp", 7))) == 7
