@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 
+import pytest
 from checker import History, read_logs
 
 from sluice.client import Admin, Producer
 from sluice.errors import SluiceError
+from sluice.storage.checkpoint import read_offsets
 
 PARTITIONS = 3
 
@@ -22,12 +25,13 @@ async def _create(bootstrap: str, name: str, partitions: int, config: dict | Non
         await admin.close()
 
 
-async def _produce_until_killed(broker, topic: str) -> History:
-    """Several concurrent senders; the broker is SIGKILLed mid-stream. Returns the history."""
+async def _produce_until_killed(broker, topic: str, acks: str) -> History:
+    """Several concurrent senders; the broker is SIGKILLed mid-stream, after it has written
+    a high-watermark checkpoint. Returns the history."""
     history = History()
     producer = Producer(
         broker.bootstrap,
-        acks="leader",
+        acks=acks,
         linger_ms=1,
         delivery_timeout_ms=3000,
         request_timeout_ms=2000,
@@ -55,7 +59,10 @@ async def _produce_until_killed(broker, topic: str) -> History:
                     history.fail(value, exc)
 
     tasks = [asyncio.create_task(sender(w)) for w in range(4)]
-    while len(history.acked) < 3000:
+    checkpoint = broker.data_dir / "logs" / "replication-offset-checkpoint"
+    deadline = time.monotonic() + 60
+    while len(history.acked) < 3000 or not checkpoint.exists():
+        assert time.monotonic() < deadline, "producers made no progress"
         await asyncio.sleep(0.01)
     broker.kill()  # SIGKILL while every sender has requests in flight
     stop.set()
@@ -64,17 +71,25 @@ async def _produce_until_killed(broker, topic: str) -> History:
     return history
 
 
-def test_sigkill_loses_no_acknowledged_message(broker):
-    """flush always + acks leader: every acked message is read back once, in order; every
-    failed send is where its ``maybe_stored`` says."""
+@pytest.mark.parametrize("acks", ["leader", "all"])
+def test_sigkill_loses_no_acknowledged_message(broker_factory, acks):
+    """flush always: every acked message is read back once, in order, below the recovered
+    high watermark (which never goes back); every failed send is where its
+    ``maybe_stored`` says."""
+    broker = broker_factory(extra_args=["--hw-checkpoint-ms", "50"]).start()
     topic = "durable"
     asyncio.run(_create(broker.bootstrap, topic, PARTITIONS, {"flush.messages": "1"}))
-    history = asyncio.run(_produce_until_killed(broker, topic))
+    history = asyncio.run(_produce_until_killed(broker, topic, acks))
     assert len(history.acked) >= 3000
+    before = read_offsets(broker.data_dir / "logs" / "replication-offset-checkpoint")
 
     broker.start()
-    report = history.check(asyncio.run(read_logs(broker.bootstrap, topic)))
+    logs = asyncio.run(read_logs(broker.bootstrap, topic))
+    report = history.check(logs)
     assert report.duplicates == 0, report  # nothing was retried after the kill
+    for p, records in logs.items():
+        end = records[-1].offset + 1 if records else 0
+        assert end >= before.get((topic, p), 0), "the high watermark never goes back"
 
 
 def _last_segment(data_dir, topic: str, partition: int = 0):
