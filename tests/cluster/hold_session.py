@@ -14,7 +14,8 @@ from sluice.cluster.store import BrokerRegistration
 
 
 async def main(url: str, node_id: int, port: int, campaign: bool) -> None:
-    store = EtcdStore(url, session_timeout_ms=1000, request_timeout_ms=1000)
+    # a short session (its lapse is what tests watch); calls get room on a loaded machine
+    store = EtcdStore(url, session_timeout_ms=1000, request_timeout_ms=5000)
     await store.start()
     await store.register_broker(BrokerRegistration(node_id, "127.0.0.1", port))
     if campaign:
