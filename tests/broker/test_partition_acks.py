@@ -8,45 +8,15 @@ the replication step's ISR logic will.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from batches import request
 
 from sluice.broker.partition import Partition
-from sluice.config import TopicConfig
 from sluice.errors import BrokerBusy, NotEnoughReplicas, NotLeader
-from sluice.protocol.records import build_batch, encode_keyless_records, validate_batches
-from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog
+from sluice.storage.log import NotYetAvailable, OutOfRange
 
 pytestmark = pytest.mark.timeout(60)
-BIG = 1 << 30
-
-
-def request(values: list[bytes]) -> tuple[bytearray, list]:
-    data = bytearray(build_batch(encode_keyless_records(values), len(values), 1_000, 1_000))
-    return data, validate_batches(data, BIG)
-
-
-@pytest.fixture
-async def open_partition(tmp_path):
-    """open_partition(name="p", **topic_config) -> a leader Partition on a fresh log."""
-    write_ex = ThreadPoolExecutor(1, thread_name_prefix="test-write")
-    read_ex = ThreadPoolExecutor(2, thread_name_prefix="test-read")
-    opened: list[Partition] = []
-
-    def open_(name: str = "p", leader: bool = True, **raw: str) -> Partition:
-        config = TopicConfig.parse(raw)
-        plog = PartitionLog.open(tmp_path / name, config.log_config)
-        part = Partition("t", 0, plog, config, write_ex, read_ex, leader=leader)
-        opened.append(part)
-        return part
-
-    yield open_
-    for part in opened:
-        if not part._closing:
-            await part.close()
-    write_ex.shutdown(wait=True)
-    read_ex.shutdown(wait=True)
 
 
 def stall_followers(part: Partition, monkeypatch) -> None:

@@ -10,52 +10,24 @@ change is played out with Kafka's OffsetsForLeaderEpoch (``end_offset_for_epoch`
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from batches import request
 
 from sluice.broker.partition import Partition
-from sluice.config import TopicConfig
 from sluice.errors import InvalidRecord, NotLeader
-from sluice.protocol.records import (
-    build_batch,
-    decode_records,
-    encode_keyless_records,
-    iter_batches,
-    validate_batches,
-)
-from sluice.storage.log import PartitionLog
+from sluice.protocol.records import decode_records, iter_batches
 
 pytestmark = pytest.mark.timeout(60)
-BIG = 1 << 30
-
-
-def request(values: list[bytes]) -> tuple[bytearray, list]:
-    data = bytearray(build_batch(encode_keyless_records(values), len(values), 1_000, 1_000))
-    return data, validate_batches(data, BIG)
 
 
 @pytest.fixture
-async def replicas(tmp_path):
-    """replicas(name, leader=True, **topic_config) -> a Partition on its own fresh log."""
-    write_ex = ThreadPoolExecutor(1, thread_name_prefix="test-write")
-    read_ex = ThreadPoolExecutor(2, thread_name_prefix="test-read")
-    opened: list[Partition] = []
-
-    def open_(name: str, leader: bool = True, **raw: str) -> Partition:
-        raw.setdefault("segment.bytes", "2048")  # several segments
-        config = TopicConfig.parse(raw)
-        plog = PartitionLog.open(tmp_path / name, config.log_config)
-        part = Partition("t", 0, plog, config, write_ex, read_ex, leader=leader)
-        opened.append(part)
-        return part
-
-    yield open_
-    for part in opened:
-        if not part._closing:
-            await part.close()
-    write_ex.shutdown(wait=True)
-    read_ex.shutdown(wait=True)
+def replicas(open_partition):
+    """replicas(name, leader=True, **topic_config) -> a Partition on its own fresh log, with
+    small segments so that copies and truncations cross segment boundaries."""
+    return lambda name, leader=True, **raw: open_partition(
+        name, leader, **{"segment.bytes": "2048", **raw}
+    )
 
 
 async def produce(leader: Partition, n: int, tag: bytes) -> None:
