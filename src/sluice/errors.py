@@ -46,8 +46,14 @@
         │                                         min.insync.replicas; nothing was written
         ├── BrokerBusy                   code 25  retriable: the partition's write queue or its
         │                                         acks=all waits are full; nothing was written
-        └── OffsetNotAvailable           code 26  retriable: the offset is in the log but above
-                                                  the high watermark (a new leader catching up)
+        ├── OffsetNotAvailable           code 26  retriable: the offset is in the log but above
+        │                                         the high watermark (a new leader catching up)
+        ├── FencedLeaderEpoch            code 27  the request's leader epoch is older than the
+        │                                         partition's: the sender follows a deposed leader
+        ├── UnknownLeaderEpoch           code 28  retriable: the request's leader epoch is newer
+        │                                         than this broker knows (it catches up soon)
+        ├── InvalidReplicationFactor     code 29  more replicas asked than brokers are alive
+        └── NotCoordinator               code 30  retriable: another broker coordinates that group
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -344,6 +350,29 @@ class BrokerBusy(BrokerError):
 class OffsetNotAvailable(BrokerError):
     """A fetch at an offset the partition has but may not show yet: above its high
     watermark.  Retry the same offset later; it is not out of range."""
+
+
+@_code(27, "FENCED_LEADER_EPOCH")
+class FencedLeaderEpoch(BrokerError):
+    """A replica request carried a leader epoch older than this broker's for the partition:
+    the sender still follows a deposed leader and must refresh its partition state."""
+
+
+@_code(28, "UNKNOWN_LEADER_EPOCH", retriable=True)
+class UnknownLeaderEpoch(BrokerError):
+    """A replica request carried a leader epoch newer than this broker's: this broker has
+    not yet seen the partition state that the sender acts on.  Retry shortly."""
+
+
+@_code(29, "INVALID_REPLICATION_FACTOR")
+class InvalidReplicationFactor(BrokerError):
+    """A replication factor below 1, or above the number of live brokers."""
+
+
+@_code(30, "NOT_COORDINATOR", retriable=True)
+class NotCoordinator(BrokerError):
+    """This broker does not coordinate the group (it does not lead the group's partition of
+    ``__groups``); refresh metadata and ask the leader of that partition."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

@@ -276,6 +276,9 @@ def test_api_keys_are_stable():
         "DELETE_GROUPS": 12,
         "ALTER_TOPIC_CONFIGS": 13,
         "CREATE_PARTITIONS": 14,
+        "REPLICA_FETCH": 15,
+        "OFFSETS_FOR_LEADER_EPOCH": 16,
+        "ELECT_LEADERS": 17,
     }
 
 

@@ -39,6 +39,9 @@ class Api(IntEnum):
     DELETE_GROUPS = 12
     ALTER_TOPIC_CONFIGS = 13
     CREATE_PARTITIONS = 14
+    REPLICA_FETCH = 15
+    OFFSETS_FOR_LEADER_EPOCH = 16
+    ELECT_LEADERS = 17
 
 
 class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -82,10 +85,11 @@ class BrokerInfo(Struct):
 
 class PartitionMetadata(Struct):
     partition: int
-    leader: int
-    replicas: list[int] = []
+    leader: int  # -1: no leader now (offline)
+    replicas: list[int] = []  # preferred leader first
     isr: list[int] = []
     error: int = 0
+    leader_epoch: int = 0
 
 
 class TopicMetadata(Struct):
@@ -98,7 +102,7 @@ class TopicMetadata(Struct):
 
 
 class MetadataResponse(Response):
-    brokers: list[BrokerInfo] = []
+    brokers: list[BrokerInfo] = []  # the live ones
     controller_id: int = -1
     topics: list[TopicMetadata] = []
 
@@ -110,6 +114,7 @@ class NewTopic(Struct):
     name: str
     partitions: int = 1
     config: dict[str, str] = {}
+    replication_factor: int = 0  # 0: the broker's default (sluice serve --replication-factor)
 
 
 class CreateTopicsRequest(Struct):
@@ -140,12 +145,20 @@ class DescribeTopicsRequest(Struct):
 
 
 class PartitionDescription(Struct):
+    """One partition as its leader sees it (offsets, size) and as the metadata store has
+    it (leader, replicas, ISR, epoch).  Offsets and sizes are -1 when the answering broker
+    does not hold the partition."""
+
     partition: int
     leader: int = -1
     log_start_offset: int = 0
     high_watermark: int = 0
     size_bytes: int = 0
     segments: int = 0
+    replicas: list[int] = []
+    isr: list[int] = []
+    leader_epoch: int = 0
+    log_end_offset: int = 0
 
 
 class TopicDescription(Struct):
@@ -154,6 +167,8 @@ class TopicDescription(Struct):
     message: str = ""
     config: dict[str, str] = {}
     partitions: list[PartitionDescription] = []
+    replication_factor: int = 1
+    internal: bool = False
 
 
 class DescribeTopicsResponse(Response):
@@ -389,6 +404,86 @@ class DeleteGroupsResponse(Response):
     groups: list[GroupResult] = []
 
 
+# --------------------------------------------------------------------------- replication
+# Broker to broker: a follower pulls from its leader; never sent by clients.
+
+
+class ReplicaFetchPartition(Struct):
+    topic: str
+    partition: int
+    leader_epoch: int  # the follower's view: the leader refuses an older or newer one
+    offset: int  # the follower's log end: everything below it is acknowledged as copied
+    max_bytes: int = 1024 * 1024
+    storage_error: str = ""  # the follower cannot write this partition: leave the ISR now
+
+
+class ReplicaFetchRequest(Struct):
+    replica_id: int
+    partitions: list[ReplicaFetchPartition]
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 16 * 1024 * 1024
+
+
+class ReplicaFetchResult(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    size: int = 0  # bytes of record batches in the attachments, in list order
+
+
+class ReplicaFetchResponse(Response):
+    partitions: list[ReplicaFetchResult] = []
+
+
+class EpochQuery(Struct):
+    topic: str
+    partition: int
+    current_leader_epoch: int  # the asker's view of the partition's epoch (fencing)
+    leader_epoch: int  # the epoch whose end offset is asked for
+
+
+class OffsetsForLeaderEpochRequest(Struct):
+    replica_id: int
+    partitions: list[EpochQuery]
+
+
+class EpochEndOffset(Struct):
+    topic: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    leader_epoch: int = -1  # the largest epoch <= the asked one that the leader has
+    end_offset: int = -1  # where that epoch ends in the leader's log
+
+
+class OffsetsForLeaderEpochResponse(Response):
+    partitions: list[EpochEndOffset] = []
+
+
+class ElectLeadersRequest(Struct):
+    """Move leadership back to each partition's preferred replica (the first of its
+    replicas) where it is alive and in sync; None: every partition."""
+
+    topics: list[str] | None = None
+
+
+class ElectionResult(Struct):
+    topic: str
+    partition: int
+    leader: int
+    error: int = 0
+    message: str = ""
+
+
+class ElectLeadersResponse(Response):
+    partitions: list[ElectionResult] = []  # the partitions whose leader changed or could not
+
+
 # --------------------------------------------------------------------------- registry
 
 APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
@@ -407,6 +502,9 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.DELETE_GROUPS: {1: (DeleteGroupsRequest, DeleteGroupsResponse)},
     Api.ALTER_TOPIC_CONFIGS: {1: (AlterTopicConfigsRequest, AlterTopicConfigsResponse)},
     Api.CREATE_PARTITIONS: {1: (CreatePartitionsRequest, CreatePartitionsResponse)},
+    Api.REPLICA_FETCH: {1: (ReplicaFetchRequest, ReplicaFetchResponse)},
+    Api.OFFSETS_FOR_LEADER_EPOCH: {1: (OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse)},
+    Api.ELECT_LEADERS: {1: (ElectLeadersRequest, ElectLeadersResponse)},
 }
 
 _REQUEST_API: dict[type, tuple[Api, int]] = {
