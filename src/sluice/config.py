@@ -67,6 +67,11 @@ class TopicConfig:
     replica_wait_max_requests: int = 1000  # acks=all requests waiting per partition
     replica_wait_max_bytes: int = 64 * 1024 * 1024  # their bytes, per partition
     write_queue_max_bytes: int = 64 * 1024 * 1024  # bytes queued for the writer per partition
+    # acks=all is refused at once when an in-sync follower is this many bytes behind (-1: no bound)
+    replica_lag_max_bytes: int = 256 * 1024 * 1024
+    cleanup_policy: str = "delete"  # "compact": keep the latest record of each key
+    # elect a replica that is not in sync when no in-sync one is alive (may lose acked data)
+    unclean_leader_election_enable: str = "false"
 
     KEYS = {
         "retention.ms": _Key("retention_ms", -1, _CENTURY_MS),
@@ -82,6 +87,9 @@ class TopicConfig:
         "replica.wait.max.requests": _Key("replica_wait_max_requests", 1, 1 << 20),
         "replica.wait.max.bytes": _Key("replica_wait_max_bytes", 1024, 1 << 40),
         "write.queue.max.bytes": _Key("write_queue_max_bytes", 1024, 1 << 40),
+        "replica.lag.max.bytes": _Key("replica_lag_max_bytes", -1, 1 << 50),
+        "cleanup.policy": _Key("cleanup_policy", 0, choices=("delete", "compact")),
+        "unclean.leader.election.enable": _Key("unclean_leader_election_enable", 0, choices=("false", "true")),
     }
 
     @classmethod
@@ -165,6 +173,12 @@ class ServerConfig:
     # in the data directory (cluster/embedded.py)
     cluster: str | None = None
     session_timeout_ms: int = 6000  # a broker's registration outlives its last renewal this long
+    # a follower that has not caught up with the leader's log end for this long leaves the ISR
+    replica_lag_time_max_ms: int = 10_000
+    # replicas of a new topic when the request does not say; 0: min(3, live brokers)
+    default_replication_factor: int = 0
+    # how often the controller moves leadership back to preferred replicas; 0: never
+    leader_rebalance_interval_ms: int = 30_000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -175,13 +189,15 @@ class ServerConfig:
             raise ConfigError("max_frame_bytes must be at least 1024")
         limits = (self.max_connections, self.max_in_flight_per_connection,
                   self.max_in_flight_bytes_per_connection, self.io_threads, self.max_partitions,
-                  self.hw_checkpoint_ms)
+                  self.hw_checkpoint_ms, self.replica_lag_time_max_ms)
         if min(limits) < 1:
             raise ConfigError("connection, in-flight, thread and checkpoint settings must be ≥ 1")
         try:
             TopicConfig.parse(self.topic_defaults)
         except InvalidConfig as exc:
             raise ConfigError(f"bad topic default: {exc.message}") from exc
+        if self.default_replication_factor < 0 or self.leader_rebalance_interval_ms < 0:
+            raise ConfigError("default replication factor and leader rebalance interval must be ≥ 0")
         if self.cluster is not None:
             from sluice.cluster.etcd import parse_cluster_url, session_ttl
 
