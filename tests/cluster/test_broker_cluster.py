@@ -1,5 +1,5 @@
-"""``sluice serve --cluster etcd://...``: brokers register in etcd and keep their topics there
-(the intermediate step before replication: each topic lives on the broker that created it)."""
+"""``sluice serve --cluster etcd://...``: brokers register in etcd and keep their topics
+there, replicated over the live brokers (replication itself: test_replication.py)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ async def test_brokers_register_and_keep_topics_in_etcd(etcd, cluster_name, brok
         await admin.create_topic("orders", 2, {"retention.ms": "60000"})
         assert (await admin.describe_topic("orders")).config["retention.ms"] == "60000"
     record = (await etcd_view.topics())["orders"]
-    assert (record.partitions, record.config, record.assignment) == (2, {"retention.ms": "60000"}, [[1], [1]])
-    assert [s.leader for s in await etcd_view.partition_states("orders")] == [1, 1]
+    assert (record.partitions, record.config, record.replication_factor) == (2, {"retention.ms": "60000"}, 2)
+    assert sorted(map(sorted, record.assignment)) == [[1, 2], [1, 2]]  # min(3, live brokers) replicas
+    assert sorted(s.leader for s in await etcd_view.partition_states("orders")) == [1, 2]  # spread
 
     async with Admin(b2.bootstrap) as admin:  # the name is taken cluster-wide
         with pytest.raises(TopicAlreadyExists):
@@ -50,7 +51,7 @@ async def test_brokers_register_and_keep_topics_in_etcd(etcd, cluster_name, brok
         await (await producer.send("orders", b"kept", partition=1))
     b1.kill()  # no revoke: its registration lapses, its topic stays in etcd
     await eventually(answered(etcd_view.brokers, node_ids([2])), 10, "broker 1's registration lapsing")
-    b1.start()  # reads its topic back from etcd and serves it again
+    b1.start()  # reads its topic back from etcd and follows or leads it again
     await eventually(answered(etcd_view.brokers, node_ids([1, 2])), 10, "broker 1 registered again")
     assert [r.value for r in await read_partition(b1.bootstrap, "orders", 1)] == [b"kept"]
 

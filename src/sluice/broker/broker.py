@@ -13,12 +13,12 @@ Data directory::
     <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
 
 Metadata lives in a ``MetadataStore`` (cluster/store.py): the data directory by default, or
-etcd with ``sluice serve --cluster etcd://...``.  **Cluster mode is an intermediate step:
-there is no replication yet.**  A broker registers itself in etcd, and topics are created,
-described and deleted in etcd, but every partition has one replica, on the broker that
-created the topic, which leads it.  Each broker serves (and opens at start) only the topics
-it leads; it answers for other brokers' topics as for unknown ones.  Leader election, the
-controller and followers come with replication.
+etcd with ``sluice serve --cluster etcd://...``.  Either way the broker runs the same
+replication: a single broker is a cluster of one, where every partition has one replica
+and its own log end is its high watermark.  Partitions are replicated by their followers
+pulling from the leader (broker/fetcher.py); states, the ISR and the replica APIs are in
+broker/replication.py; the controller (cluster/controller.py), elected through the store,
+moves leadership when brokers come and go.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ from sluice.broker.fetch import FetchHandlers
 from sluice.broker.groups import GroupHandlers, GroupOffsets
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
+from sluice.broker.replication import ReplicaManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
 from sluice.cluster import open_store
-from sluice.cluster.store import BrokerRegistration, MetadataStore, TopicRecord
+from sluice.cluster.controller import Controller
+from sluice.cluster.store import BrokerRegistration, MetadataStore
 from sluice.config import ServerConfig, TopicConfig
-from sluice.errors import UnknownPartition
+from sluice.errors import MetadataUnavailable, NotLeader, UnknownPartition
 from sluice.protocol import messages as m
 from sluice.storage.checkpoint import read_offsets, write_offsets
 
@@ -47,10 +49,11 @@ log = logging.getLogger("sluice.broker")
 HW_CHECKPOINT = "replication-offset-checkpoint"
 
 
-class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
+class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHandlers):
     """Topics and partitions, lifecycle, lookups and the API dispatch table.
 
-    The handlers live by concept in topics.py, groups.py, produce.py and fetch.py.
+    The handlers live by concept in topics.py, replication.py, groups.py, produce.py and
+    fetch.py.
     """
 
     def __init__(self, config: ServerConfig, store: MetadataStore | None = None) -> None:
@@ -67,16 +70,20 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         self.metadata = store if store is not None else open_store(config)
         self.groups: GroupOffsets | None = None
         self.host, self.port = config.host, config.port
-        self._retention_task: asyncio.Task | None = None
-        self._checkpoint_task: asyncio.Task | None = None
+        self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
+        self.controller_id = -1
+        self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
+        self.controller = Controller(self.metadata, config.node_id, config.leader_rebalance_interval_ms)
+        self._isr_check = asyncio.Event()  # wakes the ISR upkeep at once
+        self._tasks: list[asyncio.Task] = []
         self._expired: list = []  # segments out of their logs whose files are still to delete
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Open the metadata store, register, and open (recover) the logs of the topics this
-        broker leads."""
+        """Open the metadata store, register, open (recover) the partitions held here and
+        take their roles, then follow the cluster."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
         try:
@@ -87,28 +94,54 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         try:
             node = self.config.node_id
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
+            self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
             self.groups = GroupOffsets(self.data_dir, self.housekeeping)
             for record in (await self.metadata.topics()).values():
-                if await self._leads(record):
-                    await self._open_topic(record)
+                states = await self.metadata.partition_states(record.name)
+                topic = await self._open_topic(record, states)
+                for i in topic.partitions:
+                    self._become(topic, i, states[i])
         except BaseException:
+            await self._close_partitions()
             await self.metadata.close()
             raise
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
-        self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
-        self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
+        loop = asyncio.get_running_loop()
+        for job in (
+            self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
+            self._isr_loop(), self._resync_topics(), self.controller.run(),
+        ):
+            self._tasks.append(loop.create_task(job, name=job.__qualname__))
+
+    async def _follow_brokers(self) -> None:
+        """Keep ``live_brokers`` and ``controller_id`` as the store has them."""
+        while True:
+            try:
+                async for regs in self.metadata.watch_brokers():
+                    self.live_brokers = {b.node_id: b for b in regs}
+                    try:
+                        controller = await self.metadata.controller()
+                    except MetadataUnavailable:
+                        continue
+                    self.controller_id = -1 if controller is None else controller
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following brokers failed; starting over")
+                await asyncio.sleep(0.5)
 
     async def close(self) -> None:
-        """Finish queued writes, fsync and close every partition."""
-        for task in (self._retention_task, self._checkpoint_task):
-            if task:
-                task.cancel()
-        parts = [p for topic in self.topics.values() for p in topic.partitions]
-        results = await asyncio.gather(*(p.close() for p in parts), return_exceptions=True)
-        for p, result in zip(parts, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("closing %s-%d failed: %r", p.topic, p.index, result)
+        """Stop following the cluster, finish queued writes, fsync and close every partition."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for f in self.fetchers.values():
+            f.stop()
+        await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
+        self.fetchers.clear()
+        await self._close_partitions()
         try:
             await self.checkpoint_high_watermarks()
         except OSError as exc:
@@ -117,22 +150,21 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         for executor in (self.write_executor, self.read_executor, self.housekeeping):
             executor.shutdown(wait=True)
 
+    async def _close_partitions(self) -> None:
+        parts = [p for topic in self.topics.values() for p in topic.partitions.values()]
+        results = await asyncio.gather(*(p.close() for p in parts), return_exceptions=True)
+        for p, result in zip(parts, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("closing %s-%d failed: %r", p.topic, p.index, result)
+
     def drain(self) -> None:
         """Shutdown has begun: every fetch long poll answers now with what it has (a client
         waiting for new records must not hold the shutdown for its ``max_wait_ms``), and so
         do fetches that come later."""
         self._draining = True
         for topic in self.topics.values():
-            for p in topic.partitions:
+            for p in topic.partitions.values():
                 p.wake_fetches()
-
-    async def _leads(self, record: TopicRecord) -> bool:
-        """Whether this broker leads every partition of the topic (see the module docstring)."""
-        states = await self.metadata.partition_states(record.name)
-        if all(s.leader == self.config.node_id for s in states):
-            return True
-        log.info("topic %s is served by broker %s, not this one", record.name, states[0].leader)
-        return False
 
     async def _retention_loop(self) -> None:
         while True:
@@ -158,7 +190,7 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         """Write every partition's high watermark (tmp + fsync + rename) if one changed
         since the last write; True if written.  Partitions reopen at min(checkpoint, log
         end)."""
-        hws = {(p.topic, p.index): p.high_watermark for t in self.topics.values() for p in t.partitions}
+        hws = {(p.topic, p.index): p.high_watermark for t in self.topics.values() for p in t.partitions.values()}
         if hws == self.checkpointed_hw:
             return False
         await asyncio.get_running_loop().run_in_executor(self.housekeeping, write_offsets, self._hw_path, hws)
@@ -174,7 +206,7 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         loop = asyncio.get_running_loop()
         now = int(time.time() * 1000)
         for topic in list(self.topics.values()):
-            for p in topic.partitions:
+            for p in topic.partitions.values():
                 self._expired.extend(p.take_expired(now))
         pending, self._expired = self._expired, []
         deleted = 0
@@ -196,11 +228,27 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
             raise unknown_topic(name)
         return t
 
-    def partition(self, topic: str, index: int) -> Partition:
+    def check_partition(self, topic: str, index: int) -> Topic:
+        """The topic, if it has partition ``index`` (``UnknownTopic``, ``UnknownPartition``)."""
         t = self.topic(topic)
-        if not 0 <= index < len(t.partitions):
-            raise UnknownPartition(f"topic {topic!r} has partitions 0-{len(t.partitions) - 1}, not {index}")
-        return t.partitions[index]
+        if not 0 <= index < t.count:
+            raise UnknownPartition(f"topic {topic!r} has partitions 0-{t.count - 1}, not {index}")
+        return t
+
+    def partition(self, topic: str, index: int) -> Partition:
+        """The replica of ``topic``-``index`` held here; ``NotLeader`` if none is."""
+        p = self.check_partition(topic, index).partitions.get(index)
+        if p is None:
+            raise NotLeader(f"this broker holds no replica of {topic}-{index}")
+        return p
+
+    def led_partition(self, topic: str, index: int) -> Partition:
+        """The partition if this broker leads it; ``NotLeader`` otherwise (consumers and
+        producers talk to leaders only)."""
+        p = self.partition(topic, index)
+        if not p.is_leader:
+            raise NotLeader(f"this broker does not lead {topic}-{index}")
+        return p
 
     # ------------------------------------------------------------------ handlers
 
@@ -225,5 +273,8 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
             m.Api.DELETE_GROUPS: self.delete_groups,
             m.Api.ALTER_TOPIC_CONFIGS: self.alter_topic_configs,
             m.Api.CREATE_PARTITIONS: self.create_partitions,
+            m.Api.REPLICA_FETCH: self.replica_fetch,
+            m.Api.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
+            m.Api.ELECT_LEADERS: self.elect_leaders,
         }
 

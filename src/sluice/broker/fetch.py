@@ -66,7 +66,7 @@ class FetchHandlers:
         budget = min(req.max_bytes, max(frame // 2, frame - FETCH_OVERHEAD))
         for fp in req.partitions:
             try:
-                part = self.partition(fp.topic, fp.partition)
+                part = self.led_partition(fp.topic, fp.partition)
                 limit = min(fp.max_bytes, budget - size)
                 if size and limit <= 0:
                     results.append(m.FetchPartitionResult(
@@ -108,7 +108,7 @@ class FetchHandlers:
         out = []
         for lp in req.partitions:
             try:
-                part = self.partition(lp.topic, lp.partition)
+                part = self.led_partition(lp.topic, lp.partition)
                 ts = -1
                 if lp.timestamp == m.EARLIEST:
                     offset = part.log_start_offset

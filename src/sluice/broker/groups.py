@@ -265,7 +265,7 @@ class GroupHandlers:
             keys = set(committed)
             for t in {t for t, _ in committed}:
                 if t in self.topics:
-                    keys.update((t, i) for i in range(len(self.topics[t].partitions)))
+                    keys.update((t, i) for i in range(self.topics[t].count))
             partitions = [self._group_partition(t, p, committed.get((t, p))) for t, p in sorted(keys)]
             out.append(m.GroupDescription(name=name, partitions=partitions))
         return m.DescribeGroupsResponse(groups=out), ()
@@ -289,7 +289,7 @@ class GroupHandlers:
         results = []
         for c in req.offsets:
             try:
-                self.partition(c.topic, c.partition)
+                self.check_partition(c.topic, c.partition)
                 if c.offset < 0:
                     raise InvalidRequest(f"cannot commit negative offset {c.offset}")
                 if len(c.metadata) > MAX_COMMIT_METADATA:

@@ -13,14 +13,21 @@ doubles as the flusher; appends go on while the fsync runs).
 
 Appended is not acknowledged.  The writer only appends and completes "appended" futures
 (``acks=leader``); ``acks=all`` writes then wait in the partition's purgatory
-(broker/purgatory.py) until the high watermark passes them.  The high watermark is the
-minimum log end over the in-sync replicas.  Until replication exists the ISR is this
-broker alone, so after each append (after its fsync with ``flush.messages=1``) the ISR step
-``_log_end_moved`` advances it to the log end: ``acks=all`` behaves as ``acks=leader`` did,
-but honestly, through the high watermark.  ``min.insync.replicas`` above the ISR size
-refuses ``acks=all`` at once (``NOT_ENOUGH_REPLICAS``).  Nothing piles up: bytes queued for
-the writer (``write.queue.max.bytes``) and waits in the purgatory are bounded per
-partition, and a write past a bound is refused at once (``BROKER_BUSY``).
+(broker/purgatory.py) until the high watermark passes them.  On the leader the high
+watermark is the minimum log end over the in-sync replicas: its own (after each append,
+after its fsync with ``flush.messages=1``) and each in-sync follower's, as its replica
+fetches report it (``follower_fetched``).  A partition with no followers (one replica)
+moves it with its own log end.  ``acks=all`` is refused at once (``NOT_ENOUGH_REPLICAS``)
+when the ISR is smaller than ``min.insync.replicas`` or an in-sync follower is more than
+``replica.lag.max.bytes`` behind (seed ``000``: answer at once, never pile up).  Nothing
+piles up: bytes queued for the writer (``write.queue.max.bytes``) and waits in the
+purgatory are bounded per partition, and a write past a bound is refused at once
+(``BROKER_BUSY``).
+
+Membership of the ISR is decided elsewhere (broker/replication.py writes it to the
+metadata store by compare-and-swap); the partition only reports who lags
+(``lagging``) and who caught up (``caught_up``), and applies the ISR it is given
+(``set_isr``).
 
 A follower's path (``append_as_follower``) goes through the same writer but keeps the
 leader's offsets, epochs and timestamps; ``truncate_to`` cuts a divergent tail in the
@@ -36,9 +43,11 @@ import asyncio
 import logging
 import os
 import time
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.broker.purgatory import Purgatory
 from sluice.config import TopicConfig
@@ -85,6 +94,18 @@ class _Truncate:
     future: asyncio.Future
 
 
+@dataclass
+class Follower:
+    """What a leader knows of one follower of the partition (replica fetches tell)."""
+
+    log_end: int = -1  # -1: unknown (no fetch in this leader epoch yet)
+    # monotonic time it last had everything the leader had (a new leader gives each
+    # follower a full replica.lag.time.max.ms from its election)
+    caught_up_at: float = field(default_factory=time.monotonic)
+    leader_end_at_fetch: int = -1  # the leader's log end at the follower's last fetch
+    fetched_at: float = 0.0
+
+
 @dataclass(frozen=True)
 class AppendResult:
     base_offset: int
@@ -115,7 +136,13 @@ class Partition:
         # never below an epoch already in the log: a restart keeps the last one stamped
         self.leader_epoch = max(leader_epoch, plog.epochs.latest_epoch, 0)
         self.is_leader = leader
-        self.isr: tuple[int, ...] = (replica_id,)  # this broker alone until replication
+        self.isr: tuple[int, ...] = (replica_id,)
+        self.followers: dict[int, Follower] = {}  # on the leader: the other replicas
+        self.failed_followers: set[int] = set()  # on the leader: replicas that cannot write
+        self.state_version: int | None = None  # of the store's state last applied (None: stale)
+        self._replica_waiters: list[Callable[[], None]] = []  # replica fetches waiting for appends
+        self._marks: deque[tuple[int, int]] = deque()  # (log end, bytes appended) on the leader
+        self._appended_bytes = 0
         self._queue: list[_Append | _Truncate] = []
         self._queued_bytes = 0  # of appends queued or being written
         self._acks = Purgatory()
@@ -161,6 +188,11 @@ class Partition:
             fut.set_exception(NotEnoughReplicas(
                 f"{self.topic}-{self.index} has {len(self.isr)} in-sync replica(s), "
                 f"min.insync.replicas is {cfg.min_insync_replicas}"
+            ))
+        elif acks_all and (lag := self._max_isr_lag_bytes()) > cfg.replica_lag_max_bytes >= 0:
+            fut.set_exception(NotEnoughReplicas(
+                f"an in-sync replica of {self.topic}-{self.index} is {lag} bytes behind "
+                f"(replica.lag.max.bytes={cfg.replica_lag_max_bytes}); retry"
             ))
         elif not self._admit(size):
             fut.set_exception(BrokerBusy(
@@ -369,7 +401,10 @@ class Partition:
                 req.future.set_result(result)
             start = end
         if self.is_leader:
+            self._appended_bytes += total
+            self._marks.append((offset, self._appended_bytes))
             self._log_end_moved()
+            self._notify_replicas()
 
     def _follows(self, group: list[_Append], offset: int) -> list[_Append]:
         """The follower requests of ``group`` that continue the log at ``offset`` with no
@@ -452,10 +487,92 @@ class Partition:
     # ------------------------------------------------------------------ high watermark
 
     def _log_end_moved(self) -> None:
-        """The ISR step, after the leader's log end moved: the high watermark is the
-        minimum log end over the ISR.  The ISR is this broker alone until replication
-        exists (followers' log ends join here), so it is our own log end."""
-        self.advance_high_watermark(self.log.log_end_offset)
+        """The ISR step: the high watermark is the minimum log end over the ISR (a
+        follower not heard from in this epoch holds it where it is)."""
+        end = self.log.log_end_offset
+        for r in self.isr:
+            f = self.followers.get(r)
+            if f is not None:
+                end = min(end, f.log_end)
+        self.advance_high_watermark(end)
+        self._forget_marks()
+
+    # ------------------------------------------------------------------ followers (leader side)
+
+    def set_replicas(self, replicas: list[int], isr: list[int]) -> None:
+        """The partition's replicas and ISR as the metadata store has them (leader side:
+        followers not known yet start unheard of)."""
+        self.followers = {
+            r: self.followers.get(r, Follower()) for r in replicas if r != self.replica_id
+        }
+        self.set_isr(isr)
+
+    def set_isr(self, isr: list[int]) -> None:
+        """Apply the ISR the metadata store holds now; the high watermark may move."""
+        self.isr = tuple(isr)
+        if self.is_leader:
+            self._log_end_moved()
+
+    def follower_fetched(self, replica_id: int, offset: int) -> None:
+        """A follower's replica fetch at ``offset``: it has everything below it."""
+        f = self.followers.get(replica_id)
+        if f is None:
+            return
+        now, leader_end = time.monotonic(), self.log.log_end_offset
+        if offset >= leader_end:
+            f.caught_up_at = now
+        elif offset >= f.leader_end_at_fetch >= 0:  # has what we had at its last fetch
+            f.caught_up_at = max(f.caught_up_at, f.fetched_at)
+        f.log_end, f.leader_end_at_fetch, f.fetched_at = offset, leader_end, now
+        if replica_id in self.isr:
+            self._log_end_moved()
+
+    def lagging(self, max_lag_s: float) -> list[int]:
+        """In-sync followers that have not caught up with the log end for ``max_lag_s``."""
+        now = time.monotonic()
+        return [
+            r for r in self.isr
+            if (f := self.followers.get(r)) is not None and now - f.caught_up_at > max_lag_s
+        ]
+
+    def caught_up(self) -> list[int]:
+        """Followers out of the ISR that may rejoin: at or past the high watermark and
+        the start of the current leader epoch."""
+        hw = self.log.high_watermark
+        start = self._epoch_start()
+        return [
+            r for r, f in self.followers.items()
+            if r not in self.isr and f.log_end >= hw and f.log_end >= start
+        ]
+
+    def _epoch_start(self) -> int:
+        for epoch, start in reversed(self.log.epochs.entries()):
+            if epoch == self.leader_epoch:
+                return start
+        return self.log.log_end_offset
+
+    def _max_isr_lag_bytes(self) -> int:
+        """How many bytes of the leader's log the furthest-behind in-sync follower lacks
+        (0 when unknown: this leader has not appended since the follower's offset)."""
+        worst = min(
+            (f.log_end for r in self.isr if (f := self.followers.get(r)) is not None and f.log_end >= 0),
+            default=None,
+        )
+        if worst is None or not self._marks:
+            return 0
+        i = bisect_left(self._marks, (worst, -1))
+        at = self._marks[i - 1][1] if i else self._marks[0][1]
+        return self._appended_bytes - at
+
+    def _forget_marks(self) -> None:
+        """Drop byte marks no in-sync follower still needs (below all their log ends)."""
+        marks = self._marks
+        low = min(
+            (f.log_end for r in self.isr if (f := self.followers.get(r)) is not None),
+            default=self.log.log_end_offset,
+        )
+        while len(marks) > 1 and marks[1][0] <= low:
+            marks.popleft()
 
     def advance_high_watermark(self, offset: int) -> None:
         """Move the high watermark up to ``offset`` (never past the log end, never down):
@@ -464,13 +581,18 @@ class Partition:
             self._acks.complete(self.log.high_watermark)
             self._notify()
 
-    def make_leader(self, leader_epoch: int) -> None:
+    def make_leader(self, leader_epoch: int, replicas: list[int] | None = None, isr: list[int] | None = None) -> None:
         """Lead from now on, stamping ``leader_epoch`` (at least the current one) on new
-        batches.  For the controller of a cluster; a single broker leads in epoch 0."""
+        batches, with ``replicas`` and ``isr`` (default: this broker alone).  Followers
+        start unheard of: the high watermark waits for their first fetch."""
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, True
-        self._log_end_moved()
+        self.followers = {}
+        self.failed_followers = set()
+        self._marks.clear()
+        self._marks.append((self.log.log_end_offset, self._appended_bytes))
+        self.set_replicas(replicas or [self.replica_id], isr or [self.replica_id])
 
     def make_follower(self, leader_epoch: int) -> None:
         """Follow the leader of ``leader_epoch``: leader appends are refused from now on,
@@ -479,7 +601,11 @@ class Partition:
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, False
+        self.followers = {}
+        self.failed_followers = set()
         self._acks.fail_all(NotLeader(f"{self.topic}-{self.index} has a new leader (epoch {leader_epoch})"))
+        self._notify()
+        self._notify_replicas()
 
     # ------------------------------------------------------------------ reading
 
@@ -535,6 +661,22 @@ class Partition:
     def wake_fetches(self) -> None:
         """Call every fetch waiter now, as if the high watermark had moved."""
         self._notify()
+        self._notify_replicas()
+
+    def add_replica_waiter(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the next time the leader appends (replica fetch long poll)."""
+        self._replica_waiters.append(callback)
+
+    def remove_replica_waiter(self, callback: Callable[[], None]) -> None:
+        try:
+            self._replica_waiters.remove(callback)
+        except ValueError:
+            pass
+
+    def _notify_replicas(self) -> None:
+        waiters, self._replica_waiters = self._replica_waiters, []
+        for cb in waiters:
+            cb()
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -554,6 +696,7 @@ class Partition:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._write_executor, self.log.close)
         self._notify()
+        self._notify_replicas()
 
     async def abort(self) -> None:
         """Stop for a topic deletion: queued appends fail, the one being written completes."""
@@ -566,6 +709,7 @@ class Partition:
         await self._task
         self._acks.fail_all(UnknownTopic(f"topic {self.topic!r} was deleted"))
         self._notify()
+        self._notify_replicas()
 
     def take_expired(self, now_ms: int) -> list[Segment]:
         """Segments retention removes from the log (none while a truncation runs)."""

@@ -4,6 +4,13 @@
 (metadata, create, delete, describe, alter config, add partitions) and the opening of a
 topic's partitions.  Changes run one at a time under the broker's admin lock, each all or
 nothing.  ``error_fields`` and ``unknown_topic`` are shared by every handler module.
+
+Every broker knows every topic of the cluster (``Topic``: its record and the state of each
+partition, from the metadata store) and holds the partitions assigned to it
+(``Topic.partitions``, by index).  A new topic's replicas are spread over the live brokers
+(cluster/assignment.py); the creating broker opens the partitions it holds before the
+topic is recorded, the others open theirs when the metadata store tells them
+(broker/replication.py).
 """
 
 from __future__ import annotations
@@ -15,17 +22,19 @@ import os
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from sluice.broker.partition import Partition
-from sluice.cluster.store import TopicRecord, initial_states
+from sluice.cluster.assignment import assign_replicas
+from sluice.cluster.store import PartitionState, TopicRecord, initial_states
 from sluice.config import TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
     BrokerError,
     InvalidConfig,
     InvalidPartitions,
+    InvalidReplicationFactor,
     TopicAlreadyExists,
     UnknownTopic,
     storage_error_from_os,
@@ -38,10 +47,22 @@ log = logging.getLogger("sluice.broker")
 
 @dataclass
 class Topic:
+    """A topic of the cluster: its record, each partition's state, and the partitions this
+    broker holds (a replica of), by index."""
+
     name: str
     config: TopicConfig
-    partitions: list[Partition]
-    internal: bool = False
+    record: TopicRecord
+    states: list[PartitionState | None]
+    partitions: dict[int, Partition] = field(default_factory=dict)
+
+    @property
+    def internal(self) -> bool:
+        return self.record.internal
+
+    @property
+    def count(self) -> int:
+        return self.record.partitions
 
 
 def unknown_topic(topic: str) -> UnknownTopic:
@@ -59,15 +80,29 @@ class TopicAdmin:
     def _log_dir(self, topic: str, index: int) -> Path:
         return self.data_dir / "logs" / f"{topic}-{index}"
 
-    async def _open_topic(self, record: TopicRecord) -> Topic:
+    def _held(self, record: TopicRecord, indexes: Iterable[int]) -> list[int]:
+        """Which of ``indexes`` this broker holds a replica of."""
+        node = self.config.node_id
+        return [i for i in indexes if node in record.assignment[i]]
+
+    async def _open_topic(self, record: TopicRecord, states: list[PartitionState] | None = None) -> Topic:
+        """Know ``record`` and open the partitions this broker holds (as followers: their
+        states make them leaders)."""
         config = TopicConfig.parse(record.config, self.defaults)
-        partitions = await self._open_partitions(record.name, range(record.partitions), config)
-        topic = Topic(record.name, config, partitions, record.internal)
+        held = self._held(record, range(record.partitions))
+        partitions = await self._open_partitions(record.name, held, config)
+        topic = Topic(
+            record.name, config, record,
+            list(states) if states is not None else [None] * record.partitions,
+            {p.index: p for p in partitions},
+        )
         self.topics[record.name] = topic
         return topic
 
-    async def _open_partitions(self, name: str, indexes: range, config: TopicConfig) -> list[Partition]:
-        """Open (create or recover) partitions ``indexes`` of topic ``name``; all or none."""
+    async def _open_partitions(self, name: str, indexes: Iterable[int], config: TopicConfig) -> list[Partition]:
+        """Open (create or recover) partitions ``indexes`` of topic ``name``; all or none.
+        They start as followers of no one: ``_become`` (broker/replication.py) applies
+        their state."""
         loop = asyncio.get_running_loop()
         partitions = []
         try:
@@ -83,7 +118,7 @@ class TopicAdmin:
                     )
                 partitions.append(Partition(
                     name, i, plog, config, self.write_executor, self.read_executor,
-                    replica_id=self.config.node_id,
+                    replica_id=self.config.node_id, leader=False,
                 ))
         except BaseException:
             await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
@@ -91,27 +126,28 @@ class TopicAdmin:
         return partitions
 
     async def metadata_(self, req: m.MetadataRequest, _att):
+        """Topics, partition leaders, replicas and ISR as the metadata store has them
+        (this broker's latest view), and the live brokers."""
         names = sorted(self.topics) if req.topics is None else req.topics
-        node = self.config.node_id
         topics = []
         for name in names:
             t = self.topics.get(name)
             if t is None:
                 topics.append(m.TopicMetadata(name=name, **error_fields(unknown_topic(name))))
                 continue
-            topics.append(
-                m.TopicMetadata(
-                    name=name,
-                    partitions=[
-                        m.PartitionMetadata(partition=i, leader=node, replicas=[node], isr=[node])
-                        for i in range(len(t.partitions))
-                    ],
-                    max_message_bytes=t.config.max_message_bytes,
-                    internal=t.internal,
-                )
-            )
-        brokers = [m.BrokerInfo(node_id=node, host=self.host, port=self.port)]
-        return m.MetadataResponse(brokers=brokers, controller_id=node, topics=topics), ()
+            parts = []
+            for i in range(t.count):
+                st = t.states[i]
+                parts.append(m.PartitionMetadata(
+                    partition=i, leader=st.leader if st else -1, replicas=t.record.assignment[i],
+                    isr=st.isr if st else [], leader_epoch=st.leader_epoch if st else 0,
+                ))
+            topics.append(m.TopicMetadata(
+                name=name, partitions=parts, max_message_bytes=t.config.max_message_bytes,
+                internal=t.internal,
+            ))
+        brokers = [m.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port) for b in self.live_brokers.values()]
+        return m.MetadataResponse(brokers=brokers, controller_id=self.controller_id, topics=topics), ()
 
     async def _each_topic(
         self, changes: Iterable[tuple[str, Callable[[], Awaitable[None]]]]
@@ -149,35 +185,57 @@ class TopicAdmin:
         )
         return m.CreateTopicsResponse(topics=results), ()
 
-    async def _create_topic(self, new: m.NewTopic, validate_only: bool) -> None:
-        """Validate, open the partitions, then record the topic; all or nothing. Admin lock held."""
-        check_topic_name(new.name)
+    async def _create_topic(self, new: m.NewTopic, validate_only: bool, internal: bool = False) -> None:
+        """Validate, assign replicas, open the partitions held here, then record the topic;
+        all or nothing.  Admin lock held.  ``internal``: a broker's own topic (``__groups``)."""
+        check_topic_name(new.name, internal_ok=internal)
         check_partitions(new.partitions)
         TopicConfig.parse(new.config, self.defaults)
         if new.name in self.topics:
             raise TopicAlreadyExists(f"topic {new.name!r} already exists")
-        self._check_capacity(new.partitions)
+        live = sorted(self.live_brokers)
+        factor = new.replication_factor or self.config.default_replication_factor or min(3, len(live))
+        if not 1 <= factor <= len(live):
+            raise InvalidReplicationFactor(
+                f"replication factor {factor} for topic {new.name!r}: {len(live)} broker(s) alive "
+                f"({', '.join(map(str, live))})"
+            )
+        assignment = assign_replicas(new.partitions, factor, live, self._replica_load())
+        self._check_capacity(sum(self.config.node_id in r for r in assignment))
         if validate_only:
             return
         record = TopicRecord(
-            new.name, new.partitions, dict(new.config),
-            assignment=[[self.config.node_id] for _ in range(new.partitions)],
+            new.name, new.partitions, dict(new.config), internal=internal,
+            replication_factor=factor, assignment=assignment,
         )
+        states = initial_states(record)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(
-                self.housekeeping, self._set_aside_leftovers, record.name, range(record.partitions)
-            )
-            topic = await self._open_topic(record)
+            held = self._held(record, range(record.partitions))
+            await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, record.name, held)
+            topic = await self._open_topic(record, states)
             try:
-                await self.metadata.create_topic(record, initial_states(record))
+                await self.metadata.create_topic(record, states)
             except BaseException:
                 del self.topics[record.name]
-                await asyncio.gather(*(p.abort() for p in topic.partitions), return_exceptions=True)
+                await asyncio.gather(*(p.abort() for p in topic.partitions.values()), return_exceptions=True)
                 raise
         except OSError as exc:
             raise storage_error_from_os(exc, f"create topic {new.name!r}") from exc
-        log.info("created topic %s with %d partitions", new.name, new.partitions)
+        for p in topic.partitions.values():  # lead at once: the store's watch confirms later
+            self._become(topic, p.index, states[p.index])
+        log.info(
+            "created topic %s with %d partitions, replication factor %d", new.name, new.partitions, factor
+        )
+
+    def _replica_load(self) -> dict[int, int]:
+        """How many partition replicas each broker holds (to spread new ones evenly)."""
+        load: dict[int, int] = {}
+        for t in self.topics.values():
+            for replicas in t.record.assignment:
+                for r in replicas:
+                    load[r] = load.get(r, 0) + 1
+        return load
 
     def _set_aside_leftovers(self, name: str, indexes: range) -> None:
         """Move partition directories no topic owns (an interrupted create or partition
@@ -197,14 +255,25 @@ class TopicAdmin:
         return m.DeleteTopicsResponse(topics=results), ()
 
     async def _delete_topic(self, name: str) -> None:
-        """Forget the topic, let in-flight writes answer, then move its data to the trash."""
-        topic = self.topic(name)
-        loop = asyncio.get_running_loop()
+        """Delete the topic from the metadata store, then here (the other replicas delete
+        theirs when the store tells them).  Admin lock held."""
+        self.topic(name)
         await self.metadata.delete_topic(name)
-        del self.topics[name]
-        await asyncio.gather(*(p.abort() for p in topic.partitions), return_exceptions=True)
+        await self._forget_topic(name)
+
+    async def _forget_topic(self, name: str) -> None:
+        """Forget a deleted topic: let in-flight writes answer, then move its data to the
+        trash.  Admin lock held."""
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return
+        loop = asyncio.get_running_loop()
+        parts = list(topic.partitions.values())
+        for p in parts:
+            self._unfollow(p)
+        await asyncio.gather(*(p.abort() for p in parts), return_exceptions=True)
         await self.groups.forget_topic(name)
-        for p in topic.partitions:
+        for p in parts:
             src = self._log_dir(name, p.index)
             trash = src.with_name(f".trash-{uuid.uuid4().hex}")
             try:
@@ -216,6 +285,8 @@ class TopicAdmin:
         log.info("deleted topic %s", name)
 
     async def describe_topics(self, req: m.DescribeTopicsRequest, _att):
+        """Config and partitions; offsets and sizes from this broker's replica when it
+        leads the partition (else -1: ask its leader)."""
         names = sorted(self.topics) if req.names is None else req.names
         out = []
         for name in names:
@@ -223,24 +294,30 @@ class TopicAdmin:
             if t is None:
                 out.append(m.TopicDescription(name=name, **error_fields(unknown_topic(name))))
                 continue
-            out.append(
-                m.TopicDescription(
-                    name=name,
-                    config=t.config.to_strings(),
-                    partitions=[
-                        m.PartitionDescription(
-                            partition=p.index,
-                            leader=self.config.node_id,
-                            log_start_offset=p.log_start_offset,
-                            high_watermark=p.high_watermark,
-                            size_bytes=p.log.size_bytes,
-                            segments=len(p.log.segments),
-                        )
-                        for p in t.partitions
-                    ],
-                )
-            )
+            out.append(m.TopicDescription(
+                name=name, config=t.config.to_strings(),
+                partitions=[self._describe_partition(t, i) for i in range(t.count)],
+                replication_factor=t.record.replication_factor, internal=t.internal,
+            ))
         return m.DescribeTopicsResponse(topics=out), ()
+
+    @staticmethod
+    def _describe_partition(t: Topic, i: int) -> m.PartitionDescription:
+        st = t.states[i]
+        fields = dict(
+            partition=i, leader=st.leader if st else -1, replicas=t.record.assignment[i],
+            isr=st.isr if st else [], leader_epoch=st.leader_epoch if st else 0,
+        )
+        p = t.partitions.get(i)
+        if p is None or not p.is_leader:
+            return m.PartitionDescription(
+                **fields, log_start_offset=-1, high_watermark=-1, size_bytes=-1, segments=-1,
+                log_end_offset=-1,
+            )
+        return m.PartitionDescription(
+            **fields, log_start_offset=p.log_start_offset, high_watermark=p.high_watermark,
+            size_bytes=p.log.size_bytes, segments=len(p.log.segments), log_end_offset=p.log_end_offset,
+        )
 
     async def alter_topic_configs(self, req: m.AlterTopicConfigsRequest, _att):
         results = await self._each_topic(
@@ -260,17 +337,22 @@ class TopicAdmin:
         record = (await self.metadata.topics())[change.name]
         overrides = {k: v for k, v in record.config.items() if k not in change.delete}
         overrides.update(change.config)
-        config = TopicConfig.parse(overrides, self.defaults)
+        TopicConfig.parse(overrides, self.defaults)  # raises InvalidConfig
         if validate_only:
             return
         try:
             await self.metadata.update_topic(dataclasses.replace(record, config=overrides))
         except OSError as exc:
             raise storage_error_from_os(exc, f"alter config of topic {change.name!r}") from exc
-        topic.config = config
-        for p in topic.partitions:
-            p.reconfigure(config)
+        self._reconfigure(topic, dataclasses.replace(record, config=overrides))
         log.info("altered config of topic %s: %s", change.name, overrides)
+
+    def _reconfigure(self, topic: Topic, record: TopicRecord) -> None:
+        """Apply ``record``'s config (validated when it was stored) to a live topic."""
+        topic.config = TopicConfig.parse(record.config, self.defaults)
+        topic.record = record
+        for p in topic.partitions.values():
+            p.reconfigure(topic.config)
 
     async def create_partitions(self, req: m.CreatePartitionsRequest, _att):
         results = await self._each_topic(
@@ -283,32 +365,38 @@ class TopicAdmin:
         count, then make them visible (metadata, produce, fetch); all or nothing.  Admin
         lock held."""
         topic = self.topic(inc.name)
-        current = len(topic.partitions)
+        current = topic.count
         check_partitions(inc.total)
         if inc.total <= current:
             raise InvalidPartitions(
                 f"topic {inc.name!r} has {current} partitions; partitions can only be added, "
                 f"so the new total must be above {current}, not {inc.total}"
             )
-        self._check_capacity(inc.total - current)
+        self._check_capacity(inc.total - current)  # at most: fewer when replicas are spread
         if validate_only:
             return
         added = range(current, inc.total)
         old = (await self.metadata.topics())[inc.name]
-        record = dataclasses.replace(
-            old, partitions=inc.total,
-            assignment=[*old.assignment, *([self.config.node_id] for _ in added)],
+        more = assign_replicas(
+            len(added), old.replication_factor, sorted(self.live_brokers), self._replica_load(), start=current
         )
+        record = dataclasses.replace(old, partitions=inc.total, assignment=[*old.assignment, *more])
+        states = initial_states(record)[current:]
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, inc.name, added)
-            new = await self._open_partitions(inc.name, added, topic.config)
+            held = self._held(record, added)
+            await loop.run_in_executor(self.housekeeping, self._set_aside_leftovers, inc.name, held)
+            new = await self._open_partitions(inc.name, held, topic.config)
             try:
-                await self.metadata.update_topic(record, initial_states(record)[current:])
+                await self.metadata.update_topic(record, states)
             except BaseException:
                 await asyncio.gather(*(p.close() for p in new), return_exceptions=True)
                 raise
         except OSError as exc:
             raise storage_error_from_os(exc, f"add partitions to topic {inc.name!r}") from exc
-        topic.partitions.extend(new)
+        topic.record = record
+        topic.states.extend(states)
+        for p in new:
+            topic.partitions[p.index] = p
+            self._become(topic, p.index, states[p.index - current])
         log.info("topic %s grew from %d to %d partitions", inc.name, current, inc.total)

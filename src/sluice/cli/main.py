@@ -129,14 +129,22 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--advertised-address", default=None, metavar="HOST:PORT",
               help="Address clients are told to connect to (default: the listening address).")
 @click.option("--cluster", default=None, metavar="etcd://HOST:PORT[,HOST:PORT][/NAME]",
-              help="Keep metadata in etcd and register there (no replication yet); default: "
-                   "in the data directory.")
+              help="Join the cluster whose metadata is in etcd (brokers with distinct "
+                   "--node-id); default: a cluster of one, metadata in the data directory.")
 @click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=6000, show_default=True,
-              help="With --cluster: how long the registration outlives the broker.")
+              help="With --cluster: how long the registration outlives a broker that stopped "
+                   "answering; its partitions get new leaders after that.")
+@click.option("--replica-lag-time-max-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="A follower that has not caught up for this long leaves the ISR.")
+@click.option("--default-replication-factor", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Replicas of a topic created without --replication-factor; 0: min(3, live brokers).")
+@click.option("--leader-rebalance-interval-ms", type=click.IntRange(min=0), default=30_000, show_default=True,
+              help="How often the controller gives leadership back to preferred replicas; 0: never.")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
           retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
           max_frame_bytes: int, advertised_address: str | None, cluster: str | None,
-          session_timeout_ms: int) -> None:
+          session_timeout_ms: int, replica_lag_time_max_ms: int, default_replication_factor: int,
+          leader_rebalance_interval_ms: int) -> None:
     """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd."""
     from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
@@ -155,6 +163,9 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
             retention_check_ms=retention_check_ms, hw_checkpoint_ms=hw_checkpoint_ms,
             max_connections=max_connections,
             max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
+            replica_lag_time_max_ms=replica_lag_time_max_ms,
+            default_replication_factor=default_replication_factor,
+            leader_rebalance_interval_ms=leader_rebalance_interval_ms,
         )
     except errors.ConfigError as exc:
         raise errors.UsageError(str(exc)) from None

@@ -340,19 +340,33 @@ class Consumer:
         self._failures = 0
 
     async def _list_offsets(self, tps: Sequence[TP], timestamp: int) -> dict[TP, int]:
-        if not tps:
-            return {}
-        req = messages.ListOffsetsRequest(
-            partitions=[
-                messages.ListOffsetsPartition(topic=t, partition=p, timestamp=timestamp)
-                for t, p in tps
-            ]
-        )
-        resp, _ = await self._cluster.request(req)
+        """Ask each partition's leader; a leader that moved marks the metadata stale (the
+        retry refreshes it) and raises ``NotLeader``."""
+        by_leader: dict[int, list[TP]] = {}
+        for tp in tps:
+            node = self._cluster.leader(*tp)
+            if node < 0:
+                self._needs_refresh = True
+                raise errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}")
+            by_leader.setdefault(node, []).append(tp)
         out = {}
-        for r in resp.partitions:
-            errors.raise_for_code(r.error, r.message)
-            out[(r.topic, r.partition)] = r.offset
+        for node, group in by_leader.items():
+            req = messages.ListOffsetsRequest(
+                partitions=[
+                    messages.ListOffsetsPartition(topic=t, partition=p, timestamp=timestamp)
+                    for t, p in group
+                ]
+            )
+            try:
+                resp, _ = await (await self._cluster.connection(node)).request(req, timeout=self.request_timeout)
+            except errors.ConnectionClosed:
+                self._needs_refresh = True
+                raise
+            for r in resp.partitions:
+                if r.error == errors.NotLeader.code:
+                    self._needs_refresh = True
+                errors.raise_for_code(r.error, r.message)
+                out[(r.topic, r.partition)] = r.offset
         return out
 
     async def _ensure_assignment(self) -> None:

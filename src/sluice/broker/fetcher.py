@@ -1,0 +1,275 @@
+"""Replica fetcher: a follower pulls the partitions it follows from one leader.
+
+One ``ReplicaFetcher`` per leader broker, one connection, one long-poll replica fetch in
+flight carrying every partition followed there.  For each partition, in each leader epoch:
+
+1. **Truncate** (Kafka's OffsetsForLeaderEpoch): ask the leader where this log's latest
+   epoch ends in the leader's log, and cut this log's tail beyond it (a tail written by a
+   deposed leader that never reached the high watermark).  A log with no epochs has
+   nothing to cut.
+2. **Fetch** from the log end: the leader records the offset as this replica's log end
+   (everything below it is copied), answers with batches up to its own log end, and its
+   high watermark, which this replica takes (never above its own log end).  Batches are
+   appended with the leader's offsets and epochs (``Partition.append_as_follower``).
+
+A partition whose appends fail on this broker's disk reports the error in its next fetches
+(``storage_error``), so the leader drops it from the ISR at once instead of waiting for the
+lag timeout (seed ``000``), and retries the write every ``STORAGE_RETRY_S``.  Fenced or
+stale requests wait for the next partition state, which moves the partition to another
+fetcher or makes it a leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from sluice.broker.partition import Partition
+from sluice.client.transport import Connection
+from sluice.errors import (
+    BrokerError,
+    ConnectionClosed,
+    FencedLeaderEpoch,
+    InvalidRecord,
+    NotLeader,
+    OffsetOutOfRange,
+    RequestTimedOut,
+    SluiceError,
+    StorageError,
+    UnknownTopic,
+    error_for_code,
+)
+from sluice.protocol import messages as m
+from sluice.storage.epochs import UNDEFINED_EPOCH
+
+log = logging.getLogger("sluice.replication")
+
+FETCH_WAIT_MS = 500
+FETCH_MAX_BYTES = 16 * 1024 * 1024
+PARTITION_MAX_BYTES = 4 * 1024 * 1024
+RETRY_S = 0.1  # after a refused or failed request
+STORAGE_RETRY_S = 1.0
+CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass
+class _Followed:
+    part: Partition
+    epoch: int  # the leader epoch this fetcher follows the partition in
+    truncated: bool = False
+    storage_error: str = ""
+    resume_at: float = 0.0  # monotonic: skip the partition until then
+
+
+class ReplicaFetcher:
+    def __init__(self, broker, leader: int) -> None:
+        self.broker = broker
+        self.leader = leader
+        self._parts: dict[tuple[str, int], _Followed] = {}
+        self._changed = asyncio.Event()
+        self._conn: Connection | None = None
+        self._failing = False  # the last attempt failed (logged once per streak)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"replica fetcher {leader}")
+
+    # ------------------------------------------------------------------ membership
+
+    def add(self, part: Partition) -> None:
+        self._parts[(part.topic, part.index)] = _Followed(part, part.leader_epoch)
+        self._changed.set()
+
+    def remove(self, part: Partition) -> bool:
+        if self._parts.pop((part.topic, part.index), None) is None:
+            return False
+        self._changed.set()
+        return True
+
+    def has(self, part: Partition) -> bool:
+        f = self._parts.get((part.topic, part.index))
+        return f is not None and f.part is part
+
+    @property
+    def idle(self) -> bool:
+        return not self._parts
+
+    def stop(self) -> None:
+        self._task.cancel()
+        if self._conn is not None:
+            self._conn.close()
+
+    async def wait_stopped(self) -> None:
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                conn = await self._connection()
+                if conn is None:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                await self._truncate(conn)
+                await self._fetch(conn)
+                self._failing = False
+            except asyncio.CancelledError:
+                raise
+            except (ConnectionClosed, RequestTimedOut) as exc:
+                if not self._failing:
+                    log.info("replica fetch from broker %d: %s; reconnecting", self.leader, exc)
+                self._failing = True
+                self._drop_connection()
+                await asyncio.sleep(RETRY_S)
+            except Exception:
+                log.exception("replica fetcher of broker %d failed; retrying", self.leader)
+                self._drop_connection()
+                await asyncio.sleep(RETRY_S * 5)
+
+    async def _connection(self) -> Connection | None:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        reg = self.broker.live_brokers.get(self.leader)
+        if reg is None:
+            return None  # not alive (yet): a new state will move the partitions
+        self._conn = await Connection.open(reg.host, reg.port, connect_timeout=CONNECT_TIMEOUT_S)
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _ready(self) -> list[_Followed]:
+        now = time.monotonic()
+        return [f for f in self._parts.values() if f.resume_at <= now]
+
+    def _current(self, f: _Followed) -> bool:
+        """Whether ``f`` is still followed here in the same epoch (states move on)."""
+        return self._parts.get((f.part.topic, f.part.index)) is f and f.part.leader_epoch == f.epoch
+
+    async def _truncate(self, conn: Connection) -> None:
+        """Cut each new partition's divergent tail, asking the leader where epochs end."""
+        todo = [f for f in self._ready() if not f.truncated]
+        if not todo:
+            return
+        queries = []
+        for f in todo:
+            latest = f.part.log.epochs.latest_epoch
+            if latest == UNDEFINED_EPOCH:
+                f.truncated = True  # nothing of any epoch: nothing to cut
+                continue
+            queries.append((f, m.EpochQuery(
+                topic=f.part.topic, partition=f.part.index, current_leader_epoch=f.epoch, leader_epoch=latest,
+            )))
+        if not queries:
+            return
+        resp, _ = await conn.request(
+            m.OffsetsForLeaderEpochRequest(replica_id=self.broker.config.node_id, partitions=[q for _, q in queries]),
+            timeout=10.0,
+        )
+        for (f, _), r in zip(queries, resp.partitions, strict=True):
+            if not self._current(f):
+                continue
+            if r.error:
+                self._refused(f, error_for_code(r.error, r.message))
+                continue
+            part = f.part
+            leo = part.log_end_offset
+            if r.leader_epoch == UNDEFINED_EPOCH:
+                cut = min(part.high_watermark, leo)  # the leader knows none of our epochs
+            else:
+                _, own_end = part.log.epochs.end_offset_for_epoch(r.leader_epoch, leo)
+                cut = min(r.end_offset, own_end if own_end >= 0 else r.end_offset, leo)
+            if cut < leo:
+                log.warning(
+                    "%s-%d: truncating %d..%d (leader %d has epoch %d up to %d)",
+                    part.topic, part.index, cut, leo, self.leader, r.leader_epoch, r.end_offset,
+                )
+                try:
+                    await part.truncate_to(cut)
+                except StorageError as exc:
+                    f.storage_error = exc.message
+                    f.resume_at = time.monotonic() + STORAGE_RETRY_S
+                    continue
+            f.truncated = True
+
+    async def _fetch(self, conn: Connection) -> None:
+        ready = [f for f in self._ready() if f.truncated]
+        if not ready:
+            waiter = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait([waiter], timeout=RETRY_S)
+            finally:
+                waiter.cancel()
+            self._changed.clear()
+            return
+        self._changed.clear()
+        req = m.ReplicaFetchRequest(
+            replica_id=self.broker.config.node_id,
+            partitions=[
+                m.ReplicaFetchPartition(
+                    topic=f.part.topic, partition=f.part.index, leader_epoch=f.epoch,
+                    offset=f.part.log_end_offset, max_bytes=PARTITION_MAX_BYTES,
+                    storage_error=f.storage_error,
+                )
+                for f in ready
+            ],
+            max_wait_ms=FETCH_WAIT_MS, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
+        )
+        fetch = asyncio.ensure_future(conn.request(req, timeout=FETCH_WAIT_MS / 1000 + 10))
+        changed = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait([fetch, changed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+        if not fetch.done():  # a partition joined or left: ask again with the new set
+            fetch.cancel()
+            return
+        resp, data = fetch.result()
+        pos = 0
+        appends = []
+        for f, r in zip(ready, resp.partitions, strict=True):
+            chunk = data[pos : pos + r.size]
+            pos += r.size
+            if not self._current(f):
+                continue
+            if r.error:
+                self._refused(f, error_for_code(r.error, r.message))
+                continue
+            appends.append(self._append(f, chunk, r))
+        if appends:
+            await asyncio.gather(*appends)
+
+    async def _append(self, f: _Followed, chunk: memoryview, r: m.ReplicaFetchResult) -> None:
+        part = f.part
+        if len(chunk):
+            try:
+                await part.append_as_follower(chunk)
+            except StorageError as exc:
+                if not f.storage_error:
+                    log.error("%s-%d: cannot write replica data: %s", part.topic, part.index, exc)
+                f.storage_error = exc.message
+                f.resume_at = time.monotonic() + STORAGE_RETRY_S
+                return
+            except InvalidRecord as exc:  # does not continue our log: find out where we diverge
+                log.warning("%s-%d: %s; truncating again", part.topic, part.index, exc)
+                f.truncated = False
+                return
+            except (NotLeader, UnknownTopic, BrokerError) as exc:
+                self._refused(f, exc)
+                return
+            if f.storage_error:
+                log.info("%s-%d: replica writes work again", part.topic, part.index)
+                f.storage_error = ""
+        if self._current(f):
+            part.advance_high_watermark(min(r.high_watermark, part.log_end_offset))
+
+    def _refused(self, f: _Followed, exc: SluiceError) -> None:
+        """The leader refused the partition: wait for a new state, truncate again, or
+        retry shortly, by what it said."""
+        if isinstance(exc, OffsetOutOfRange):
+            f.truncated = False
+        elif isinstance(exc, NotLeader | FencedLeaderEpoch):
+            log.info("%s-%d: broker %d: %s", f.part.topic, f.part.index, self.leader, exc)
+        f.resume_at = time.monotonic() + RETRY_S * 3

@@ -1,0 +1,326 @@
+"""Replication on a broker: partition states applied, the ISR kept, replica APIs served.
+
+``ReplicaManager`` is a part of ``Broker`` (a mixin).
+
+- **States.**  The metadata store holds each partition's state {leader, leader epoch, ISR,
+  version}.  A task follows the store's watch and applies every change under the admin
+  lock (``_become``): a partition this broker holds becomes leader (``make_leader``) when
+  the state names this broker, else follower of the named leader (``make_follower``, and
+  the replica fetcher of that leader pulls it: broker/fetcher.py).  Topics created or
+  grown elsewhere are opened, deleted ones forgotten.
+- **The ISR** is changed by the partition's leader, always by compare-and-swap on the
+  state's version: a follower that has not caught up for ``replica_lag_time_max_ms``, or
+  that reports a storage error, leaves; one that caught up (at the high watermark and the
+  current epoch's start) rejoins.  A failed swap means someone else (the controller)
+  changed the state: it is read again and applied, so a deposed leader learns it was
+  deposed.  With the store unreachable the ISR cannot change: ``acks=all`` writes then
+  wait until their deadline, never longer.
+- **Fencing.**  Replica requests carry the sender's leader epoch; an older one is refused
+  (``FENCED_LEADER_EPOCH``), a newer one too (``UNKNOWN_LEADER_EPOCH``: this broker has
+  not seen the new state yet).  A deposed leader cannot acknowledge: its high watermark
+  needs fetches from its ISR, whose members follow the new leader, and it cannot shrink
+  the ISR because the version moved on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sluice.broker.fetcher import ReplicaFetcher
+from sluice.broker.partition import Partition
+from sluice.broker.topics import Topic, error_fields
+from sluice.cluster.controller import preferred_election
+from sluice.cluster.store import PartitionChange, PartitionState
+from sluice.errors import (
+    BrokerError,
+    FencedLeaderEpoch,
+    InvalidRequest,
+    MetadataUnavailable,
+    NotLeader,
+    OffsetOutOfRange,
+    UnknownLeaderEpoch,
+    UnknownTopic,
+    storage_error_from_os,
+)
+from sluice.protocol import messages as m
+from sluice.storage.log import OutOfRange
+
+log = logging.getLogger("sluice.replication")
+
+TOPICS_RESYNC_S = 2.0  # topic configs changed on another broker are picked up this often
+
+
+class ReplicaManager:
+    """States, ISR and replica APIs of ``Broker`` (see broker.py for its state)."""
+
+    # ------------------------------------------------------------------ states
+
+    async def _follow_states(self) -> None:
+        """Apply every partition-state change the store reports, in order, for as long as
+        the broker runs."""
+        while True:
+            try:
+                async for change in self.metadata.watch_partition_states():
+                    async with self._admin_lock:
+                        await self._apply_change(change)
+                return  # the store was closed
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following partition states failed; starting over")
+                await asyncio.sleep(0.5)
+
+    async def _apply_change(self, change: PartitionChange) -> None:
+        topic = self.topics.get(change.topic)
+        if change.state is None:
+            if topic is not None:
+                await self._forget_topic(change.topic)
+            return
+        if topic is None or change.partition >= topic.count:
+            record = (await self.metadata.topics()).get(change.topic)
+            if record is None or change.partition >= record.partitions:
+                return  # deleted again meanwhile: its deletion follows
+            if topic is None:
+                topic = await self._open_topic(record)
+            else:
+                await self._grow(topic, record)
+        self._become(topic, change.partition, change.state)
+
+    async def _grow(self, topic: Topic, record) -> None:
+        """Another broker added partitions to ``topic``: open those held here."""
+        current = topic.count
+        held = self._held(record, range(current, record.partitions))
+        new = await self._open_partitions(record.name, held, topic.config)
+        topic.record = record
+        topic.states.extend([None] * (record.partitions - current))
+        for p in new:
+            topic.partitions[p.index] = p
+
+    def _become(self, topic: Topic, index: int, state: PartitionState) -> None:
+        """Apply ``state`` to partition ``index`` of ``topic``: lead it, follow its leader,
+        or (not held here) just know it."""
+        topic.states[index] = state
+        part = topic.partitions.get(index)
+        if part is None:
+            return
+        if state.leader_epoch < part.leader_epoch:
+            return  # an older state than one applied already (a direct apply raced the watch)
+        part.state_version = state.version
+        replicas = topic.record.assignment[index]
+        if state.leader == self.config.node_id:
+            if part.is_leader and part.leader_epoch == state.leader_epoch:
+                part.set_isr(state.isr)
+                return
+            self._unfollow(part)
+            part.make_leader(state.leader_epoch, replicas, state.isr)
+            log.info(
+                "leading %s-%d in epoch %d (ISR %s)", part.topic, part.index, state.leader_epoch, state.isr
+            )
+            return
+        part.isr = tuple(state.isr)
+        if not part.is_leader and part.leader_epoch == state.leader_epoch and self._following(part) == state.leader:
+            return
+        part.make_follower(state.leader_epoch)
+        self._unfollow(part)
+        if state.leader >= 0:
+            self._fetcher(state.leader).add(part)
+            log.info("following broker %d for %s-%d in epoch %d", state.leader, part.topic, part.index, state.leader_epoch)
+        else:
+            log.warning("%s-%d has no leader (epoch %d)", part.topic, part.index, state.leader_epoch)
+
+    def _fetcher(self, leader: int) -> ReplicaFetcher:
+        f = self.fetchers.get(leader)
+        if f is None:
+            f = self.fetchers[leader] = ReplicaFetcher(self, leader)
+        return f
+
+    def _following(self, part: Partition) -> int:
+        for leader, f in self.fetchers.items():
+            if f.has(part):
+                return leader
+        return -1
+
+    def _unfollow(self, part: Partition) -> None:
+        for leader, f in list(self.fetchers.items()):
+            if f.remove(part) and f.idle:
+                del self.fetchers[leader]
+                f.stop()
+
+    async def _resync_topics(self) -> None:
+        """Pick up config changes made on other brokers (the store has no topic watch)."""
+        while True:
+            await asyncio.sleep(TOPICS_RESYNC_S)
+            try:
+                records = await self.metadata.topics()
+            except MetadataUnavailable:
+                continue
+            for name, record in records.items():
+                t = self.topics.get(name)
+                if t is not None and record.config != t.record.config and record.partitions == t.count:
+                    self._reconfigure(t, record)
+
+    # ------------------------------------------------------------------ the ISR
+
+    async def _isr_loop(self) -> None:
+        """Leader side: shrink and grow the ISR of the partitions led here."""
+        lag_s = self.config.replica_lag_time_max_ms / 1000
+        while True:
+            try:
+                await asyncio.wait_for(self._isr_check.wait(), min(lag_s / 4, 1.0))
+            except TimeoutError:
+                pass
+            self._isr_check.clear()
+            for topic in list(self.topics.values()):
+                for part in list(topic.partitions.values()):
+                    if part.is_leader:
+                        try:
+                            await self._maintain_isr(topic, part, lag_s)
+                        except MetadataUnavailable as exc:
+                            log.warning("cannot change the ISR of %s-%d: %s", part.topic, part.index, exc)
+                        except UnknownTopic:
+                            pass  # deleted meanwhile
+                        except Exception:
+                            log.exception("ISR upkeep of %s-%d failed", part.topic, part.index)
+
+    async def _maintain_isr(self, topic: Topic, part: Partition, lag_s: float) -> None:
+        out = set(part.lagging(lag_s)) | (part.failed_followers & set(part.isr))
+        out.discard(self.config.node_id)
+        join = [r for r in part.caught_up() if r not in part.failed_followers]
+        if not out and not join:
+            return
+        isr = [r for r in part.isr if r not in out] + join
+        state = PartitionState(self.config.node_id, part.leader_epoch, isr)
+        if await self.metadata.cas_partition_state(part.topic, part.index, part.state_version, state):
+            if out:
+                log.warning("%s-%d: ISR shrank from %s to %s", part.topic, part.index, list(part.isr), isr)
+            if join:
+                log.info("%s-%d: ISR grew from %s to %s", part.topic, part.index, list(part.isr), isr)
+            part.set_isr(isr)  # the watch brings the new version
+            part.state_version = None
+            return
+        states = await self.metadata.partition_states(part.topic)  # someone else changed it
+        if part.index < len(states) and self.topics.get(part.topic) is topic:
+            self._become(topic, part.index, states[part.index])
+
+    # ------------------------------------------------------------------ replica APIs
+
+    def _led(self, topic: str, index: int, epoch: int) -> Partition:
+        """The partition, if led here in ``epoch``; else the error telling the sender why."""
+        part = self.partition(topic, index)
+        if not part.is_leader:
+            raise NotLeader(f"this broker does not lead {topic}-{index}")
+        if epoch < part.leader_epoch:
+            raise FencedLeaderEpoch(
+                f"{topic}-{index} is in leader epoch {part.leader_epoch}, the request in {epoch}"
+            )
+        if epoch > part.leader_epoch:
+            raise UnknownLeaderEpoch(
+                f"{topic}-{index} is in leader epoch {part.leader_epoch} here, the request in {epoch}"
+            )
+        return part
+
+    async def replica_fetch(self, req: m.ReplicaFetchRequest, _att):
+        """A follower's long poll: record where it is, then answer with what follows, up to
+        the log end, once ``min_bytes`` are there or ``max_wait_ms`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
+        first = True
+        while True:
+            results, blobs, size, parts = [], [], 0, []
+            for rp in req.partitions:
+                try:
+                    part = self._led(rp.topic, rp.partition, rp.leader_epoch)
+                    if first:
+                        self._follower_reported(part, req.replica_id, rp)
+                    parts.append(part)
+                    try:
+                        res = await part.read(rp.offset, max(min(rp.max_bytes, req.max_bytes - size), 1), part.log_end_offset)
+                    except OutOfRange:
+                        raise OffsetOutOfRange(
+                            f"offset {rp.offset} of {rp.topic}-{rp.partition} is outside "
+                            f"[{part.log_start_offset}, {part.log_end_offset}]"
+                        ) from None
+                    except OSError as exc:
+                        raise storage_error_from_os(exc, f"read {rp.topic}-{rp.partition}") from exc
+                except BrokerError as exc:
+                    results.append(m.ReplicaFetchResult(topic=rp.topic, partition=rp.partition, **error_fields(exc)))
+                    continue
+                results.append(m.ReplicaFetchResult(
+                    topic=rp.topic, partition=rp.partition, high_watermark=part.high_watermark,
+                    log_start_offset=part.log_start_offset, log_end_offset=part.log_end_offset,
+                    size=len(res.data),
+                ))
+                if res.data:
+                    blobs.append(res.data)
+                    size += len(res.data)
+            first = False
+            remaining = deadline - loop.time()
+            failed = any(r.error for r in results)
+            if size >= req.min_bytes or remaining <= 0 or failed or self._draining or not parts:
+                return m.ReplicaFetchResponse(partitions=results), blobs
+            woken = loop.create_future()
+
+            def wake(fut=woken):
+                if not fut.done():
+                    fut.set_result(None)
+
+            for part in parts:
+                part.add_replica_waiter(wake)
+            try:
+                await asyncio.wait_for(woken, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                for part in parts:
+                    part.remove_replica_waiter(wake)
+
+    def _follower_reported(self, part: Partition, replica: int, rp: m.ReplicaFetchPartition) -> None:
+        if rp.offset > part.log_end_offset:
+            raise OffsetOutOfRange(
+                f"replica {replica} is at {rp.offset}, past the log end {part.log_end_offset} of "
+                f"{part.topic}-{part.index}: it must truncate first"
+            )
+        if rp.storage_error:
+            if replica not in part.failed_followers:
+                log.warning(
+                    "%s-%d: replica %d cannot write (%s); it leaves the ISR",
+                    part.topic, part.index, replica, rp.storage_error,
+                )
+            part.failed_followers.add(replica)
+            self._isr_check.set()
+        else:
+            part.failed_followers.discard(replica)
+            part.follower_fetched(replica, rp.offset)
+            if replica not in part.isr:
+                self._isr_check.set()
+
+    async def offsets_for_leader_epoch(self, req: m.OffsetsForLeaderEpochRequest, _att):
+        """Where each asked epoch ends in this leader's log (a follower truncates there)."""
+        out = []
+        for q in req.partitions:
+            try:
+                part = self._led(q.topic, q.partition, q.current_leader_epoch)
+                epoch, end = part.end_offset_for_epoch(q.leader_epoch)
+                out.append(m.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=epoch, end_offset=end))
+            except BrokerError as exc:
+                out.append(m.EpochEndOffset(topic=q.topic, partition=q.partition, **error_fields(exc)))
+        return m.OffsetsForLeaderEpochResponse(partitions=out), ()
+
+    async def elect_leaders(self, req: m.ElectLeadersRequest, _att):
+        """Move leadership back to preferred replicas (alive and in sync) now."""
+        names = sorted(self.topics) if req.topics is None else req.topics
+        out = []
+        for name in names:
+            t = self.topics.get(name)
+            if t is None:
+                raise UnknownTopic(f"topic {name!r} does not exist")
+            try:
+                moved = await preferred_election(self.metadata, t.record, set(self.live_brokers))
+            except BrokerError as exc:
+                out.append(m.ElectionResult(topic=name, partition=-1, leader=-1, **error_fields(exc)))
+                continue
+            out.extend(m.ElectionResult(topic=name, partition=i, leader=leader) for i, leader in moved)
+        if req.topics is not None and not names:
+            raise InvalidRequest("no topics named")
+        return m.ElectLeadersResponse(partitions=out), ()

@@ -1,0 +1,184 @@
+"""The controller: one broker of the cluster, elected through the metadata store, that
+moves partition leadership.
+
+Every broker runs ``Controller.run``; the store's election picks one at a time
+(``MetadataStore.campaign``).  During its term the controller reconciles every partition
+with the live brokers each time they change, and every ``leader_rebalance_interval_ms``:
+
+- a leader that is gone (its registration expired) is replaced by the first replica, in
+  assignment order, that is alive and in the ISR, in a new leader epoch; the dead broker
+  leaves the ISR.  With none alive in the ISR the partition goes offline (leader -1, ISR
+  kept: the last in-sync replica is elected when it returns), unless the topic sets
+  ``unclean.leader.election.enable=true``: then any live replica leads (acknowledged
+  writes it lacks are lost);
+- an in-sync replica that is gone leaves the ISR (the leader would drop it after its lag
+  timeout anyway; this is sooner);
+- leadership moves back to the preferred replica (the first of the assignment) when it is
+  alive, in sync and not leading (``preferred_election``, also run on request through the
+  ``ELECT_LEADERS`` API: ``sluice cluster rebalance``).
+
+Each change is a compare-and-swap on the partition state's version, so a deposed
+controller, or a leader changing its ISR at the same moment, cannot overwrite a newer
+state: the loser reads again.  While the store is unreachable nothing changes (no
+elections), and the brokers go on serving what they lead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sluice.cluster.store import Leadership, MetadataStore, PartitionState, TopicRecord
+from sluice.errors import MetadataUnavailable, UnknownPartition, UnknownTopic
+
+log = logging.getLogger("sluice.controller")
+
+RETRY_S = 0.5
+
+
+def decide(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> PartitionState | None:
+    """The state partition ``index`` of ``record`` should move to given the live brokers,
+    or None to leave it as it is.  Pure."""
+    replicas = record.assignment[index]
+    if state.leader in live:
+        isr = [r for r in state.isr if r in live]
+        if isr != list(state.isr):
+            return PartitionState(state.leader, state.leader_epoch, isr)
+        return None
+    in_sync = [r for r in replicas if r in state.isr and r in live]
+    if in_sync:
+        return PartitionState(in_sync[0], state.leader_epoch + 1, [r for r in state.isr if r in live])
+    alive = [r for r in replicas if r in live]
+    if alive and record.config.get("unclean.leader.election.enable") == "true":
+        log.warning(
+            "%s-%d: unclean election of broker %d (no in-sync replica alive): "
+            "acknowledged writes it lacks are lost", record.name, index, alive[0],
+        )
+        return PartitionState(alive[0], state.leader_epoch + 1, [alive[0]])
+    if state.leader != -1:
+        return PartitionState(-1, state.leader_epoch + 1, list(state.isr))
+    return None
+
+
+def preferred(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> PartitionState | None:
+    """The state that gives partition ``index`` back to its preferred replica, or None."""
+    first = record.assignment[index][0]
+    if state.leader == first or first not in live or first not in state.isr:
+        return None
+    return PartitionState(first, state.leader_epoch + 1, list(state.isr))
+
+
+async def preferred_election(store: MetadataStore, record: TopicRecord, live: set[int]) -> list[tuple[int, int]]:
+    """Move each partition of ``record`` to its preferred replica where ``preferred``
+    says so; returns the (partition, new leader) moved."""
+    moved = []
+    for i, st in enumerate(await store.partition_states(record.name)):
+        new = preferred(record, i, st, live)
+        if new is not None and await store.cas_partition_state(record.name, i, st.version, new):
+            log.info("%s-%d: leadership back to preferred replica %d", record.name, i, new.leader)
+            moved.append((i, new.leader))
+    return moved
+
+
+class Controller:
+    def __init__(self, store: MetadataStore, node_id: int, rebalance_interval_ms: int) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.rebalance_s = rebalance_interval_ms / 1000
+        self.live: set[int] = set()
+        self._brokers_changed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Campaign, act while elected, campaign again; until cancelled."""
+        watcher = asyncio.ensure_future(self._watch_brokers())
+        try:
+            while True:
+                try:
+                    term = await self.store.campaign(self.node_id)
+                except MetadataUnavailable:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                log.info("broker %d is the controller (term %d)", self.node_id, term.epoch)
+                await self._serve(term)
+                log.info("broker %d is no longer the controller", self.node_id)
+        finally:
+            watcher.cancel()
+
+    async def _watch_brokers(self) -> None:
+        while True:
+            try:
+                async for regs in self.store.watch_brokers():
+                    self.live = {r.node_id for r in regs}
+                    self._brokers_changed.set()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("watching brokers failed; starting over")
+                await asyncio.sleep(RETRY_S)
+
+    async def _serve(self, term: Leadership) -> None:
+        loop = asyncio.get_running_loop()
+        next_rebalance = loop.time() + self.rebalance_s
+        lost = asyncio.ensure_future(term.lost.wait())
+        try:
+            self._brokers_changed.set()
+            while not term.lost.is_set():
+                if self._brokers_changed.is_set():
+                    self._brokers_changed.clear()
+                    await self._guarded(self.reconcile)
+                if self.rebalance_s > 0 and loop.time() >= next_rebalance:
+                    next_rebalance = loop.time() + self.rebalance_s
+                    await self._guarded(self.rebalance)
+                changed = asyncio.ensure_future(self._brokers_changed.wait())
+                timeout = max(0.0, next_rebalance - loop.time()) if self.rebalance_s > 0 else None
+                await asyncio.wait([changed, lost], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+        finally:
+            lost.cancel()
+
+    async def _guarded(self, step) -> None:
+        try:
+            await step()
+        except MetadataUnavailable as exc:
+            log.warning("controller: %s; retrying", exc)
+            await asyncio.sleep(RETRY_S)
+            self._brokers_changed.set()
+        except Exception:
+            log.exception("controller step failed; retrying")
+            await asyncio.sleep(RETRY_S)
+            self._brokers_changed.set()
+
+    async def reconcile(self) -> None:
+        """Elect leaders for partitions whose leader is gone; drop dead brokers from ISRs."""
+        live = set(self.live)
+        if not live:
+            return  # a store outage looks like no brokers at all: change nothing
+        for record in (await self.store.topics()).values():
+            try:
+                states = await self.store.partition_states(record.name)
+            except UnknownTopic:
+                continue
+            for i, st in enumerate(states):
+                new = decide(record, i, st, live)
+                if new is None:
+                    continue
+                try:
+                    done = await self.store.cas_partition_state(record.name, i, st.version, new)
+                except (UnknownTopic, UnknownPartition):
+                    break
+                if done:
+                    log.info(
+                        "%s-%d: leader %d -> %d, epoch %d, ISR %s (live brokers %s)",
+                        record.name, i, st.leader, new.leader, new.leader_epoch, new.isr, sorted(live),
+                    )
+                else:
+                    self._brokers_changed.set()  # raced a leader's ISR change: look again
+
+    async def rebalance(self) -> None:
+        live = set(self.live)
+        for record in (await self.store.topics()).values():
+            try:
+                await preferred_election(self.store, record, live)
+            except (UnknownTopic, UnknownPartition):
+                continue
