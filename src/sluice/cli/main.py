@@ -289,7 +289,9 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
 @click.option("--key-separator", type=Escaped(), default=None,
               help="Split each message at the first SEP into key and value (a message without SEP fails).")
 @click.option("--partition", type=PARTITION, default=None, help="Send to this partition.")
-@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
+@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="all", show_default=True,
+              help="all: acknowledged once every in-sync replica has the message; leader: once the "
+                   "leader appended it; none: not acknowledged (no offsets shown).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
               help="Header on every message (repeatable).")
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
