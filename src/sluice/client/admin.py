@@ -239,7 +239,7 @@ class Admin:
         or could not (``error`` and ``message`` say why; ``errors.error_for_code`` turns
         them into the exception), by topic and partition.  Partitions already led by
         their preferred replica are not listed: an empty list means nothing had to move.
-        Raises ``UnsupportedVersion`` when the broker does not know leader election (an
+        Raises ``UnsupportedVersion`` when the broker does not serve leader election (an
         older broker).
         """
         req = messages.ElectLeadersRequest(topics=None if topics is None else sorted(set(topics)))
@@ -247,8 +247,8 @@ class Admin:
             resp = await self._request(req)
         except errors.UnsupportedVersion as exc:
             raise errors.UnsupportedVersion(
-                f"the broker does not support leader election (ELECT_LEADERS); it is older than "
-                f"this client: upgrade the brokers ({exc.message})"
+                f"the broker does not support leader election (ELECT_LEADERS): upgrade the "
+                f"brokers ({exc.message})"
             ) from exc
         return sorted(resp.partitions, key=lambda r: (r.topic, r.partition))
 
