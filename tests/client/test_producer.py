@@ -36,6 +36,17 @@ def test_config_errors(kw, needle):
         Producer("localhost:9092", **kw)
 
 
+@pytest.mark.parametrize(
+    "kw, wire",
+    [({}, messages.ACKS_ALL), ({"acks": "leader"}, messages.ACKS_LEADER), ({"acks": "all"}, messages.ACKS_ALL)],
+)
+async def test_acks_default_to_all_on_the_wire(kw, wire):
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0, **kw) as p:
+        await (await p.send("t", b"v"))
+    assert [r.acks for r in broker.produce_requests] == [wire]
+
+
 def test_bad_bootstrap():
     with pytest.raises(errors.ConfigError):
         Producer("host:notaport")

@@ -1,7 +1,7 @@
 """A small fault-injecting TCP proxy between clients and a broker, for fault tests.
 
 ``FaultyProxy(host, port)`` listens on a loopback port (``port=``, else a free one) and relays
-bytes both ways; start the broker with ``--advertised-address`` naming the proxy so that
+bytes both ways; start the broker with ``--advertise`` naming the proxy so that
 clients send every request through it.  The
 broker-to-client stream is parsed with the sans-I/O frame reader so faults can be aimed at
 one response:

@@ -89,6 +89,6 @@ async def _scenario(broker, proxy_port: int) -> None:
 
 def test_lost_response_and_unreachable_broker(broker_factory):
     proxy_port = free_port()
-    broker = broker_factory(extra_args=["--advertised-address", f"127.0.0.1:{proxy_port}"])
+    broker = broker_factory(extra_args=["--advertise", f"127.0.0.1:{proxy_port}"])
     broker.start()
     asyncio.run(_scenario(broker, proxy_port))

@@ -14,7 +14,7 @@ import dataclasses
 
 import click
 
-from sluice.cli.output import echo_json, iso_ms, table, wants_json
+from sluice.cli.output import echo_json, iso_ms, or_dash, table, wants_json
 from sluice.cli.params import iso_time
 
 
@@ -22,10 +22,6 @@ def _admin(ctx):
     from sluice.client.sync import SyncAdmin
 
     return SyncAdmin(ctx.obj["bootstrap"])
-
-
-def _or_dash(n: int | None) -> str | int:
-    return "-" if n is None or n < 0 else n
 
 
 @click.group()
@@ -69,8 +65,8 @@ def group_describe(ctx, name: str, as_json: bool) -> None:
         f"Group {name}: total lag {lag}",
         ["topic", "partition", "committed", "log start", "log end", "lag", "last commit", "client"],
         [
-            [p.topic, p.partition, _or_dash(p.committed_offset), _or_dash(p.log_start_offset),
-             _or_dash(p.high_watermark), _or_dash(p.lag), iso_ms(p.commit_time_ms), p.committed_by or "-"]
+            [p.topic, p.partition, or_dash(p.committed_offset), or_dash(p.log_start_offset),
+             or_dash(p.high_watermark), or_dash(p.lag), iso_ms(p.commit_time_ms), p.committed_by or "-"]
             for p in desc.partitions
         ],
     )
@@ -139,7 +135,7 @@ def group_reset_offsets(ctx, name, topic, partitions, to_earliest, to_latest, to
         table(
             f"Group {name}: offsets of {topic}",
             ["topic", "partition", "old", "new"],
-            [[r.topic, r.partition, _or_dash(r.old), r.new] for r in resets],
+            [[r.topic, r.partition, or_dash(r.old), r.new] for r in resets],
         )
     if dry_run:
         click.echo("dry run: nothing committed", err=True)

@@ -2,8 +2,11 @@
 
 Documented forms (more options are welcome, these must not change)::
 
-    sluice serve [--data-dir D] [--host H] [--port P]
-    sluice [--bootstrap HOST:PORT] topic create NAME [--partitions N] | list | describe NAME | delete NAME
+    sluice serve [--data-dir D] [--host H] [--port P] [--node-id N] [--cluster etcd://HOST:PORT]
+                 [--advertise HOST:PORT]
+    sluice [--bootstrap HOST:PORT[,HOST:PORT...]] topic create NAME [--partitions N]
+                 [--replication-factor R] | list | describe NAME | delete NAME
+    sluice cluster status [--json] | rebalance [--topic T] [--json]
     sluice produce TOPIC [--key K | --key-separator SEP] [-H K=V] [--file PATH]
                          [--delimiter SEP | --raw]        one message per line, sent as read
     sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
@@ -15,6 +18,8 @@ Documented forms (more options are welcome, these must not change)::
 Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
 ``error: NAME (code): message`` (``errors.describe``), and exit status 2 for bad usage,
 1 for anything else.  Ctrl-C stops a command with status 130 and no error line.
+``cluster status`` alone also exits 3 or 4 for a cluster that answered but is degraded
+(see ``cli/cluster.py``).
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 @click.option(
     "--bootstrap", envvar="SLUICE_BOOTSTRAP", type=Bootstrap(), default=DEFAULT_BOOTSTRAP, show_default=True,
-    help="Broker address HOST[:PORT] (port 7400 if left out; env SLUICE_BOOTSTRAP).",
+    help="Brokers to start from, HOST[:PORT][,HOST[:PORT]...]: any one that answers is enough, "
+         "it names the others (port 7400 if left out; env SLUICE_BOOTSTRAP).",
 )
 @click.option(
     "--log-level", envvar="SLUICE_LOG_LEVEL", type=click.Choice(LOG_LEVELS, case_sensitive=False),
@@ -126,8 +132,10 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
-@click.option("--advertised-address", default=None, metavar="HOST:PORT",
-              help="Address clients are told to connect to (default: the listening address).")
+@click.option("--advertise", default=None, metavar="HOST:PORT",
+              help="Address clients and other brokers are told to connect to (default: the listening "
+                   "address), for a broker reached through NAT, a proxy or a published container port.")
+@click.option("--advertised-address", default=None, hidden=True)  # the old name of --advertise
 @click.option("--cluster", default=None, metavar="etcd://HOST:PORT[,HOST:PORT][/NAME]",
               help="Join the cluster whose metadata is in etcd (brokers with distinct "
                    "--node-id); default: a cluster of one, metadata in the data directory.")
@@ -140,12 +148,17 @@ def _listen_host(ctx, param, host: str) -> str:
               help="Replicas of a topic created without --replication-factor; 0: min(3, live brokers).")
 @click.option("--leader-rebalance-interval-ms", type=click.IntRange(min=0), default=30_000, show_default=True,
               help="How often the controller gives leadership back to preferred replicas; 0: never.")
-def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
+@click.pass_context
+def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
           retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
-          max_frame_bytes: int, advertised_address: str | None, cluster: str | None,
+          max_frame_bytes: int, advertise: str | None, advertised_address: str | None, cluster: str | None,
           session_timeout_ms: int, replica_lag_time_max_ms: int, default_replication_factor: int,
           leader_rebalance_interval_ms: int) -> None:
-    """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd."""
+    """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd.
+
+    Brokers of one cluster share the --cluster URL and each has its own --node-id and
+    data directory.
+    """
     from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
     from sluice.server.app import run
@@ -153,9 +166,14 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
     if logging.getLogger().level > logging.INFO:
         logging.getLogger("sluice").setLevel(logging.INFO)
     try:
+        _exclusive(ctx, "advertise", "advertised_address")
+        advertise = advertise if advertise is not None else advertised_address
         adv_host = adv_port = None
-        if advertised_address is not None:
-            [(adv_host, adv_port)] = parse_bootstrap(advertised_address)[:1]
+        if advertise is not None:
+            addresses = parse_bootstrap(advertise)
+            if len(addresses) != 1:
+                raise errors.ConfigError(f"--advertise takes one HOST:PORT, got {advertise!r}")
+            [(adv_host, adv_port)] = addresses
         config = ServerConfig(
             data_dir=data_dir, host=host, port=port, node_id=node_id,
             advertised_host=adv_host, advertised_port=adv_port,
@@ -178,102 +196,10 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
 # --------------------------------------------------------------------------- topics
 
 
-@cli.group()
-def topic() -> None:
-    """Create, list, describe and delete topics."""
-
-
 def _admin(ctx):
     from sluice.client.sync import SyncAdmin
 
     return SyncAdmin(ctx.obj["bootstrap"])
-
-
-@topic.command("create")
-@click.argument("name")
-@click.option("--partitions", type=click.IntRange(-(2**31), 2**31 - 1), default=1, show_default=True)
-@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config (repeatable).")
-@click.pass_context
-def topic_create(ctx, name: str, partitions: int, configs: tuple[str, ...]) -> None:
-    """Create topic NAME."""
-    with _admin(ctx) as admin:
-        admin.create_topic(name, partitions=partitions, config=key_values(configs, "--config"))
-    click.echo(f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}")
-
-
-@topic.command("list")
-@click.pass_context
-def topic_list(ctx) -> None:
-    """List topics."""
-    with _admin(ctx) as admin:
-        topics = admin.list_topics()
-    output.table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
-
-
-@topic.command("describe")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def topic_describe(ctx, name: str, as_json: bool) -> None:
-    """Show a topic's config and partitions."""
-    with _admin(ctx) as admin:
-        desc = admin.describe_topic(name)
-    if output.wants_json(as_json):
-        output.echo_json(desc)
-        return
-    from sluice.config import TopicConfig
-
-    policy = TopicConfig.parse(desc.config).flush_policy
-    output.table(f"Topic {name}: config (flush {policy})", ["key", "value"], sorted(desc.config.items()))
-    output.table(
-        f"Topic {name}: partitions",
-        ["partition", "leader", "log start", "high watermark", "bytes", "segments"],
-        [[p.partition, p.leader, p.log_start_offset, p.high_watermark, p.size_bytes, p.segments] for p in desc.partitions],
-    )
-
-
-@topic.command("delete")
-@click.argument("name")
-@click.pass_context
-def topic_delete(ctx, name: str) -> None:
-    """Delete topic NAME and its data."""
-    with _admin(ctx) as admin:
-        admin.delete_topic(name)
-    click.echo(f"deleted topic {name}")
-
-
-@topic.command("alter")
-@click.argument("name")
-@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Set a topic config (repeatable).")
-@click.option("--delete", "deletes", multiple=True, metavar="KEY",
-              help="Drop an override: back to the broker default (repeatable).")
-@click.option("--dry-run", is_flag=True, help="Validate only, change nothing.")
-@click.pass_context
-def topic_alter(ctx, name: str, configs: tuple[str, ...], deletes: tuple[str, ...], dry_run: bool) -> None:
-    """Change topic NAME's config on the running broker, all or nothing, no restart."""
-    if not configs and not deletes:
-        raise click.UsageError("give at least one --config KEY=VALUE or --delete KEY")
-    changes = key_values(configs, "--config")
-    with _admin(ctx) as admin:
-        admin.alter_topic_config(name, changes, delete=deletes, validate_only=dry_run)
-    done = ", ".join([f"{k}={v}" for k, v in changes.items()] + [f"{k} reset to default" for k in deletes])
-    click.echo(f"{'dry run, nothing changed: would alter' if dry_run else 'altered'} topic {name}: {done}")
-
-
-@topic.command("add-partitions")
-@click.argument("name")
-@click.option("--num", type=int, default=None, help="Partitions to add (as rpk).")
-@click.option("--total", type=int, default=None, help="Partition count to grow to (as kafka-topics).")
-@click.option("--dry-run", is_flag=True, help="Validate only, change nothing.")
-@click.pass_context
-def topic_add_partitions(ctx, name: str, num: int | None, total: int | None, dry_run: bool) -> None:
-    """Add partitions to topic NAME: --num N more, or up to --total N.  New partitions start
-    empty; partitions are never removed."""
-    if (num is None) == (total is None):
-        raise click.UsageError("give exactly one of --num and --total")
-    with _admin(ctx) as admin:
-        total = admin.add_partitions(name, total=total, count=num, validate_only=dry_run)
-    click.echo(f"{'dry run, nothing changed: would grow' if dry_run else 'grew'} topic {name} to {total} partitions")
 
 
 # --------------------------------------------------------------------------- produce / consume
@@ -300,7 +226,9 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
 @click.option("--key-separator", type=Escaped(), default=None,
               help="Split each message at the first SEP into key and value (a message without SEP fails).")
 @click.option("--partition", type=PARTITION, default=None, help="Send to this partition.")
-@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
+@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="all", show_default=True,
+              help="all: acknowledged once every in-sync replica has the message; leader: once the "
+                   "leader appended it; none: not acknowledged (no offsets shown).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
               help="Header on every message (repeatable).")
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
@@ -542,9 +470,13 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)
 
 
+from sluice.cli.cluster import cluster  # noqa: E402 - a group of its own module
 from sluice.cli.group import group  # noqa: E402 - a group of its own module
 from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
+from sluice.cli.topic import topic  # noqa: E402 - a group of its own module
 
+cli.add_command(topic)
+cli.add_command(cluster)
 cli.add_command(pipeline)
 cli.add_command(group)
 

@@ -69,6 +69,16 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
             click.echo("\t".join(str(x) for x in r))
 
 
+def or_dash(n: int | None) -> str | int:
+    """A count or offset for a table: ``-`` when unknown (None or negative)."""
+    return "-" if n is None or n < 0 else n
+
+
+def node_list(nodes) -> str:
+    """Broker node ids for a table: ``1,2,3``; ``-`` for none."""
+    return ",".join(map(str, nodes)) or "-"
+
+
 def iso_ms(ms: int) -> str:
     """ms since the epoch as UTC ISO-8601 (milliseconds); ``-`` for an unknown (negative) time."""
     if ms < 0:

@@ -4,12 +4,16 @@
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
 from sluice.client.producer import InOrderCallbacks, Producer, RecordMetadata
+from sluice.client.status import BrokerStatus, ClusterStatus, PartitionStatus
 from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
 
 __all__ = [
     "Admin",
+    "BrokerStatus",
+    "ClusterStatus",
     "Consumer",
     "InOrderCallbacks",
+    "PartitionStatus",
     "Producer",
     "RecordMetadata",
     "SyncAdmin",

@@ -1,5 +1,6 @@
 """Administration: topics (create, delete, list, describe, alter config, add partitions,
-list offsets) and consumer groups (list, describe, delete, reset offsets).
+list offsets), consumer groups (list, describe, delete, reset offsets) and the cluster
+(status, preferred-leader election).
 
 Thin: each method is one request to a broker (the controller when metadata names one), or
 a few for offset resets, and turns per-topic or per-partition error codes into exceptions
@@ -14,11 +15,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sluice import errors
+from sluice.client.status import ClusterStatus
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages
-from sluice.protocol.messages import GroupDescription, GroupListing, TopicDescription, TopicMetadata
+from sluice.protocol.messages import (
+    ElectionResult,
+    GroupDescription,
+    GroupListing,
+    TopicDescription,
+    TopicMetadata,
+)
 
-__all__ = ["Admin", "GroupDescription", "GroupListing", "OffsetReset", "TopicDescription", "TopicMetadata"]
+__all__ = [
+    "Admin",
+    "ClusterStatus",
+    "ElectionResult",
+    "GroupDescription",
+    "GroupListing",
+    "OffsetReset",
+    "TopicDescription",
+    "TopicMetadata",
+]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -75,18 +92,28 @@ class Admin:
         return (await self._cluster.request(request))[0]
 
     async def create_topic(
-        self, name: str, partitions: int = 1, config: dict[str, str] | None = None
+        self,
+        name: str,
+        partitions: int = 1,
+        config: dict[str, str] | None = None,
+        replication_factor: int = 0,
     ) -> None:
-        """Create a topic; ``TopicAlreadyExists``, ``InvalidTopicName``, ... on failure."""
-        if not isinstance(partitions, int) or isinstance(partitions, bool):
-            raise errors.ConfigError(f"partitions must be an int, got {partitions!r}")
-        # the range is the broker's to check: it answers INVALID_PARTITIONS
+        """Create a topic of ``partitions`` partitions with ``replication_factor`` replicas
+        each (0: the broker's default).
+
+        Raises ``TopicAlreadyExists``, ``InvalidTopicName``, ``InvalidPartitions``,
+        ``InvalidReplicationFactor`` (more replicas than live brokers), ``InvalidConfig``.
+        """
+        for what, value in (("partitions", partitions), ("replication_factor", replication_factor)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise errors.ConfigError(f"{what} must be an int, got {value!r}")
+        # the ranges are the broker's to check: it answers INVALID_PARTITIONS and
+        # INVALID_REPLICATION_FACTOR, knowing how many brokers are alive
         cfg = {str(k): str(v) for k, v in (config or {}).items()}
-        resp = await self._request(
-            messages.CreateTopicsRequest(
-                topics=[messages.NewTopic(name=name, partitions=partitions, config=cfg)]
-            )
+        topic = messages.NewTopic(
+            name=name, partitions=partitions, config=cfg, replication_factor=replication_factor
         )
+        resp = await self._request(messages.CreateTopicsRequest(topics=[topic]))
         _raise_first(resp.topics)
 
     async def delete_topic(self, name: str) -> None:
@@ -150,7 +177,10 @@ class Admin:
         return list(resp.topics)
 
     async def describe_topic(self, name: str) -> TopicDescription:
-        """Config and per-partition log state (start offset, high watermark, size) of a topic."""
+        """Config, replication factor and, per partition, the replication state (leader,
+        replicas, ISR, leader epoch) and log state (log start, high watermark, log end,
+        size, segments) of a topic.  Offsets and sizes are -1 for a partition whose leader
+        is not the broker that answered."""
         resp = await self._request(messages.DescribeTopicsRequest(names=[name]))
         for t in resp.topics:
             if t.name == name:
@@ -191,6 +221,36 @@ class Admin:
         for t in resp.topics:
             errors.raise_for_code(t.error, t.message or topic)
         return sorted(p.partition for t in resp.topics for p in t.partitions)
+
+    # ------------------------------------------------------------------ cluster
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The live brokers, the controller, and the under-replicated and offline
+        partitions of every topic, from one metadata request (see ``client.status``)."""
+        resp = await self._request(messages.MetadataRequest(topics=None))
+        return ClusterStatus.from_metadata(resp)
+
+    async def elect_leaders(self, topics: Iterable[str] | None = None) -> list[ElectionResult]:
+        """Move the leadership of every partition of ``topics`` (None: of all topics) back to
+        its preferred replica, the first of its replicas, where that one is alive and in
+        sync; the cluster's controller does it.
+
+        Returns the partitions whose leader changed (``error`` 0, ``leader`` the new one)
+        or could not (``error`` and ``message`` say why; ``errors.error_for_code`` turns
+        them into the exception), by topic and partition.  Partitions already led by
+        their preferred replica are not listed: an empty list means nothing had to move.
+        Raises ``UnsupportedVersion`` when the broker does not serve leader election (an
+        older broker).
+        """
+        req = messages.ElectLeadersRequest(topics=None if topics is None else sorted(set(topics)))
+        try:
+            resp = await self._request(req)
+        except errors.UnsupportedVersion as exc:
+            raise errors.UnsupportedVersion(
+                f"the broker does not support leader election (ELECT_LEADERS): upgrade the "
+                f"brokers ({exc.message})"
+            ) from exc
+        return sorted(resp.partitions, key=lambda r: (r.topic, r.partition))
 
     # ------------------------------------------------------------------ consumer groups
     #

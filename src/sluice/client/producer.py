@@ -104,7 +104,7 @@ class Producer:
         self,
         bootstrap: str | Sequence[str],
         *,
-        acks: str = "leader",
+        acks: str = "all",
         batch_size: int = 262144,
         linger_ms: float = 5,
         buffer_memory: int = 64 * 1024 * 1024,
@@ -123,7 +123,12 @@ class Producer:
         metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
-        """``metadata_max_age_ms``: how often metadata of the topics sent to is refreshed,
+        """``acks``: ``"all"`` (the default, as Kafka's since 3.0): a send is acknowledged
+        once every in-sync replica has it (the partition's high watermark passed it);
+        ``"leader"``: once the leader appended it; ``"none"``: not at all.  With one broker
+        ``"all"`` and ``"leader"`` answer at the same moment.
+
+        ``metadata_max_age_ms``: how often metadata of the topics sent to is refreshed,
         which picks up new partitions and changed size limits."""
         if acks not in _ACKS:
             raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")

@@ -346,8 +346,8 @@ class SyncAdmin(_SyncBase):
     _client_cls = Admin
     _thread_name = "sluice-admin"
 
-    def create_topic(self, name: str, partitions: int = 1, config=None) -> None:
-        self._call(Admin.create_topic, name, partitions, config)
+    def create_topic(self, name: str, partitions: int = 1, config=None, replication_factor: int = 0) -> None:
+        self._call(Admin.create_topic, name, partitions, config, replication_factor)
 
     def delete_topic(self, name: str) -> None:
         self._call(Admin.delete_topic, name)
@@ -366,6 +366,12 @@ class SyncAdmin(_SyncBase):
 
     def add_partitions(self, name: str, *, total=None, count=None, validate_only: bool = False) -> int:
         return self._call(Admin.add_partitions, name, total=total, count=count, validate_only=validate_only)
+
+    def cluster_status(self):
+        return self._call(Admin.cluster_status)
+
+    def elect_leaders(self, topics=None) -> list:
+        return self._call(Admin.elect_leaders, topics)
 
     def list_groups(self) -> list:
         return self._call(Admin.list_groups)

@@ -7,8 +7,9 @@ client match them.  Bad input is answered, then the connection is closed:
 - bad handshake magic or no common version: a server handshake with the error code;
 - a frame over the cap, a malformed frame, a request that is not a request: a response frame
   with correlation 0 and API 0xFFFF carrying the error;
-- an unknown API key or version, an undecodable header: a response with the request's
-  correlation id carrying UNSUPPORTED_VERSION / INVALID_REQUEST.
+- an unknown API key or version, an API this broker has no handler for, an undecodable
+  header: a response with the request's correlation id carrying UNSUPPORTED_VERSION /
+  INVALID_REQUEST.
 
 Nothing a client sends can crash the broker: handler bugs are logged and answered with
 UNKNOWN_SERVER_ERROR on that request only.
@@ -136,7 +137,9 @@ class Connection(asyncio.Protocol):
             return
         try:
             req_type, _ = m.types_for(frame.api, frame.version)
-            handler = self.handlers[frame.api]
+            handler = self.handlers.get(frame.api)
+            if handler is None:  # in the protocol, but not served by this broker
+                raise UnsupportedVersion(f"this broker does not serve {m.Api(frame.api).name}")
             request = m.decode(frame.header, req_type)
         except BrokerError as exc:
             log.info("%s: %s; closing", self.peer, exc)

@@ -1,0 +1,67 @@
+"""``sluice cluster status`` and ``rebalance``: rows, JSON shapes and exit statuses."""
+
+from __future__ import annotations
+
+import json
+
+from sluice.cli import cluster
+from sluice.client.status import BrokerStatus, ClusterStatus, PartitionStatus
+from sluice.protocol import messages as m
+
+SHRUNK = PartitionStatus("orders", 0, 1, (1, 2, 3), (1, 3), 4)
+OFFLINE = PartitionStatus("audit", 2, -1, (2,), (), 7)
+
+
+def status(under=(), offline=(), controller=1) -> ClusterStatus:
+    return ClusterStatus(
+        brokers=(BrokerStatus(1, "h1:7401", True), BrokerStatus(2, "", False)),
+        controller=controller,
+        under_replicated=tuple(under),
+        offline=tuple(offline),
+    )
+
+
+def test_exit_status_offline_before_under_replicated():
+    assert cluster.exit_status(status()) == cluster.HEALTHY == 0
+    assert cluster.exit_status(status(under=[SHRUNK])) == cluster.UNDER_REPLICATED == 3
+    assert cluster.exit_status(status(under=[SHRUNK, OFFLINE], offline=[OFFLINE])) == cluster.OFFLINE == 4
+
+
+def test_status_json_shape():
+    shown = cluster.status_json(status(under=[SHRUNK], offline=[OFFLINE]))
+    assert json.loads(json.dumps(shown)) == {
+        "brokers": [{"node_id": 1, "address": "h1:7401", "alive": True},
+                    {"node_id": 2, "address": "", "alive": False}],
+        "controller": 1,
+        "under_replicated": [{"topic": "orders", "partition": 0, "leader": 1, "replicas": [1, 2, 3],
+                              "isr": [1, 3], "leader_epoch": 4}],
+        "offline": [{"topic": "audit", "partition": 2, "leader": -1, "replicas": [2], "isr": [],
+                     "leader_epoch": 7}],
+        "healthy": False,
+    }
+
+
+def test_status_rows_and_summary():
+    s = status(under=[SHRUNK], offline=[OFFLINE])
+    assert cluster.broker_rows(s) == [[1, "h1:7401", "yes", "controller"], [2, "-", "NO", ""]]
+    assert cluster.partition_rows(s.under_replicated + s.offline) == [
+        ["orders", 0, 1, "1,2,3", "1,3", 4],
+        ["audit", 2, "none", "2", "-", 7],
+    ]
+    assert cluster.summary(s) == (
+        "NOT healthy: 1 of 2 brokers alive, controller 1, 1 under-replicated, 1 offline partitions"
+    )
+    assert cluster.summary(status(controller=-1)).startswith("healthy: 1 of 2 brokers alive, controller none,")
+
+
+def test_election_json_splits_moves_from_failures():
+    results = [
+        m.ElectionResult(topic="a", partition=0, leader=3, error=19, message="preferred replica 1 is not in sync"),
+        m.ElectionResult(topic="b", partition=1, leader=2),
+    ]
+    assert cluster.election_json(results) == {
+        "moved": [{"topic": "b", "partition": 1, "leader": 2}],
+        "failed": [{"topic": "a", "partition": 0, "leader": 3, "error": "NOT_LEADER", "code": 19,
+                    "message": "preferred replica 1 is not in sync"}],
+    }
+    assert cluster.election_json([]) == {"moved": [], "failed": []}
