@@ -44,8 +44,6 @@ def test_replicated_topic_on_one_broker(broker, cli):
     assert status(cli, b, "--json") == (0, shown)
 
 
-@pytest.mark.xfail(strict=True, reason="the broker fills replicas, ISR and log end in DESCRIBE_TOPICS "
-                                       "with replication; then drop this mark")
 def test_describe_shows_the_single_broker_as_replica_and_the_log_end(broker, cli):
     b = broker.bootstrap
     ok(cli("topic", "create", "d", "--replication-factor", "1", bootstrap=b))
@@ -65,12 +63,7 @@ def test_rebalance_on_one_broker_moves_nothing(broker, cli):
     b = broker.bootstrap
     ok(cli("topic", "create", "e", "--partitions", "3", bootstrap=b))
     res = cli("cluster", "rebalance", bootstrap=b)
-    if res.returncode != 0:
-        # a broker without the ELECT_LEADERS handler: the client says so in one line
-        assert_error(res, "UNSUPPORTED_VERSION (3)", "does not support leader election", "ELECT_LEADERS")
-        assert res.returncode == 1
-        ok(cli("topic", "list", bootstrap=b))  # and the broker still serves
-        pytest.skip("this broker does not serve ELECT_LEADERS yet: checked its clear refusal only")
+    assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"moved": [], "failed": []}
     assert json.loads(ok(cli("cluster", "rebalance", "--topic", "e", "--json", bootstrap=b))) == {
         "moved": [], "failed": []}

@@ -47,6 +47,7 @@ from sluice.storage.checkpoint import read_offsets, write_offsets
 log = logging.getLogger("sluice.broker")
 
 HW_CHECKPOINT = "replication-offset-checkpoint"
+CONTROLLER_POLL_S = 1.0
 
 
 class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHandlers):
@@ -73,8 +74,11 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
         self.controller_id = -1
         self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
-        self.controller = Controller(self.metadata, config.node_id, config.leader_rebalance_interval_ms)
         self._isr_check = asyncio.Event()  # wakes the ISR upkeep at once
+        self._controller_changed = asyncio.Event()
+        self.controller = Controller(
+            self.metadata, config.node_id, config.leader_rebalance_interval_ms, self._controller_changed.set
+        )
         self._tasks: list[asyncio.Task] = []
         self._expired: list = []  # segments out of their logs whose files are still to delete
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
@@ -110,27 +114,38 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         loop = asyncio.get_running_loop()
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
-            self._isr_loop(), self._resync_topics(), self.controller.run(),
+            self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 
     async def _follow_brokers(self) -> None:
-        """Keep ``live_brokers`` and ``controller_id`` as the store has them."""
+        """Keep ``live_brokers`` as the store has them."""
         while True:
             try:
                 async for regs in self.metadata.watch_brokers():
                     self.live_brokers = {b.node_id: b for b in regs}
-                    try:
-                        controller = await self.metadata.controller()
-                    except MetadataUnavailable:
-                        continue
-                    self.controller_id = -1 if controller is None else controller
+                    self._controller_changed.set()
                 return
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("following brokers failed; starting over")
                 await asyncio.sleep(0.5)
+
+    async def _follow_controller(self) -> None:
+        """Keep ``controller_id`` as the store has it: looked up when brokers change and
+        every ``CONTROLLER_POLL_S`` (an election need not change the brokers)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._controller_changed.wait(), CONTROLLER_POLL_S)
+            except TimeoutError:
+                pass
+            self._controller_changed.clear()
+            try:
+                controller = await self.metadata.controller()
+            except MetadataUnavailable:
+                continue
+            self.controller_id = -1 if controller is None else controller
 
     async def close(self) -> None:
         """Stop following the cluster, finish queued writes, fsync and close every partition."""

@@ -16,6 +16,7 @@ topic is recorded, the others open theirs when the metadata store tells them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -35,6 +36,7 @@ from sluice.errors import (
     InvalidConfig,
     InvalidPartitions,
     InvalidReplicationFactor,
+    MetadataUnavailable,
     TopicAlreadyExists,
     UnknownTopic,
     storage_error_from_os,
@@ -147,6 +149,9 @@ class TopicAdmin:
                 internal=t.internal,
             ))
         brokers = [m.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port) for b in self.live_brokers.values()]
+        if self.controller_id < 0:  # not known yet (just started, or mid-election): ask
+            with contextlib.suppress(MetadataUnavailable):
+                self.controller_id = await self.metadata.controller() or -1
         return m.MetadataResponse(brokers=brokers, controller_id=self.controller_id, topics=topics), ()
 
     async def _each_topic(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sluice.cluster.store import Leadership, MetadataStore, PartitionState, TopicRecord
 from sluice.errors import MetadataUnavailable, UnknownPartition, UnknownTopic
@@ -81,7 +82,11 @@ async def preferred_election(store: MetadataStore, record: TopicRecord, live: se
 
 
 class Controller:
-    def __init__(self, store: MetadataStore, node_id: int, rebalance_interval_ms: int) -> None:
+    def __init__(
+        self, store: MetadataStore, node_id: int, rebalance_interval_ms: int,
+        on_term: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.on_term = on_term  # called when a term starts and when it ends
         self.store = store
         self.node_id = node_id
         self.rebalance_s = rebalance_interval_ms / 1000
@@ -99,8 +104,10 @@ class Controller:
                     await asyncio.sleep(RETRY_S)
                     continue
                 log.info("broker %d is the controller (term %d)", self.node_id, term.epoch)
+                self.on_term()
                 await self._serve(term)
                 log.info("broker %d is no longer the controller", self.node_id)
+                self.on_term()
         finally:
             watcher.cancel()
 
