@@ -151,7 +151,8 @@ class TopicAdmin:
         brokers = [m.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port) for b in self.live_brokers.values()]
         if self.controller_id < 0:  # not known yet (just started, or mid-election): ask
             with contextlib.suppress(MetadataUnavailable):
-                self.controller_id = await self.metadata.controller() or -1
+                controller = await self.metadata.controller()
+                self.controller_id = -1 if controller is None else controller
         return m.MetadataResponse(brokers=brokers, controller_id=self.controller_id, topics=topics), ()
 
     async def _each_topic(
