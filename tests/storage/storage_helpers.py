@@ -1,7 +1,7 @@
 """Storage test helpers: build batches, append them the way the partition writer does.
 
 ``append_batches`` follows ``broker.partition.Partition._write_group`` / ``_write_blocking``
-step for step (validate -> prepare_append -> rolled segment flush + save_indexes + recovery
+step for step (validate -> prepare_append -> rolled segment flush + seal + recovery
 point -> assign_offsets -> Segment.write -> appended -> the single-replica ISR step
 advance_high_watermark), minus the threads, so a PartitionLog test exercises the same
 sequence of calls the broker makes.
@@ -57,7 +57,7 @@ def append_batches(
     segment = plog.active
     if rolled is not None:
         rolled.flush()
-        rolled.save_indexes()
+        rolled.seal()
         plog.write_recovery_point(segment.base_offset)
     offset = plog.next_offset
     bases, metas = [], []
