@@ -460,6 +460,18 @@ def iter_batches(buf, check_crc: bool = True) -> Iterator[tuple[BatchHeader, int
         pos += h.size
 
 
+def end_of_batches(buf) -> int | None:
+    """``next_offset`` of the last whole batch in ``buf``; None if there is none.
+
+    Where a reader goes on after a fetch: in a compacted log a batch may have lost its
+    last records, or all of them, yet its offsets up to ``next_offset`` are still taken.
+    """
+    end = None
+    for h, _ in iter_batches(buf, check_crc=False):
+        end = h.next_offset
+    return end
+
+
 def decode_records(
     buf,
     topic: str,
