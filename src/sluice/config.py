@@ -70,6 +70,10 @@ class TopicConfig:
     # acks=all is refused at once when an in-sync follower is this many bytes behind (-1: no bound)
     replica_lag_max_bytes: int = 256 * 1024 * 1024
     cleanup_policy: str = "delete"  # "compact": keep the latest record of each key
+    # compact: a tombstone (null value) stays this long after its segment was first cleaned
+    delete_retention_ms: int = DAY_MS
+    # compact: clean when never-cleaned bytes are at least this share of the cleanable bytes
+    min_cleanable_dirty_percent: int = 50
     # elect a replica that is not in sync when no in-sync one is alive (may lose acked data)
     unclean_leader_election_enable: str = "false"
 
@@ -89,6 +93,8 @@ class TopicConfig:
         "write.queue.max.bytes": _Key("write_queue_max_bytes", 1024, 1 << 40),
         "replica.lag.max.bytes": _Key("replica_lag_max_bytes", -1, 1 << 50),
         "cleanup.policy": _Key("cleanup_policy", 0, choices=("delete", "compact")),
+        "delete.retention.ms": _Key("delete_retention_ms", 0, _CENTURY_MS),
+        "min.cleanable.dirty.percent": _Key("min_cleanable_dirty_percent", 0, 100),
         "unclean.leader.election.enable": _Key("unclean_leader_election_enable", 0, choices=("false", "true")),
     }
 

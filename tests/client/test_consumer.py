@@ -223,3 +223,31 @@ async def test_commit_started_while_the_previous_commit_finishes_does_not_spin()
         await asyncio.wait_for(asyncio.gather(*burst), 5)
         await asyncio.wait_for(c.commit({("t", 0): 99}), 5)
         assert await c.committed(("t", 0)) == 99
+
+
+async def test_compacted_batches_are_skipped_by_their_end_not_their_last_record():
+    """A batch that lost its last records to compaction (and one that lost them all): the
+    next fetch starts after the batch, not after its last surviving record."""
+    from sluice.storage.compaction import rewrite_batch
+
+    broker = FakeBroker({"t": 1})
+    body = b"".join(records.encode_record(i, 0, b"k%d" % i, b"v%d" % i) for i in range(3))
+    data = bytearray(records.build_batch(body, 3, 1_000, 1_000))
+    records.assign_offsets(data, records.validate_batches(data, 1 << 20), 0, 0, None)
+    first, _ = rewrite_batch(bytes(data), lambda r: r.offset == 0)
+    records.assign_offsets(data, records.validate_batches(data, 1 << 20), 3, 0, None)
+    emptied, _ = rewrite_batch(bytes(data), lambda r: False)
+    broker.logs[("t", 0)] = [first, emptied]
+    broker.next_offset[("t", 0)] = 6
+    assert records.end_of_batches(first + emptied[:-1]) == 3  # a partial batch does not count
+    async with make(broker) as c:
+        c.assign([("t", 0)])
+        got = await c.getmany(timeout_ms=500)
+        assert [(r.offset, r.value) for r in got] == [(0, b"v0")]
+        await fill(broker, "t", 1)  # offset 6
+        got = []
+        while not got:
+            got = await c.getmany(timeout_ms=500)
+        assert [r.offset for r in got] == [6]
+    fetched = [p.offset for req in broker.requests if isinstance(req, messages.FetchRequest) for p in req.partitions]
+    assert not {1, 2, 3, 4, 5} & set(fetched), fetched

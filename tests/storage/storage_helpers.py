@@ -1,7 +1,7 @@
 """Storage test helpers: build batches, append them the way the partition writer does.
 
 ``append_batches`` follows ``broker.partition.Partition._write_group`` / ``_write_blocking``
-step for step (validate -> prepare_append -> rolled segment flush + save_indexes + recovery
+step for step (validate -> prepare_append -> rolled segment flush + seal + recovery
 point -> assign_offsets -> Segment.write -> appended -> the single-replica ISR step
 advance_high_watermark), minus the threads, so a PartitionLog test exercises the same
 sequence of calls the broker makes.
@@ -16,6 +16,7 @@ from sluice.protocol.records import (
     build_batch,
     decode_records,
     encode_keyless_records,
+    encode_record,
     iter_batches,
     validate_batches,
 )
@@ -34,22 +35,31 @@ def make_batch(values: list[bytes], ts: int = 1_000) -> bytes:
     return build_batch(encode_keyless_records(values), len(values), ts, ts)
 
 
+def make_keyed_batch(records: list[tuple[bytes | None, bytes | None]], ts: int = 1_000) -> bytes:
+    """One batch of (key, value) records (None: null), every record stamped ``ts``."""
+    body = b"".join(encode_record(i, 0, k, v) for i, (k, v) in enumerate(records))
+    return build_batch(body, len(records), ts, ts)
+
+
 def append_batches(
     plog: PartitionLog,
-    batches: list[list[bytes]],
+    batches: list[list[bytes] | bytes],
     timestamps: list[int] | None = None,
     now: int | None = None,
     append_time: int | None = None,
     epoch: int = 0,
     advance: bool = True,
 ) -> list[int]:
-    """Append one produce request holding ``batches`` (one value list each); return bases.
+    """Append one produce request holding ``batches`` (a keyless batch per value list, or
+    a batch built already); return bases.
 
     Mirrors the writer: the whole request is one group, written with one ``Segment.write``.
     """
     if timestamps is None:
         timestamps = [1_000] * len(batches)
-    data = bytearray(b"".join(make_batch(v, t) for v, t in zip(batches, timestamps, strict=True)))
+    data = bytearray(b"".join(
+        v if isinstance(v, bytes) else make_batch(v, t) for v, t in zip(batches, timestamps, strict=True)
+    ))
     spans = validate_batches(data, BIG)
     total = sum(s.size for s in spans)
     count = sum(s.count for s in spans)
@@ -57,7 +67,7 @@ def append_batches(
     segment = plog.active
     if rolled is not None:
         rolled.flush()
-        rolled.save_indexes()
+        rolled.seal()
         plog.write_recovery_point(segment.base_offset)
     offset = plog.next_offset
     bases, metas = [], []

@@ -66,6 +66,8 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         self.read_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-read")
         # metadata writes, directory moves and deletions: never in the way of produce / fetch
         self.housekeeping = ThreadPoolExecutor(1, thread_name_prefix="sluice-housekeeping")
+        # log compaction: long passes, kept out of the way of metadata writes
+        self.cleaner = ThreadPoolExecutor(1, thread_name_prefix="sluice-cleaner")
         self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
         self._draining = False  # shutdown began: fetches answer at once instead of waiting
         self.metadata = store if store is not None else open_store(config)
@@ -162,7 +164,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         except OSError as exc:
             log.error("cannot checkpoint high watermarks: %s", exc)
         await self.metadata.close()
-        for executor in (self.write_executor, self.read_executor, self.housekeeping):
+        for executor in (self.write_executor, self.read_executor, self.housekeeping, self.cleaner):
             executor.shutdown(wait=True)
 
     async def _close_partitions(self) -> None:
@@ -213,16 +215,29 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         return True
 
     async def enforce_retention(self) -> int:
-        """Delete segments past retention; returns how many files sets were deleted.
+        """Delete segments past retention and compact dirty compacted partitions; returns how
+        many file sets were deleted.
 
         Segments leave the log at once; their files are unlinked off the event loop, and a
-        deletion that fails is retried on the next pass.
+        deletion that fails is retried on the next pass.  Partitions with
+        ``cleanup.policy=compact`` lose no segment to retention: the log cleaner runs on
+        them instead (Partition.clean), one at a time in the cleaner thread, and this pass
+        waits for them.
         """
         loop = asyncio.get_running_loop()
         now = int(time.time() * 1000)
         for topic in list(self.topics.values()):
             for p in topic.partitions.values():
                 self._expired.extend(p.take_expired(now))
+        for topic in list(self.topics.values()):
+            for p in topic.partitions:
+                try:
+                    freed = await p.clean(self.cleaner, now)
+                except Exception:  # noqa: BLE001 - one partition's failure must not stop the others
+                    log.exception("cleaning %s-%d failed; will retry", p.topic, p.index)
+                    continue
+                if freed:
+                    log.info("cleaned %s-%d: %d bytes freed", p.topic, p.index, freed)
         pending, self._expired = self._expired, []
         deleted = 0
         for seg in pending:

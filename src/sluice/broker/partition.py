@@ -29,6 +29,13 @@ metadata store by compare-and-swap); the partition only reports who lags
 (``lagging``) and who caught up (``caught_up``), and applies the ISR it is given
 (``set_isr``).
 
+With ``cleanup.policy=compact`` the broker's retention pass calls ``clean``: the log cleaner
+(storage/cleaner.py) rewrites closed segments below the high watermark in the cleaner's
+thread.  The writer never waits for it: a cleaning touches only sealed, closed segments,
+and it is discarded if a truncation happened meanwhile.  Only a truncation that arrives
+while cleaned segments are being renamed into place waits, for those renames.  Retention
+by time and size does not apply to compacted partitions.
+
 A follower's path (``append_as_follower``) goes through the same writer but keeps the
 leader's offsets, epochs and timestamps; ``truncate_to`` cuts a divergent tail in the
 writer's turn.  Consumers read below the high watermark, replicas below the log end.
@@ -42,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from bisect import bisect_left
 from collections import deque
@@ -67,6 +75,13 @@ from sluice.protocol.records import (
     ReplicaBatch,
     assign_offsets,
     validate_replica_batches,
+)
+from sluice.storage.cleaner import (
+    CleanedSegment,
+    clean_segments,
+    commit_cleaning,
+    discard_cleaned,
+    plan_cleaning,
 )
 from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
 from sluice.storage.segment import Segment
@@ -147,6 +162,9 @@ class Partition:
         self._queued_bytes = 0  # of appends queued or being written
         self._acks = Purgatory()
         self._truncating = False
+        self._cleaning: asyncio.Task | None = None
+        self._swapping: asyncio.Future | None = None  # cleaned segments being renamed in
+        self._stop_cleaning = threading.Event()
         self._wakeup = asyncio.Event()
         self._waiters: list[Callable[[], None]] = []
         self._unflushed = 0
@@ -215,10 +233,11 @@ class Partition:
         """Queue batches copied from the leader's log, kept as they are: base offsets,
         leader epochs and timestamps are the leader's.  The future gives AppendResult.
 
-        Checked here: every batch's header and CRC, offsets contiguous between batches,
+        Checked here: every batch's header and CRC, offsets increasing between batches,
         epochs never decreasing; a partial last batch (a fetch's size cap cut it) is left
-        out.  Checked by the writer: the first batch starts at the log
-        end and its epoch is not below the log's latest.  A failed check fails the future
+        out.  Checked by the writer: the first batch starts at the log end — or above it
+        when the offsets between were compacted away on the leader (the gap is kept) — and
+        its epoch is not below the log's latest.  A failed check fails the future
         with ``InvalidRecord`` and writes nothing of the request.  Written through the same
         group commit and flush policy as the leader's appends; the high watermark does not
         move (a follower takes it from its leader: ``advance_high_watermark``).
@@ -306,6 +325,8 @@ class Partition:
         """Writer: truncate with no flush, retention pass or append running beside it."""
         if self._flush_future is not None:
             await asyncio.wait([self._flush_future])
+        if self._swapping is not None:  # renames of cleaned segments: milliseconds
+            await asyncio.wait([self._swapping])
         self._truncating = True
         try:
             await loop.run_in_executor(self._write_executor, self.log.truncate_to, req.offset)
@@ -407,12 +428,13 @@ class Partition:
             self._notify_replicas()
 
     def _follows(self, group: list[_Append], offset: int) -> list[_Append]:
-        """The follower requests of ``group`` that continue the log at ``offset`` with no
-        lower epoch; the others fail with nothing written."""
+        """The follower requests of ``group`` that continue the log at ``offset`` (or after
+        a gap a compacted leader's log has there) with no lower epoch; the others fail with
+        nothing written."""
         kept, epoch = [], self.log.epochs.latest_epoch
         for req in group:
             first = req.spans[0]
-            if first.base_offset != offset or first.leader_epoch < epoch:
+            if first.base_offset < offset or first.leader_epoch < epoch:
                 req.future.set_exception(InvalidRecord(
                     f"replica batches at offset {first.base_offset} (epoch {first.leader_epoch}) "
                     f"do not follow the log end {offset} (epoch {epoch}) of {self.topic}-{self.index}"
@@ -432,7 +454,7 @@ class Partition:
         """
         if rolled is not None:
             rolled.flush()
-            rolled.save_indexes()
+            rolled.seal()
             self.log.write_recovery_point(segment.base_offset)
         segment.write(buffers, total)
         if sync:
@@ -690,6 +712,7 @@ class Partition:
         self._closing = True
         self._wakeup.set()
         await self._task
+        await self._stop_cleaner()
         if self._flush_future is not None:
             await asyncio.wait([self._flush_future])
         self._acks.fail_all(BrokerShuttingDown("partition closed before its replicas caught up"))
@@ -707,15 +730,80 @@ class Partition:
                 req.future.set_exception(UnknownTopic(f"topic {self.topic!r} was deleted"))
         self._wakeup.set()
         await self._task
+        await self._stop_cleaner()
         self._acks.fail_all(UnknownTopic(f"topic {self.topic!r} was deleted"))
         self._notify()
         self._notify_replicas()
 
     def take_expired(self, now_ms: int) -> list[Segment]:
-        """Segments retention removes from the log (none while a truncation runs)."""
-        if self._truncating:
+        """Segments retention removes from the log (none while a truncation or a cleaning
+        runs, none with ``cleanup.policy=compact``)."""
+        if self._truncating or self._cleaning is not None or self.config.cleanup_policy == "compact":
             return []
         return self.log.expired_segments(now_ms)
+
+    # ------------------------------------------------------------------ compaction
+
+    async def clean(self, executor: Executor, now_ms: int) -> int:
+        """Run a log-cleaner pass if the partition is compacted and dirty enough
+        (``min.cleanable.dirty.percent``); return the bytes it freed (0: no pass).
+
+        The pass runs in ``executor`` (the broker's cleaner thread) and its own task:
+        cancelling the caller does not interrupt it; ``close`` stops it.  A pass already
+        running, a truncation running, or one that ran meanwhile (the pass is then
+        discarded) all give 0.  Storage errors propagate (``OSError``), after the
+        segments already swapped in were taken into the log.
+        """
+        cfg = self.config
+        if cfg.cleanup_policy != "compact" or self._cleaning is not None or self._truncating or self._closing:
+            return 0
+        plan = plan_cleaning(self.log, cfg.min_cleanable_dirty_percent, cfg.delete_retention_ms, now_ms)
+        if plan is None:
+            return 0
+        self._cleaning = asyncio.get_running_loop().create_task(
+            self._clean(executor, plan), name=f"cleaner {self.topic}-{self.index}"
+        )
+        return await asyncio.shield(self._cleaning)
+
+    async def _clean(self, executor: Executor, plan) -> int:
+        loop = asyncio.get_running_loop()
+        try:
+            cleaned = await loop.run_in_executor(executor, clean_segments, plan, self._stop_cleaning)
+            if cleaned is None:
+                return 0
+            if self.log.generation != plan.generation or self._truncating or self._closing:
+                await loop.run_in_executor(executor, discard_cleaned, cleaned)
+                return 0
+            self._swapping = loop.run_in_executor(executor, commit_cleaning, plan, cleaned, self.log.directory)
+            try:
+                swapped = await self._swapping
+            except OSError as exc:
+                self._take_cleaned(getattr(exc, "swapped", []), None)
+                raise
+            finally:
+                self._swapping = None
+            self._take_cleaned(swapped, plan.end)
+            return sum(c.removed_bytes for c in swapped)
+        finally:
+            self._cleaning = None
+
+    def _take_cleaned(self, swapped: list[CleanedSegment], cleaned_up_to: int | None) -> None:
+        """Put swapped-in segments into the log; close the old ones (after their readers)."""
+        pairs = [(c.old, c.new) for c in swapped if c.new is not None]
+        self.log.swap_segments(pairs, cleaned_up_to if cleaned_up_to is not None else self.log.cleaned_up_to)
+        for old, _ in pairs:
+            old.close()
+
+    async def _stop_cleaner(self) -> None:
+        """Stop a cleaning pass (it deletes its copies) and wait for it to end."""
+        task = self._cleaning
+        if task is None:
+            return
+        self._stop_cleaning.set()
+        try:
+            await task
+        except Exception:  # noqa: BLE001 - reported by the pass's caller; closing regardless
+            log.exception("cleaning of %s-%d failed while closing", self.topic, self.index)
 
 
 def _runs(taken: list) -> list:

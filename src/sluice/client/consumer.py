@@ -603,18 +603,16 @@ class Consumer:
                 continue
             start = offsets[tp]
             recs = records.decode_records(chunk, tp[0], tp[1], start, self.check_crcs)
+            # Go on after the last whole batch, not after its last record: in a compacted
+            # partition a batch may have lost its last records (or all of them), and the
+            # offsets up to its end are gone.  The broker always sends the first batch
+            # whole, whatever max_bytes says, so no whole batch is a broken answer.
+            end = records.end_of_batches(chunk)
             if recs:
                 self._buffer.append(recs)
-                self._fetch_offsets[tp] = recs[-1].offset + 1
-                continue
-            # No record at or above ``start``: skip past whole batches (control batches,
-            # compacted-away offsets).  The broker always sends the first batch whole,
-            # whatever max_bytes says, so a lone partial batch is a broken answer.
-            last = None
-            for h, _ in records.iter_batches(chunk, check_crc=False):
-                last = h
-            if last is not None:
-                self._fetch_offsets[tp] = max(start, last.next_offset)
+                self._fetch_offsets[tp] = max(recs[-1].offset + 1, end or 0)
+            elif end is not None:
+                self._fetch_offsets[tp] = max(start, end)
             else:
                 self._error = errors.ProtocolError(
                     f"fetch of {tp} at offset {start} returned {r.size} bytes without a whole batch"

@@ -208,8 +208,9 @@ MAX_REPLICA_BATCH_BYTES = 64 * 1024 * 1024  # no leader accepts a larger batch
 def validate_replica_batches(buf, max_batch_bytes: int = MAX_REPLICA_BATCH_BYTES) -> list[ReplicaBatch]:
     """Check batches copied from a leader's log; return one entry per batch.
 
-    Per-batch work only: header, one CRC over each batch, offsets contiguous from batch to
-    batch, leader epochs never decreasing.  Whether the first batch follows the follower's
+    Per-batch work only: header, one CRC over each batch, offsets increasing from batch to
+    batch (contiguous, but for the gaps a compacted leader's log has: storage/cleaner.py),
+    leader epochs never decreasing.  Whether the first batch follows the follower's
     log end is for its writer to check.  A partial last batch (a fetch's size cap cut it)
     is not returned.  Raises ``CorruptRecord``; an empty buffer is valid (nothing new).
     """
@@ -224,8 +225,8 @@ def validate_replica_batches(buf, max_batch_bytes: int = MAX_REPLICA_BATCH_BYTES
             raise CorruptRecord(f"batch at byte {pos} of {size} bytes exceeds {max_batch_bytes}")
         if h.last_offset_delta < 0 or h.base_offset < 0 or h.leader_epoch < 0:
             raise CorruptRecord(f"batch at byte {pos}: offsets or epoch not assigned by a leader")
-        if out and h.base_offset != out[-1].next_offset:
-            raise CorruptRecord(f"batch at offset {h.base_offset} does not follow {out[-1].next_offset}")
+        if out and h.base_offset < out[-1].next_offset:
+            raise CorruptRecord(f"batch at offset {h.base_offset} is below {out[-1].next_offset}, the end of the batch before")
         if out and h.leader_epoch < out[-1].leader_epoch:
             raise CorruptRecord(
                 f"batch at offset {h.base_offset}: leader epoch {h.leader_epoch} after {out[-1].leader_epoch}"
@@ -457,6 +458,18 @@ def iter_batches(buf, check_crc: bool = True) -> Iterator[tuple[BatchHeader, int
             raise CorruptRecord(f"batch at offset {h.base_offset}: CRC-32C mismatch")
         yield h, pos
         pos += h.size
+
+
+def end_of_batches(buf) -> int | None:
+    """``next_offset`` of the last whole batch in ``buf``; None if there is none.
+
+    Where a reader goes on after a fetch: in a compacted log a batch may have lost its
+    last records, or all of them, yet its offsets up to ``next_offset`` are still taken.
+    """
+    end = None
+    for h, _ in iter_batches(buf, check_crc=False):
+        end = h.next_offset
+    return end
 
 
 def decode_records(

@@ -7,6 +7,13 @@ Directory layout of a partition::
         00000000000000000000.index       sparse offset index (derived)
         00000000000000000000.timeindex   sparse time index (derived)
         recovery-point                   offset below which every segment was fsynced
+        cleaner-offset-checkpoint        offset below which the log was compacted (a hint)
+
+With ``cleanup.policy=compact`` the log cleaner (storage/cleaner.py) rewrites closed segments
+below the high watermark: offsets keep their values, so a cleaned log has gaps between
+batches (and batches with no record).  Reads start at the first batch whose
+``next_offset`` is above the asked offset, so an offset the cleaner removed reads as the
+next batch that survived.
 
 The log does no asyncio itself.  Its owner (broker.partition.Partition) decides which
 thread runs what, following the contracts in segment.py: appends happen through
@@ -29,6 +36,9 @@ takes one view and works from it alone.  Segments a read touches are pinned, so 
 files stay open even if the segment is removed meanwhile; bytes that a truncation changed
 under a read are detected by the generation and the read is redone on the new view.
 
+A segment is ``sealed`` once nothing will write it again (opened closed, or rolled and
+its indexes saved by the writer); only sealed segments are cleaned.
+
 The leader-epoch cache (``epochs``, storage/epochs.py) is rebuilt from batch headers by
 ``open`` and kept in step by ``appended``, ``truncate_to`` and retention.
 """
@@ -45,6 +55,7 @@ from typing import NamedTuple
 
 from sluice.protocol.records import HEADER_SIZE, LOG_OVERHEAD, parse_header
 from sluice.storage.checkpoint import fsync_dir, write_atomic
+from sluice.storage.cleaner import read_cleaner_checkpoint, recover_cleaning
 from sluice.storage.epochs import LeaderEpochCache
 from sluice.storage.segment import Cut, Segment, SegmentClosed
 
@@ -115,6 +126,7 @@ class PartitionLog:
         self.view = LogView((), (), _ZERO, _ZERO, 0)
         self.cuts: list[Cut] = []
         self.epochs = LeaderEpochCache()
+        self.cleaned_up_to = 0  # the log cleaner's first dirty offset (storage/cleaner.py)
 
     # ------------------------------------------------------------------ opening
 
@@ -138,6 +150,7 @@ class PartitionLog:
         self = cls(directory, config)
         for tmp in directory.glob("*.tmp"):
             tmp.unlink()
+        recover_cleaning(directory)
         bases = sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
         recovery_point = self._read_recovery_point()
         for i, base in enumerate(bases):
@@ -167,6 +180,9 @@ class PartitionLog:
         if created:
             fsync_dir(directory.parent)  # the new partition directory itself survives a crash
         self.active.flush()
+        for seg in self.segments[:-1]:
+            seg.sealed = True
+        self.cleaned_up_to = min(read_cleaner_checkpoint(directory), self.active.base_offset)
         for seg in self.segments:
             for epoch, start in seg.epoch_runs(self.epochs.latest_epoch):
                 self.epochs.assign(epoch, start)
@@ -419,6 +435,33 @@ class PartitionLog:
             self._publish()
         return expired
 
+    def swap_segments(self, replacements: list[tuple[Segment, Segment]], cleaned_up_to: int) -> None:
+        """Put cleaned segments in place of the old ones, (old, new) each, and record that
+        the log is clean up to ``cleaned_up_to``. Event loop, after the cleaner's commit.
+
+        A new segment holds the same offsets as the old (it ends at the same
+        ``next_offset``); an end position (log end, high watermark) that named an old
+        segment's end names the new one's.  Readers of an earlier view keep reading the
+        old segments' bytes; the caller closes the old segments (each closes when its last
+        reader unpins it).
+        """
+        new_for = {id(old): new for old, new in replacements}
+        for i, seg in enumerate(self.segments):
+            new = new_for.get(id(seg))
+            if new is None:
+                continue
+            if new.next_offset != seg.next_offset or new.base_offset != seg.base_offset:
+                raise ValueError(f"cleaned {new.path} does not span the offsets of the segment it replaces")
+            self.segments[i] = new
+            if self.high_watermark_position.segment == seg.base_offset:
+                self.high_watermark_position = LogPosition(
+                    self.high_watermark_position.offset, new.base_offset, new.size
+                )
+            if self.log_end.segment == seg.base_offset:
+                self.log_end = LogPosition(self.log_end.offset, new.base_offset, new.size)
+        self.cleaned_up_to = max(self.cleaned_up_to, cleaned_up_to)
+        self._publish()
+
     def truncate_to(self, offset: int) -> None:
         """Drop everything at or above ``offset`` (a follower's divergent tail). Writer only:
         no append or flush may run meanwhile; readers may.
@@ -438,7 +481,9 @@ class PartitionLog:
         while len(self.segments) > 1 and self.active.base_offset >= offset:
             removed.append(self.segments.pop())
         self.active.truncate_to(offset)
+        self.active.sealed = False  # written again from now on: not the cleaner's
         end = self._end_position()
+        self.cleaned_up_to = min(self.cleaned_up_to, self.active.base_offset)
         # the HW first: an event-loop reader of the two ends never sees HW above LEO
         if self.high_watermark_position.offset > end.offset:
             self.high_watermark_position = end

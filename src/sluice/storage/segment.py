@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.errors import CorruptRecord
 from sluice.protocol.records import HEADER_SIZE, BatchHeader, batch_crc_ok, parse_header
 from sluice.storage.checkpoint import write_atomic
 from sluice.storage.index import OffsetIndex, TimeIndex
@@ -85,6 +86,9 @@ class Segment:
         # edge_epochs: epochs of the first and last batch (None when empty)
         self.scanned_epochs: list[tuple[int, int]] | None = None
         self.edge_epochs: tuple[int, int] | None = None
+        # closed for good: rolled, flushed and its indexes saved (set by ``seal``); only
+        # a sealed segment may be rewritten by the log cleaner, as nothing writes it again
+        self.sealed = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,6 +118,23 @@ class Segment:
             if cut:
                 return seg, cut
         return seg, None
+
+    @classmethod
+    def adopt(cls, directory: Path, base_offset: int, path: Path, index_interval: int = 4096) -> Segment:
+        """A segment of base ``base_offset`` over the complete file at ``path`` (a cleaned
+        copy, still under its temporary name): indexes are built by scanning its batch
+        headers.  The file keeps its descriptor when later renamed to the segment's name.
+        ``CorruptRecord`` if its batches are not whole and in offset order.
+        """
+        seg = cls(directory, base_offset, index_interval)
+        seg._file = open(path, "r+b", buffering=0)  # noqa: SIM115 - lives with the segment
+        seg.created_ms = int(os.stat(path).st_mtime * 1000)
+        cut = seg._scan()
+        if cut is not None:
+            seg.close()
+            raise CorruptRecord(f"{path} at byte {cut[0]}: {cut[1]}")
+        seg.sealed = True
+        return seg
 
     def close(self) -> None:
         """Close the file now, or when the last reader unpins it. Idempotent."""
@@ -216,6 +237,12 @@ class Segment:
         write_atomic(self.index_path, self.index.to_bytes())
         write_atomic(self.timeindex_path, self.timeindex.to_bytes())
 
+    def seal(self) -> None:
+        """Save the indexes of a segment nothing will write again (rolled and flushed) and
+        mark it ``sealed``: from now on the log cleaner may replace it. Worker thread."""
+        self.save_indexes()
+        self.sealed = True
+
     # ------------------------------------------------------------------ reading
 
     def read(self, position: int, length: int) -> bytes:
@@ -290,6 +317,15 @@ class Segment:
 
     def _recover(self, verify_crc: bool) -> Cut | None:
         """Rebuild indexes by scanning the file; cut at the first bad or torn batch."""
+        bad = self._scan(verify_crc)
+        if bad is None:
+            return None
+        pos, reason = bad
+        return self._cut(pos, os.fstat(self.fileno).st_size - pos, reason)
+
+    def _scan(self, verify_crc: bool = False) -> tuple[int, str] | None:
+        """Rebuild indexes, end and epoch runs from the batches; (position, reason) of the
+        first bad or torn batch, None when the whole file is sound."""
         self.index = OffsetIndex(self.base_offset)
         self.timeindex = TimeIndex(self.base_offset)
         self.size, self.next_offset, self.max_timestamp, self._since_index = 0, self.base_offset, -1, 0
@@ -311,8 +347,9 @@ class Segment:
             if pos + h.size > file_size:
                 reason = f"torn batch: {h.size} bytes declared, {file_size - pos} present"
                 break
-            if h.base_offset != expected or h.last_offset_delta < 0:
-                reason = f"batch offset {h.base_offset} does not follow {expected}"
+            # above ``expected`` is a gap the log cleaner left (storage/compaction.py)
+            if h.base_offset < expected or h.last_offset_delta < 0:
+                reason = f"batch offset {h.base_offset} is below {expected}, the end of the batch before"
                 break
             if verify_crc and not _crc_ok(fd, pos, h):
                 reason = f"CRC-32C mismatch in batch at offset {h.base_offset}"
@@ -324,9 +361,7 @@ class Segment:
             pos += h.size
         self.size = pos
         self.scanned_epochs = runs
-        if reason is None:
-            return None
-        return self._cut(pos, file_size - pos, reason)
+        return None if reason is None else (pos, reason)
 
     def _cut(self, position: int, dropped: int, reason: str) -> Cut:
         quarantine = self.path.with_name(f"{self.path.name}.{position}.bad")
