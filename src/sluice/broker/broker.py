@@ -230,7 +230,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
             for p in topic.partitions.values():
                 self._expired.extend(p.take_expired(now))
         for topic in list(self.topics.values()):
-            for p in topic.partitions:
+            for p in list(topic.partitions.values()):
                 try:
                     freed = await p.clean(self.cleaner, now)
                 except Exception:  # noqa: BLE001 - one partition's failure must not stop the others
