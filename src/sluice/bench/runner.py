@@ -25,6 +25,7 @@ from sluice.bench import workloads as w
 
 ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1"]
 SPARK = ["S1", "S2"]  # need the spark extra; run with --workload S1, S2 or spark
+CLUSTER = ["R3", "F1"]  # 3 brokers + etcd (bench/cluster.py); run with --workload R3, F1 or cluster
 
 
 class CpuMeter:
@@ -117,9 +118,12 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
     from sluice.server.app import install_uvloop
 
     loop_name = install_uvloop()
-    groups = {"all": ALL, "spark": SPARK}
-    names = groups.get(workload.lower()) or [n for n in ALL + SPARK if n.lower() == workload.lower()]
+    groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER}
+    every = ALL + SPARK + CLUSTER
+    names = groups.get(workload.lower()) or [n for n in every if n.lower() == workload.lower()]
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
+    if names and all(n in CLUSTER for n in names):
+        return _run_cluster(names, as_json, version)
     rows = []
     with contextlib.ExitStack() as stack:
         pid = None
@@ -134,6 +138,24 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
                 row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
             rows.append(row)
             _print(row, as_json)
+    return rows
+
+
+def _run_cluster(names: list[str], as_json: bool, version: str) -> list[dict]:
+    """Cluster workloads, each on a fresh local cluster (bench/cluster.py)."""
+    from sluice.bench import cluster as c
+
+    rows = []
+    for name in names:
+        try:
+            with _status(f"running {name}", enabled=not as_json), c.local_cluster() as local:
+                meter = CpuMeter(None)
+                run = c.run_r3 if name == "R3" else c.run_f1
+                row = asyncio.run(run(local, meter)).as_dict(version)
+        except Exception as exc:  # a failed workload is a row, not a crash
+            row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
+        rows.append(row)
+        _print(row, as_json)
     return rows
 
 

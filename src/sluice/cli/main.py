@@ -12,7 +12,7 @@ Documented forms (more options are welcome, these must not change)::
     sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
                          [--max-messages N] [--timeout-ms T] [-e]
                          [--json | --raw | --format FMT] [--print-keys]
-    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark [--json]
+    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark|R3|F1|cluster [--json]
     sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
 Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
@@ -455,7 +455,8 @@ def _reached(consumer, ends: dict) -> bool:
 @click.option(
     "--workload", default="all", show_default=True,
     type=click.Choice(
-        ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all", "S1", "S2", "spark"], case_sensitive=False
+        ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all", "S1", "S2", "spark", "R3", "F1", "cluster"],
+        case_sensitive=False
     ),
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per workload.")
@@ -463,8 +464,10 @@ def _reached(consumer, ends: dict) -> bool:
               help="Use this broker instead of starting one.")
 @click.pass_context
 def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> None:
-    """Run the benchmark workloads specified in docs/benchmarks.md (all), or the Spark
-    connector's (S1: batch read throughput, S2: streaming latency; spark: both)."""
+    """Run the benchmark workloads specified in docs/benchmarks.md (all), the Spark
+    connector's (S1: batch read throughput, S2: streaming latency; spark: both), or the
+    cluster's on 3 local brokers + etcd (R3: P2-1KiB replicated 3 ways with acks=all; F1:
+    failover time; cluster: both)."""
     from sluice.bench.runner import run_workloads
 
     run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)
