@@ -557,14 +557,16 @@ class Partition:
             if (f := self.followers.get(r)) is not None and now - f.caught_up_at > max_lag_s
         ]
 
-    def caught_up(self) -> list[int]:
-        """Followers out of the ISR that may rejoin: at or past the high watermark and
-        the start of the current leader epoch."""
-        hw = self.log.high_watermark
+    def caught_up(self, max_lag_s: float) -> list[int]:
+        """Followers out of the ISR that may rejoin: fetching (heard from within
+        ``max_lag_s``), at or past the high watermark and the start of the current
+        leader epoch."""
+        hw, now = self.log.high_watermark, time.monotonic()
         start = self._epoch_start()
         return [
             r for r, f in self.followers.items()
             if r not in self.isr and f.log_end >= hw and f.log_end >= start
+            and now - f.fetched_at <= max_lag_s
         ]
 
     def _epoch_start(self) -> int:

@@ -186,7 +186,7 @@ class ReplicaManager:
     async def _maintain_isr(self, topic: Topic, part: Partition, lag_s: float) -> None:
         out = set(part.lagging(lag_s)) | (part.failed_followers & set(part.isr))
         out.discard(self.config.node_id)
-        join = [r for r in part.caught_up() if r not in part.failed_followers]
+        join = [r for r in part.caught_up(lag_s) if r not in part.failed_followers]
         if not out and not join:
             return
         isr = [r for r in part.isr if r not in out] + join
@@ -196,8 +196,7 @@ class ReplicaManager:
                 log.warning("%s-%d: ISR shrank from %s to %s", part.topic, part.index, list(part.isr), isr)
             if join:
                 log.info("%s-%d: ISR grew from %s to %s", part.topic, part.index, list(part.isr), isr)
-            part.set_isr(isr)  # the watch brings the new version
-            part.state_version = None
+            part.set_isr(isr)  # the watch brings the new version (a CAS with this one fails and re-reads)
             return
         states = await self.metadata.partition_states(part.topic)  # someone else changed it
         if part.index < len(states) and self.topics.get(part.topic) is topic:

@@ -10,9 +10,12 @@ blocking twin.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+import msgspec
 
 from sluice import errors
 from sluice.client.status import ClusterStatus
@@ -90,6 +93,39 @@ class Admin:
 
     async def _request(self, request):
         return (await self._cluster.request(request))[0]
+
+    async def _leaders(self, topic: str, partitions: Iterable[int]) -> dict[int, list[int]]:
+        """Partitions of ``topic`` by their leader, from fresh metadata (``NotLeader`` for
+        a partition with no leader now)."""
+        await self._cluster.refresh([topic])
+        out: dict[int, list[int]] = {}
+        for p in partitions:
+            node = self._cluster.leader(topic, p)
+            if node < 0:
+                raise errors.NotLeader(f"{topic}-{p} has no leader now; retry")
+            out.setdefault(node, []).append(p)
+        return out
+
+    async def _to_leaders(self, topic: str, partitions: Iterable[int], make, results) -> list:
+        """Send ``make(partitions)`` to each leader of ``topic``'s ``partitions`` and return
+        the results (``results(response)``) of all; asks again, with fresh metadata, for
+        partitions whose leader moved meanwhile (a few times)."""
+        todo, out = list(partitions), []
+        for attempt in range(5):
+            moved = []
+            for node, group in (await self._leaders(topic, todo)).items():
+                conn = await self._cluster.connection(node)
+                resp, _ = await conn.request(make(group), timeout=self._cluster.request_timeout)
+                for r in results(resp):
+                    if getattr(r, "error", 0) == errors.NotLeader.code and attempt < 4:
+                        moved.append(r.partition)
+                    else:
+                        out.append(r)
+            if not moved:
+                return out
+            todo = moved
+            await asyncio.sleep(0.1 * (attempt + 1))
+        return out
 
     async def create_topic(
         self,
@@ -185,8 +221,29 @@ class Admin:
         for t in resp.topics:
             if t.name == name:
                 errors.raise_for_code(t.error, t.message or name)
-                return t
+                return await self._with_leaders_view(t)
         raise errors.UnknownTopic(name)
+
+    async def _with_leaders_view(self, t: TopicDescription) -> TopicDescription:
+        """``t`` with each partition's log state as its leader sees it (the answering
+        broker fills only the partitions it leads)."""
+        others = [p.partition for p in t.partitions if p.log_end_offset < 0 and p.leader >= 0]
+        if not others:
+            return t
+
+        def results(resp):
+            [d] = resp.topics
+            errors.raise_for_code(d.error, d.message or t.name)
+            return [p for p in d.partitions if p.partition in wanted]
+
+        wanted = set(others)
+        found = await self._to_leaders(
+            t.name, others, lambda _: messages.DescribeTopicsRequest(names=[t.name]), results
+        )
+        by_index = {p.partition: p for p in found if p.log_end_offset >= 0}
+        return msgspec.structs.replace(
+            t, partitions=[by_index.get(p.partition, p) for p in t.partitions]
+        )
 
     async def list_offsets(
         self,
@@ -202,15 +259,14 @@ class Admin:
         """
         if partitions is None:
             partitions = await self._partitions(topic)
-        req = messages.ListOffsetsRequest(
-            partitions=[
-                messages.ListOffsetsPartition(topic=topic, partition=p, timestamp=timestamp)
-                for p in partitions
-            ]
-        )
-        resp = await self._request(req)
+
+        def request(group):
+            return messages.ListOffsetsRequest(partitions=[
+                messages.ListOffsetsPartition(topic=topic, partition=p, timestamp=timestamp) for p in group
+            ])
+
         out = {}
-        for r in resp.partitions:
+        for r in await self._to_leaders(topic, partitions, request, lambda resp: resp.partitions):
             errors.raise_for_code(r.error, r.message)
             out[r.partition] = r.offset
         return out
