@@ -10,7 +10,15 @@ Data directory::
     <data>/meta/topics.json        topic definitions (cluster/embedded.py; none with etcd)
     <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
     <data>/logs/replication-offset-checkpoint   high watermarks (storage/checkpoint.py)
-    <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
+    <data>/logs/__groups-<n>/      committed offsets of consumer groups: the internal topic
+                                   __groups (broker/coordinator.py, protocol/group_records.py)
+    <data>/groups.migrated/        group offset files of older brokers, kept after their
+                                   import into __groups (broker/group_migration.py)
+
+All durable broker state lives in partitions: internal topics (``__groups``) are created at
+start when missing, like any topic but with ``internal`` set; clients may read them, only
+brokers write them.  The ``__groups`` partitions a broker leads make it the coordinator of
+their groups (``GroupCoordinator.load`` / ``unload`` follow leadership).
 
 Metadata lives in a ``MetadataStore`` (cluster/store.py): the data directory by default, or
 etcd with ``sluice serve --cluster etcd://...``.  **Cluster mode is an intermediate step:
@@ -30,8 +38,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.fetch import FetchHandlers
-from sluice.broker.groups import GroupHandlers, GroupOffsets
+from sluice.broker.group_migration import migrate_legacy_groups
+from sluice.broker.groups import GroupHandlers
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
@@ -40,11 +50,22 @@ from sluice.cluster.store import BrokerRegistration, MetadataStore, TopicRecord
 from sluice.config import ServerConfig, TopicConfig
 from sluice.errors import UnknownPartition
 from sluice.protocol import messages as m
+from sluice.protocol.coordinator import GROUPS_TOPIC
 from sluice.storage.checkpoint import read_offsets, write_offsets
 
 log = logging.getLogger("sluice.broker")
 
 HW_CHECKPOINT = "replication-offset-checkpoint"
+
+# Group offsets are state, not data: compacted (the latest offset of each key is kept),
+# never deleted by age or size, and fsynced before a commit is answered, whatever the
+# broker's topic defaults say.
+GROUPS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "flush.messages": "1",
+}
 
 
 class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
@@ -65,7 +86,7 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
         self._draining = False  # shutdown began: fetches answer at once instead of waiting
         self.metadata = store if store is not None else open_store(config)
-        self.groups: GroupOffsets | None = None
+        self.groups: GroupCoordinator | None = None
         self.host, self.port = config.host, config.port
         self._retention_task: asyncio.Task | None = None
         self._checkpoint_task: asyncio.Task | None = None
@@ -75,8 +96,9 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Open the metadata store, register, and open (recover) the logs of the topics this
-        broker leads."""
+        """Open the metadata store, register, open (recover) the logs of the topics this
+        broker leads, create the internal topics when missing, load the groups of the
+        ``__groups`` partitions it leads, and import group offset files of older brokers."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
         try:
@@ -87,17 +109,50 @@ class Broker(TopicAdmin, GroupHandlers, ProduceHandler, FetchHandlers):
         try:
             node = self.config.node_id
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
-            self.groups = GroupOffsets(self.data_dir, self.housekeeping)
             for record in (await self.metadata.topics()).values():
                 if await self._leads(record):
                     await self._open_topic(record)
+            await self._ensure_internal_topics()
+            await self._start_coordinator()
         except BaseException:
+            await asyncio.gather(
+                *(p.close() for t in self.topics.values() for p in t.partitions), return_exceptions=True
+            )
             await self.metadata.close()
             raise
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
         self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
+
+    async def _ensure_internal_topics(self) -> None:
+        """Create ``__groups`` (``groups_partitions`` partitions, compacted) unless the
+        cluster has it, through the normal creation path.  An existing one keeps its
+        partition count: groups are placed by it."""
+        record = (await self.metadata.topics()).get(GROUPS_TOPIC)
+        if record is None:
+            new = m.NewTopic(name=GROUPS_TOPIC, partitions=self.config.groups_partitions, config=GROUPS_TOPIC_CONFIG)
+            async with self._admin_lock:
+                await self._create_topic(new, validate_only=False, internal=True)
+        elif record.partitions != self.config.groups_partitions:
+            log.warning(
+                "%s has %d partitions; --groups-partitions %d applies only when it is created",
+                GROUPS_TOPIC, record.partitions, self.config.groups_partitions,
+            )
+
+    async def _start_coordinator(self) -> None:
+        """Load the groups of the ``__groups`` partitions this broker leads, then import the
+        group offset files of older brokers (broker/group_migration.py)."""
+        count = (await self.metadata.topics())[GROUPS_TOPIC].partitions
+
+        def replica(p: int) -> Partition | None:
+            topic = self.topics.get(GROUPS_TOPIC)
+            return topic.partitions[p] if topic is not None and p < len(topic.partitions) else None
+
+        self.groups = GroupCoordinator(replica, count, self.read_executor, self.config.node_id)
+        led = [p for p in range(count) if (part := replica(p)) is not None and part.is_leader]
+        await asyncio.gather(*(self.groups.load(p) for p in led))
+        await migrate_legacy_groups(self.data_dir, self.groups, self.housekeeping)
 
     async def close(self) -> None:
         """Finish queued writes, fsync and close every partition."""

@@ -26,6 +26,7 @@ from sluice.errors import (
     BrokerError,
     InvalidConfig,
     InvalidPartitions,
+    InvalidRequest,
     TopicAlreadyExists,
     UnknownTopic,
     storage_error_from_os,
@@ -51,6 +52,11 @@ def unknown_topic(topic: str) -> UnknownTopic:
 def error_fields(exc: BrokerError) -> dict:
     """The ``error`` and ``message`` fields of a result that failed with ``exc``."""
     return {"error": exc.code, "message": exc.message}
+
+
+def _check_not_internal(topic: Topic, change: str) -> None:
+    if topic.internal:
+        raise InvalidRequest(f"topic {topic.name} is internal: it cannot be {change}")
 
 
 class TopicAdmin:
@@ -149,9 +155,11 @@ class TopicAdmin:
         )
         return m.CreateTopicsResponse(topics=results), ()
 
-    async def _create_topic(self, new: m.NewTopic, validate_only: bool) -> None:
-        """Validate, open the partitions, then record the topic; all or nothing. Admin lock held."""
-        check_topic_name(new.name)
+    async def _create_topic(self, new: m.NewTopic, validate_only: bool, internal: bool = False) -> None:
+        """Validate, open the partitions, then record the topic; all or nothing. Admin lock
+        held.  ``internal``: a topic only brokers write (its name starts with ``__``); never
+        for a client's request."""
+        check_topic_name(new.name, internal_ok=internal)
         check_partitions(new.partitions)
         TopicConfig.parse(new.config, self.defaults)
         if new.name in self.topics:
@@ -160,7 +168,7 @@ class TopicAdmin:
         if validate_only:
             return
         record = TopicRecord(
-            new.name, new.partitions, dict(new.config),
+            new.name, new.partitions, dict(new.config), internal=internal,
             assignment=[[self.config.node_id] for _ in range(new.partitions)],
         )
         loop = asyncio.get_running_loop()
@@ -197,8 +205,10 @@ class TopicAdmin:
         return m.DeleteTopicsResponse(topics=results), ()
 
     async def _delete_topic(self, name: str) -> None:
-        """Forget the topic, let in-flight writes answer, then move its data to the trash."""
+        """Forget the topic, let in-flight writes answer, then move its data to the trash.
+        Internal topics cannot be deleted: they hold the brokers' state."""
         topic = self.topic(name)
+        _check_not_internal(topic, "deleted")
         loop = asyncio.get_running_loop()
         await self.metadata.delete_topic(name)
         del self.topics[name]
@@ -283,6 +293,7 @@ class TopicAdmin:
         count, then make them visible (metadata, produce, fetch); all or nothing.  Admin
         lock held."""
         topic = self.topic(inc.name)
+        _check_not_internal(topic, "given partitions")
         current = len(topic.partitions)
         check_partitions(inc.total)
         if inc.total <= current:

@@ -133,10 +133,12 @@ def _listen_host(ctx, param, host: str) -> str:
                    "in the data directory.")
 @click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=6000, show_default=True,
               help="With --cluster: how long the registration outlives the broker.")
+@click.option("--groups-partitions", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Partitions of the internal topic __groups (group offsets), when it is created.")
 def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
           retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
           max_frame_bytes: int, advertised_address: str | None, cluster: str | None,
-          session_timeout_ms: int) -> None:
+          session_timeout_ms: int, groups_partitions: int) -> None:
     """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd."""
     from sluice.client.transport import parse_bootstrap
     from sluice.config import ServerConfig
@@ -155,6 +157,7 @@ def serve(data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tu
             retention_check_ms=retention_check_ms, hw_checkpoint_ms=hw_checkpoint_ms,
             max_connections=max_connections,
             max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
+            groups_partitions=groups_partitions,
         )
     except errors.ConfigError as exc:
         raise errors.UsageError(str(exc)) from None
