@@ -8,7 +8,8 @@ Brokers before ``__groups`` kept one JSON file per group, ``<data>/groups/<group
 (``metadata``, ``time`` and ``client`` may be missing in the oldest files.)  At start, a
 broker that finds that directory commits every group's offsets to ``__groups`` through its
 coordinator, then moves the directory aside to ``<data>/groups.migrated``: it is never
-deleted, and a file that cannot be read stays there untouched (reported).  All or nothing:
+deleted, and a file that cannot be read is reported and stays there (a file that is not JSON
+as ``<group>.json.bad``, see storage/checkpoint.py).  All or nothing:
 when some group is coordinated by another broker, or a write fails, nothing is moved and
 the next start tries again (re-importing the same offsets is harmless: no client commits
 before the broker has started).
@@ -96,6 +97,6 @@ async def migrate_legacy_groups(data_dir: Path, coordinator: GroupCoordinator, e
         "imported the committed offsets of %d group(s) (%d partition(s)) from %s into __groups: %s; "
         "the files are kept in %s", len(groups), partitions, directory, ", ".join(sorted(groups)) or "none", target,
     )
-    for path in unreadable:
-        log.error("not imported, kept as %s: %s", target / path.name, path.name)
+    if unreadable:
+        log.error("not imported (unreadable), kept in %s: %s", target, ", ".join(p.name for p in unreadable))
     return len(groups)
