@@ -23,20 +23,22 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 async def open_broker(tmp_path):
-    """open_broker(**server_config) -> a started Broker on ``tmp_path / "data"``; closed at
-    the end of the test (a test may close it itself and open another on the same data)."""
-    started: list[Broker] = []
+    """open_broker(**server_config) -> a started Broker on ``tmp_path / "data"``.  Opening
+    another closes the one before (a restart on the same data); the last is closed at the
+    end of the test."""
+    current: list[Broker] = []
 
     async def open_(**kw) -> Broker:
+        if current:
+            await current.pop().close()
         broker = Broker(ServerConfig(data_dir=tmp_path / "data", port=0, **kw))
         await broker.start()
-        started.append(broker)
+        current.append(broker)
         return broker
 
     yield open_
-    for broker in started:
-        if not broker.write_executor._shutdown:
-            await broker.close()
+    if current:
+        await current.pop().close()
 
 
 async def create(broker: Broker, name: str, partitions: int = 1) -> None:
@@ -63,7 +65,6 @@ async def test_groups_topic_is_created_internal_and_compacted(open_broker):
     assert topic.config.cleanup_policy == "compact" and topic.config.retention_ms == -1
     meta, _ = await broker.metadata_(m.MetadataRequest(topics=None), ())
     assert [(t.name, t.internal) for t in meta.topics] == [(GROUPS_TOPIC, True)]
-    await broker.close()
     again = await open_broker(groups_partitions=5)  # an existing __groups keeps its count
     assert len(again.topics[GROUPS_TOPIC].partitions) == 3
 
@@ -135,7 +136,6 @@ async def test_old_group_files_are_migrated_once(open_broker, tmp_path):
     assert not old.exists() and sorted(p.name for p in moved.iterdir()) == ["billing.json", "broken.json.bad"]
     await create(broker, "orders", 2)
     assert (await commit(broker, "billing", {("orders", 0): 9}))[0].error == 0
-    await broker.close()
     again = await open_broker()  # no second import: the newer commit stays
     assert again.groups.existing("billing")[("orders", 0)].offset == 9
     assert sorted(p.name for p in moved.iterdir()) == ["billing.json", "broken.json.bad"]

@@ -58,7 +58,7 @@ log = logging.getLogger("sluice.broker")
 
 # How long a commit or deletion waits for its append (the high watermark) before it is
 # answered REQUEST_TIMED_OUT; the records may still land, and the cache then takes them.
-WRITE_TIMEOUT_S = 30.0
+WRITE_TIMEOUT_S = 10.0  # below the clients' default request timeout (30 s)
 LOAD_READ_BYTES = 4 * 1024 * 1024  # per read while loading a partition
 
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -147,7 +147,11 @@ class GroupCoordinator:
         """This broker became the leader of ``__groups``-p: rebuild the partition's cache by
         reading its log from the log start to the log end, off the event loop.  Its groups
         answer ``NotCoordinator`` ("loading") until done.  An ``unload`` (or a newer
-        ``load``) meanwhile wins: this one then leaves no cache behind."""
+        ``load``) meanwhile wins: this one then leaves no cache behind.
+
+        Call it when leadership begins, with none of this broker's group writes in flight
+        to the partition (a leader that steps down fails them: ``Partition.make_follower``);
+        a write still in flight could land after the read and be missing from the cache."""
         part = self._partition(p)
         if part is None:
             raise NotCoordinator(f"this broker holds no replica of {GROUPS_TOPIC}-{p}")
