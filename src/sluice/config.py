@@ -185,6 +185,9 @@ class ServerConfig:
     default_replication_factor: int = 0
     # how often the controller moves leadership back to preferred replicas; 0: never
     leader_rebalance_interval_ms: int = 30_000
+    # partitions of the internal topic __groups (committed offsets) when it is created;
+    # an existing __groups keeps its count (groups are placed by it)
+    groups_partitions: int = 8
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -202,6 +205,8 @@ class ServerConfig:
             TopicConfig.parse(self.topic_defaults)
         except InvalidConfig as exc:
             raise ConfigError(f"bad topic default: {exc.message}") from exc
+        if not 1 <= self.groups_partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"groups partitions must be 1-{MAX_PARTITIONS}, got {self.groups_partitions}")
         if self.default_replication_factor < 0 or self.leader_rebalance_interval_ms < 0:
             raise ConfigError("default replication factor and leader rebalance interval must be ≥ 0")
         if self.cluster is not None:

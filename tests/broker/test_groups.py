@@ -1,101 +1,142 @@
-"""GroupOffsets: commit details kept and reloaded, deletion ordered with commits, failures."""
+"""The group APIs of a real in-process ``Broker`` (handlers called directly, no sockets):
+``__groups`` created at start, commits readable from it, NotCoordinator when the group's
+partition is not led, internal topics closed to clients' writes, old group files migrated
+once."""
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from batches import request
 
 from sluice import errors
-from sluice.broker import groups as groups_module
-from sluice.broker.groups import Committed, GroupOffsets
+from sluice.broker.broker import Broker
+from sluice.config import ServerConfig
+from sluice.protocol import messages as m
+from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
+from sluice.protocol.group_records import Committed, OffsetKey, decode_offset_record
+from sluice.protocol.records import decode_records
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def executor():
-    ex = ThreadPoolExecutor(1)
-    yield ex
-    ex.shutdown(wait=True)
+async def open_broker(tmp_path):
+    """open_broker(**server_config) -> a started Broker on ``tmp_path / "data"``.  Opening
+    another closes the one before (a restart on the same data); the last is closed at the
+    end of the test."""
+    current: list[Broker] = []
+
+    async def open_(**kw) -> Broker:
+        if current:
+            await current.pop().close()
+        broker = Broker(ServerConfig(data_dir=tmp_path / "data", port=0, **kw))
+        await broker.start()
+        current.append(broker)
+        return broker
+
+    yield open_
+    if current:
+        await current.pop().close()
 
 
-def c(offset: int, client: str = "10.0.0.1:5000") -> Committed:
-    return Committed(offset, "", 1_700_000_000_000 + offset, client)
+async def create(broker: Broker, name: str, partitions: int = 1) -> None:
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=partitions)]), ())
+    assert resp.topics[0].error == 0, resp.topics[0].message
 
 
-async def test_commit_keeps_time_and_client_and_reloads(tmp_path, executor):
-    g = GroupOffsets(tmp_path, executor)
-    await g.commit("billing", {("orders", 0): c(5), ("orders", 1): c(7, "10.0.0.2:6000")})
-    assert g.names() == ["billing"]
-    again = GroupOffsets(tmp_path, executor)
-    assert again.existing("billing") == {("orders", 0): c(5), ("orders", 1): c(7, "10.0.0.2:6000")}
+async def commit(broker: Broker, group: str, offsets: dict) -> list[m.PartitionError]:
+    req = m.OffsetCommitRequest(
+        group=group, offsets=[m.CommitOffset(topic=t, partition=p, offset=o) for (t, p), o in offsets.items()]
+    )
+    return (await broker.offset_commit(req, ()))[0].partitions
 
 
-async def test_files_without_commit_details_still_load(tmp_path, executor):
-    (tmp_path / "groups").mkdir()
-    doc = {"offsets": [{"topic": "t", "partition": 0, "offset": 3, "metadata": "m"}]}
-    (tmp_path / "groups" / "old.json").write_text(json.dumps(doc))
-    g = GroupOffsets(tmp_path, executor)
-    assert g.existing("old") == {("t", 0): Committed(3, "m", -1, "")}
+async def fetched(broker: Broker, group: str) -> dict:
+    resp, _ = await broker.offset_fetch(m.OffsetFetchRequest(group=group), ())
+    return {(r.topic, r.partition): r.offset for r in resp.offsets}
 
 
-async def test_delete_removes_the_group_durably(tmp_path, executor):
-    g = GroupOffsets(tmp_path, executor)
-    await g.commit("g", {("t", 0): c(1)})
-    await g.delete("g")
-    assert g.names() == [] and g.get("g") == {}
-    assert not (tmp_path / "groups" / "g.json").exists()
-    with pytest.raises(errors.UnknownGroup):
-        g.existing("g")
-    with pytest.raises(errors.UnknownGroup):
-        await g.delete("g")
-    with pytest.raises(errors.InvalidGroup):
-        await g.delete("bad name")
-    assert GroupOffsets(tmp_path, executor).names() == []
+async def test_groups_topic_is_created_internal_and_compacted(open_broker):
+    broker = await open_broker(groups_partitions=3)
+    topic = broker.topics[GROUPS_TOPIC]
+    assert topic.internal and len(topic.partitions) == 3
+    assert topic.config.cleanup_policy == "compact" and topic.config.retention_ms == -1
+    meta, _ = await broker.metadata_(m.MetadataRequest(topics=None), ())
+    assert [(t.name, t.internal) for t in meta.topics] == [(GROUPS_TOPIC, True)]
+    again = await open_broker(groups_partitions=5)  # an existing __groups keeps its count
+    assert len(again.topics[GROUPS_TOPIC].partitions) == 3
 
 
-async def test_delete_is_ordered_with_commits(tmp_path):
-    """Commits staged before a deletion go with the group; commits after it start it again."""
-    gate = threading.Event()
-    ex = ThreadPoolExecutor(1)
-    try:
-        g = GroupOffsets(tmp_path, ex)
-        await g.commit("g", {("t", 0): c(1)})
-        ex.submit(gate.wait)  # hold the writer thread: what follows queues up
-        first = asyncio.ensure_future(g.commit("g", {("t", 0): c(2)}))  # write started, blocked
-        await asyncio.sleep(0)
-        before = asyncio.ensure_future(g.commit("g", {("t", 1): c(3)}))  # staged
-        await asyncio.sleep(0)
-        deletion = asyncio.ensure_future(g.delete("g"))
-        await asyncio.sleep(0)
-        after = asyncio.ensure_future(g.commit("g", {("t", 2): c(4)}))
-        await asyncio.sleep(0)
-        gate.set()
-        await asyncio.gather(first, before, deletion, after)
-        assert g.existing("g") == {("t", 2): c(4)}
-        assert GroupOffsets(tmp_path, ex).existing("g") == {("t", 2): c(4)}
-    finally:
-        gate.set()
-        ex.shutdown(wait=True)
+async def test_commits_are_records_of_the_groups_partition(open_broker):
+    broker = await open_broker(groups_partitions=4)
+    await create(broker, "orders", 2)
+    assert [r.error for r in await commit(broker, "billing", {("orders", 0): 5, ("orders", 1): 7})] == [0, 0]
+    assert await fetched(broker, "billing") == {("orders", 0): 5, ("orders", 1): 7}
+    part = broker.partition(GROUPS_TOPIC, group_partition("billing", 4))
+    data = (await part.read(0, 1 << 20, part.high_watermark)).data
+    entries = [decode_offset_record(r) for r in decode_records(data, GROUPS_TOPIC, part.index)]
+    assert [(e.key, e.value.offset) for e in entries] == [
+        (OffsetKey("billing", "orders", 0), 5), (OffsetKey("billing", "orders", 1), 7)
+    ]
+    assert all(isinstance(e.value, Committed) and e.value.time_ms > 0 for e in entries)
 
 
-async def test_failed_delete_keeps_the_group_and_staged_commits(tmp_path, executor, monkeypatch):
-    g = GroupOffsets(tmp_path, executor)
-    await g.commit("g", {("t", 0): c(1)})
+async def test_group_apis_answer_not_coordinator_when_the_partition_is_not_led(open_broker):
+    broker = await open_broker(groups_partitions=2)
+    await create(broker, "t")
+    assert (await commit(broker, "g", {("t", 0): 1}))[0].error == 0
+    part = broker.partition(GROUPS_TOPIC, group_partition("g", 2))
+    part.make_follower(1)
+    with pytest.raises(errors.NotCoordinator):
+        await commit(broker, "g", {("t", 0): 2})
+    with pytest.raises(errors.NotCoordinator):
+        await fetched(broker, "g")
+    described, _ = await broker.describe_groups(m.DescribeGroupsRequest(names=["g"]), ())
+    deleted, _ = await broker.delete_groups(m.DeleteGroupsRequest(names=["g"]), ())
+    assert described.groups[0].error == deleted.groups[0].error == errors.NotCoordinator.code
+    listed, _ = await broker.list_groups(m.ListGroupsRequest(), ())
+    assert listed.groups == []
+    part.make_leader(2)
+    assert await fetched(broker, "g") == {("t", 0): 1}  # the cache of its last load
 
-    def full(path):
-        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(groups_module, "_remove", full)
-    with pytest.raises(errors.DiskFull, match="deletion of group g"):
-        await g.delete("g")
-    assert g.existing("g") == {("t", 0): c(1)}
-    assert (tmp_path / "groups" / "g.json").exists()
-    monkeypatch.undo()
-    await g.commit("g", {("t", 1): c(2)})  # the group carries on as before
-    assert g.existing("g") == {("t", 0): c(1), ("t", 1): c(2)}
+async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
+    broker = await open_broker()
+    data, _ = request([b"forged"])
+    req = m.ProduceRequest(partitions=[m.ProducePartition(topic=GROUPS_TOPIC, partition=0, size=len(data))])
+    resp, _ = await broker.produce(req, memoryview(data))
+    assert resp.partitions[0].error == errors.InvalidRequest.code
+    assert resp.partitions[0].message == "topic __groups is internal: written by brokers only"
+    deleted, _ = await broker.delete_topics(m.DeleteTopicsRequest(names=[GROUPS_TOPIC]), ())
+    grown, _ = await broker.create_partitions(
+        m.CreatePartitionsRequest(topics=[m.PartitionsIncrease(name=GROUPS_TOPIC, total=20)]), ()
+    )
+    assert deleted.topics[0].error == grown.topics[0].error == errors.InvalidRequest.code
+    created, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="__mine")]), ())
+    assert created.topics[0].error == errors.InvalidTopicName.code
+    assert len(broker.topics[GROUPS_TOPIC].partitions) == 8
+
+
+async def test_old_group_files_are_migrated_once(open_broker, tmp_path):
+    old = tmp_path / "data" / "groups"
+    old.mkdir(parents=True)
+    (old / "billing.json").write_text(json.dumps({"offsets": [
+        {"topic": "orders", "partition": 0, "offset": 5, "metadata": "m", "time": 1700, "client": "10.0.0.1:1"},
+        {"topic": "orders", "partition": 1, "offset": 7},  # the oldest files lack the details
+    ]}))
+    (old / "broken.json").write_text("{not json")
+    broker = await open_broker()
+    assert broker.groups.existing("billing") == {
+        ("orders", 0): Committed(5, "m", 1700, "10.0.0.1:1"), ("orders", 1): Committed(7, "", -1, ""),
+    }
+    assert broker.groups.names() == ["billing"]
+    moved = tmp_path / "data" / "groups.migrated"
+    assert not old.exists() and sorted(p.name for p in moved.iterdir()) == ["billing.json", "broken.json.bad"]
+    await create(broker, "orders", 2)
+    assert (await commit(broker, "billing", {("orders", 0): 9}))[0].error == 0
+    again = await open_broker()  # no second import: the newer commit stays
+    assert again.groups.existing("billing")[("orders", 0)].offset == 9
+    assert sorted(p.name for p in moved.iterdir()) == ["billing.json", "broken.json.bad"]
+    assert not (tmp_path / "data" / "groups").exists()

@@ -6,7 +6,8 @@ so tests can read records back with ``records.decode_records``.  Hooks: ``hold``
 produce requests until released, ``produce_errors`` answers the next produces with codes,
 ``delays`` slows a request type down, ``raises`` makes the connection raise the given
 exceptions for the next requests of a type.  A fetch above the end answers
-OFFSET_OUT_OF_RANGE, like the real broker.
+OFFSET_OUT_OF_RANGE, like the real broker.  Like a real broker it has the internal topic
+``__groups`` (one partition, led by it), so group requests find their coordinator here.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import asyncio
 
 from sluice import errors
 from sluice.protocol import messages, records
+from sluice.protocol.coordinator import GROUPS_TOPIC
 
 
 class FakeBroker:
     def __init__(self, topics: dict[str, int] | None = None, max_message_bytes: int = 1 << 20):
-        self.partitions: dict[str, int] = dict(topics or {})
+        self.partitions: dict[str, int] = {GROUPS_TOPIC: 1, **(topics or {})}
         self.max_message_bytes = max_message_bytes
         self.logs: dict[tuple[str, int], list[bytes]] = {}
         self.next_offset: dict[tuple[str, int], int] = {}
@@ -83,6 +85,7 @@ class FakeBroker:
                             for p in range(self.partitions[name])
                         ],
                         max_message_bytes=self.max_message_bytes,
+                        internal=name == GROUPS_TOPIC,
                     )
                 )
             return messages.MetadataResponse(

@@ -68,6 +68,23 @@ async def test_group_commit_and_resume():
         assert got[0].offset == 7
 
 
+async def test_not_coordinator_refreshes_metadata_and_retries():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, group="g", enable_auto_commit=False) as c:
+        c.assign([("t", 0)])
+        await c.start()
+        broker.raises[messages.OffsetCommitRequest] = [errors.NotCoordinator("the coordinator moved")]
+        broker.raises[messages.OffsetFetchRequest] = [errors.NotCoordinator("loading")]
+        broker.requests.clear()
+        await c.commit({("t", 0): 3})
+        assert await c.committed(("t", 0)) == 3
+    kinds = [type(r) for r in broker.requests]
+    commit, fetch, meta = messages.OffsetCommitRequest, messages.OffsetFetchRequest, messages.MetadataRequest
+    # the coordinator is looked up, asked, forgotten after NOT_COORDINATOR, looked up again
+    assert kinds == [meta, commit, meta, commit, fetch, meta, fetch]
+    assert all(r.topics == ["__groups"] for r in broker.requests if type(r) is meta)
+
+
 async def test_async_iteration_advances_per_record():
     broker = FakeBroker({"t": 1})
     await fill(broker, "t", 5)

@@ -79,7 +79,7 @@ def test_unknown_acks_value_is_an_invalid_request(broker):
 
 
 def test_high_watermarks_are_checkpointed(broker_factory):
-    broker = broker_factory(extra_args=["--hw-checkpoint-ms", "100"]).start()
+    broker = broker_factory(extra_args=["--hw-checkpoint-ms", "100", "--groups-partitions", "1"]).start()
     path = broker.data_dir / "logs" / "replication-offset-checkpoint"
 
     async def run():
@@ -93,9 +93,9 @@ def test_high_watermarks_are_checkpointed(broker_factory):
     while not (path.exists() and "cp 0 7" in path.read_text()):
         assert time.monotonic() < deadline, "no checkpoint within 10 s"
         time.sleep(0.05)
-    assert path.read_text().splitlines() == ["0", "2", "cp 0 7", "cp 1 3"]
+    assert path.read_text().splitlines() == ["0", "3", "__groups 0 0", "cp 0 7", "cp 1 3"]
     assert broker.stop() == 0
-    assert path.read_text().splitlines()[2:] == ["cp 0 7", "cp 1 3"]
+    assert path.read_text().splitlines()[2:] == ["__groups 0 0", "cp 0 7", "cp 1 3"]
     path.write_text("garbage\n")  # derived data: a bad file is set aside, the broker starts
     broker.start()
     assert "replication-offset-checkpoint is corrupt" in broker.log()

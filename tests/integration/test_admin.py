@@ -236,6 +236,30 @@ def test_group_list_describe_delete(broker):
                 call("bad name")
 
 
+def test_internal_groups_topic_is_hidden_read_only_and_readable(broker):
+    b = broker.bootstrap
+    with SyncAdmin(b) as admin:
+        admin.create_topic("orders")
+        assert [t.name for t in admin.list_topics()] == ["orders"]
+        internal = [t for t in admin.list_topics(include_internal=True) if t.internal]
+        assert [(t.name, len(t.partitions)) for t in internal] == [("__groups", 8)]
+        admin.reset_group_offsets("billing", "orders", to=0)
+    with SyncProducer(b, linger_ms=0, retries=0) as producer:
+        with pytest.raises(errors.InvalidRequest, match="topic __groups is internal: written by brokers only"):
+            producer.send("__groups", b"forged", partition=0).result()
+    consumer = SyncConsumer(b, auto_offset_reset="earliest")
+    try:  # clients may read it: one record per committed partition
+        consumer.assign([("__groups", p) for p in range(8)])
+        got = []
+        deadline = time.monotonic() + 10
+        while not got:
+            assert time.monotonic() < deadline
+            got += consumer.getmany(timeout_ms=200)
+        assert len(got) == 1 and got[0].key.startswith(b"\x94\x00\xa7billing")
+    finally:
+        consumer.close()
+
+
 def test_reset_group_offsets(broker):
     b = broker.bootstrap
     with SyncAdmin(b) as admin:

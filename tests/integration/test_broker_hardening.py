@@ -136,11 +136,11 @@ def test_unreadable_topics_file_stops_the_broker_and_is_left_in_place(broker):
     assert (broker.data_dir / "logs" / "keep-0").is_dir()
 
 
-def test_unreadable_group_file_is_set_aside_and_the_broker_starts(broker):
+def test_unreadable_old_group_file_is_kept_and_the_broker_starts(broker):
     assert broker.stop() == 0
     groups = broker.data_dir / "groups"
     groups.mkdir(exist_ok=True)
     (groups / "g.json").write_text(json.dumps([1, 2, 3]))  # valid JSON, wrong shape
     broker.start()
-    assert (groups / "g.json.bad").exists()
+    assert (broker.data_dir / "groups.migrated" / "g.json").read_text() == "[1, 2, 3]"
     assert "unreadable" in broker.log()

@@ -10,7 +10,15 @@ Data directory::
     <data>/meta/topics.json        topic definitions (cluster/embedded.py; none with etcd)
     <data>/logs/<topic>-<n>/       one partition log each (storage/log.py)
     <data>/logs/replication-offset-checkpoint   high watermarks (storage/checkpoint.py)
-    <data>/groups/<group>.json     committed offsets, with commit times and clients (broker/groups.py)
+    <data>/logs/__groups-<n>/      committed offsets of consumer groups: the internal topic
+                                   __groups (broker/coordinator.py, protocol/group_records.py)
+    <data>/groups.migrated/        group offset files of older brokers, kept after their
+                                   import into __groups (broker/group_migration.py)
+
+All durable broker state lives in partitions: internal topics (``__groups``) are created at
+start when missing, like any topic but with ``internal`` set; clients may read them, only
+brokers write them.  The ``__groups`` partitions a broker leads make it the coordinator of
+their groups (``GroupCoordinator.load`` / ``unload`` follow leadership).
 
 Metadata lives in a ``MetadataStore`` (cluster/store.py): the data directory by default, or
 etcd with ``sluice serve --cluster etcd://...``.  Either way the broker runs the same
@@ -30,24 +38,51 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.fetch import FetchHandlers
-from sluice.broker.groups import GroupHandlers, GroupOffsets
+from sluice.broker.group_migration import migrate_legacy_groups
+from sluice.broker.groups import GroupHandlers
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.replication import ReplicaManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
+from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
 from sluice.cluster.controller import Controller
 from sluice.cluster.store import BrokerRegistration, MetadataStore
 from sluice.config import ServerConfig, TopicConfig
-from sluice.errors import MetadataUnavailable, NotLeader, UnknownPartition
+from sluice.errors import (
+    MetadataUnavailable,
+    NotCoordinator,
+    NotLeader,
+    TopicAlreadyExists,
+    UnknownPartition,
+)
 from sluice.protocol import messages as m
+from sluice.protocol.coordinator import GROUPS_TOPIC
 from sluice.storage.checkpoint import read_offsets, write_offsets
 
 log = logging.getLogger("sluice.broker")
 
 HW_CHECKPOINT = "replication-offset-checkpoint"
 CONTROLLER_POLL_S = 1.0
+INTERNAL_REPLICAS = 3  # a cluster's internal topics get min(3, live brokers) replicas
+INTERNAL_TOPIC_WAIT_S = 10.0  # ... once that many are alive, or after this long
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("loading groups failed: %r", task.exception())
+
+# Group offsets are state, not data: compacted (the latest offset of each key is kept),
+# never deleted by age or size, and fsynced before a commit is answered, whatever the
+# broker's topic defaults say.
+GROUPS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "flush.messages": "1",
+}
 
 
 class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHandlers):
@@ -71,7 +106,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
         self._draining = False  # shutdown began: fetches answer at once instead of waiting
         self.metadata = store if store is not None else open_store(config)
-        self.groups: GroupOffsets | None = None
+        self.groups: GroupCoordinator | None = None
         self.host, self.port = config.host, config.port
         self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
         self.controller_id = -1
@@ -82,6 +117,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
             self.metadata, config.node_id, config.leader_rebalance_interval_ms, self._controller_changed.set
         )
         self._tasks: list[asyncio.Task] = []
+        self._started_at = time.monotonic()
         self._expired: list = []  # segments out of their logs whose files are still to delete
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
 
@@ -89,7 +125,9 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
 
     async def start(self) -> None:
         """Open the metadata store, register, open (recover) the partitions held here and
-        take their roles, then follow the cluster."""
+        take their roles, create the internal topics when missing, and load the groups of
+        the ``__groups`` partitions led here (importing group offset files of older
+        brokers); then follow the cluster."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
         try:
@@ -101,12 +139,13 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
             node = self.config.node_id
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
             self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
-            self.groups = GroupOffsets(self.data_dir, self.housekeeping)
             for record in (await self.metadata.topics()).values():
                 states = await self.metadata.partition_states(record.name)
                 topic = await self._open_topic(record, states)
                 for i in topic.partitions:
                     self._become(topic, i, states[i])
+            if await self._ensure_internal_topics():
+                await self._start_coordinator()
         except BaseException:
             await self._close_partitions()
             await self.metadata.close()
@@ -117,6 +156,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
+            self._groups_later(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 
@@ -138,16 +178,76 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         """Keep ``controller_id`` as the store has it: looked up when brokers change and
         every ``CONTROLLER_POLL_S`` (an election need not change the brokers)."""
         while True:
-            try:
-                await asyncio.wait_for(self._controller_changed.wait(), CONTROLLER_POLL_S)
-            except TimeoutError:
-                pass
+            await wait_event(self._controller_changed, CONTROLLER_POLL_S)
             self._controller_changed.clear()
             try:
                 controller = await self.metadata.controller()
             except MetadataUnavailable:
                 continue
             self.controller_id = -1 if controller is None else controller
+
+    async def _ensure_internal_topics(self) -> bool:
+        """Create ``__groups`` (``groups_partitions`` partitions, compacted) unless the
+        cluster has it, through the normal creation path; True once it exists.  An
+        existing one keeps its partition count: groups are placed by it.
+
+        In a cluster it waits (False) until ``INTERNAL_REPLICAS`` brokers are alive, or
+        ``INTERNAL_TOPIC_WAIT_S`` after this broker started: the first broker of a new
+        cluster would otherwise create it with a single replica."""
+        record = (await self.metadata.topics()).get(GROUPS_TOPIC)
+        if record is None:
+            alone = len(self.live_brokers) < INTERNAL_REPLICAS and self.config.cluster is not None
+            if alone and time.monotonic() - self._started_at < INTERNAL_TOPIC_WAIT_S:
+                return False
+            new = m.NewTopic(name=GROUPS_TOPIC, partitions=self.config.groups_partitions, config=GROUPS_TOPIC_CONFIG)
+            try:
+                async with self._admin_lock:
+                    await self._create_topic(new, validate_only=False, internal=True)
+            except TopicAlreadyExists:  # another broker was first
+                pass
+        elif record.partitions != self.config.groups_partitions:
+            log.warning(
+                "%s has %d partitions; --groups-partitions %d applies only when it is created",
+                GROUPS_TOPIC, record.partitions, self.config.groups_partitions,
+            )
+        return True
+
+    async def _groups_later(self) -> None:
+        """Start the group coordinator once ``__groups`` exists (a cluster's first brokers
+        wait for each other; see ``_ensure_internal_topics``)."""
+        while self.groups is None:
+            await asyncio.sleep(1.0)
+            try:
+                if await self._ensure_internal_topics():
+                    async with self._admin_lock:  # the topic is opened by then
+                        await self._start_coordinator()
+            except Exception as exc:  # noqa: BLE001 - retried: the store or a broker may be back
+                log.warning("cannot start the group coordinator yet: %s", exc)
+
+    def _leadership_changed(self, part: Partition) -> None:
+        """A partition held here began or stopped leading: the coordinator follows its
+        ``__groups`` partitions."""
+        if part.topic != GROUPS_TOPIC or self.groups is None:
+            return
+        if part.is_leader:
+            task = asyncio.ensure_future(self.groups.load(part.index))
+            task.add_done_callback(_log_failure)
+        else:
+            self.groups.unload(part.index)
+
+    async def _start_coordinator(self) -> None:
+        """Load the groups of the ``__groups`` partitions this broker leads, then import the
+        group offset files of older brokers (broker/group_migration.py)."""
+        count = (await self.metadata.topics())[GROUPS_TOPIC].partitions
+
+        def replica(p: int) -> Partition | None:
+            topic = self.topics.get(GROUPS_TOPIC)
+            return topic.partitions.get(p) if topic is not None else None
+
+        self.groups = GroupCoordinator(replica, count, self.read_executor, self.config.node_id)
+        led = [p for p in range(count) if (part := replica(p)) is not None and part.is_leader]
+        await asyncio.gather(*(self.groups.load(p) for p in led))
+        await migrate_legacy_groups(self.data_dir, self.groups, self.housekeeping)
 
     async def close(self) -> None:
         """Stop following the cluster, finish queued writes, fsync and close every partition."""
@@ -271,6 +371,12 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         if p is None:
             raise NotLeader(f"this broker holds no replica of {topic}-{index}")
         return p
+
+    def coordinator(self) -> GroupCoordinator:
+        """The group coordinator; ``NotCoordinator`` while ``__groups`` does not exist yet."""
+        if self.groups is None:
+            raise NotCoordinator("the group coordinator is starting (no __groups topic yet); retry")
+        return self.groups
 
     def led_partition(self, topic: str, index: int) -> Partition:
         """The partition if this broker leads it; ``NotLeader`` otherwise (consumers and

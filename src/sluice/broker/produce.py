@@ -28,7 +28,8 @@ class ProduceHandler:
         ``flush.messages=1``); ``acks=all`` once the high watermark passes them, i.e. every
         in-sync replica has them, within ``timeout_ms`` (else ``REQUEST_TIMED_OUT``, the
         records may be stored).  Refusals come at once: ``NOT_ENOUGH_REPLICAS``,
-        ``BROKER_BUSY`` (see broker/partition.py).
+        ``BROKER_BUSY`` (see broker/partition.py); ``INVALID_REQUEST`` for an internal
+        topic (only brokers write those).
         """
         if req.acks not in (m.ACKS_NONE, m.ACKS_LEADER, m.ACKS_ALL):
             raise InvalidRequest(f"acks must be 0 (none), 1 (leader) or -1 (all), not {req.acks}")
@@ -43,6 +44,8 @@ class ProduceHandler:
             pos += p.size
             try:
                 part = self.partition(p.topic, p.partition)
+                if self.topics[p.topic].internal:
+                    raise InvalidRequest(f"topic {p.topic} is internal: written by brokers only")
                 max_bytes = part.config.max_message_bytes
                 try:
                     spans = validate_batches(chunk, max_bytes)

@@ -30,6 +30,7 @@ import logging
 from sluice.broker.fetcher import ReplicaFetcher
 from sluice.broker.partition import Partition
 from sluice.broker.topics import Topic, error_fields
+from sluice.broker.wait import wait_event
 from sluice.cluster.controller import preferred_election
 from sluice.cluster.store import PartitionChange, PartitionState
 from sluice.errors import (
@@ -114,6 +115,7 @@ class ReplicaManager:
                 return
             self._unfollow(part)
             part.make_leader(state.leader_epoch, replicas, state.isr)
+            self._leadership_changed(part)
             log.info(
                 "leading %s-%d in epoch %d (ISR %s)", part.topic, part.index, state.leader_epoch, state.isr
             )
@@ -121,7 +123,10 @@ class ReplicaManager:
         part.isr = tuple(state.isr)
         if not part.is_leader and part.leader_epoch == state.leader_epoch and self._following(part) == state.leader:
             return
+        was_leader = part.is_leader
         part.make_follower(state.leader_epoch)
+        if was_leader:
+            self._leadership_changed(part)
         self._unfollow(part)
         if state.leader >= 0:
             self._fetcher(state.leader).add(part)
@@ -166,10 +171,7 @@ class ReplicaManager:
         """Leader side: shrink and grow the ISR of the partitions led here."""
         lag_s = self.config.replica_lag_time_max_ms / 1000
         while True:
-            try:
-                await asyncio.wait_for(self._isr_check.wait(), min(lag_s / 4, 1.0))
-            except TimeoutError:
-                pass
+            await wait_event(self._isr_check, min(lag_s / 4, 1.0))
             self._isr_check.clear()
             for topic in list(self.topics.values()):
                 for part in list(topic.partitions.values()):

@@ -36,6 +36,7 @@ from sluice.errors import (
     InvalidConfig,
     InvalidPartitions,
     InvalidReplicationFactor,
+    InvalidRequest,
     MetadataUnavailable,
     TopicAlreadyExists,
     UnknownTopic,
@@ -74,6 +75,11 @@ def unknown_topic(topic: str) -> UnknownTopic:
 def error_fields(exc: BrokerError) -> dict:
     """The ``error`` and ``message`` fields of a result that failed with ``exc``."""
     return {"error": exc.code, "message": exc.message}
+
+
+def _check_not_internal(topic: Topic, change: str) -> None:
+    if topic.internal:
+        raise InvalidRequest(f"topic {topic.name} is internal: it cannot be {change}")
 
 
 class TopicAdmin:
@@ -193,7 +199,8 @@ class TopicAdmin:
 
     async def _create_topic(self, new: m.NewTopic, validate_only: bool, internal: bool = False) -> None:
         """Validate, assign replicas, open the partitions held here, then record the topic;
-        all or nothing.  Admin lock held.  ``internal``: a broker's own topic (``__groups``)."""
+        all or nothing.  Admin lock held.  ``internal``: a topic only brokers write (its
+        name starts with ``__``); never for a client's request."""
         check_topic_name(new.name, internal_ok=internal)
         check_partitions(new.partitions)
         TopicConfig.parse(new.config, self.defaults)
@@ -262,8 +269,9 @@ class TopicAdmin:
 
     async def _delete_topic(self, name: str) -> None:
         """Delete the topic from the metadata store, then here (the other replicas delete
-        theirs when the store tells them).  Admin lock held."""
-        self.topic(name)
+        theirs when the store tells them).  Internal topics cannot be deleted: they hold
+        the brokers' state.  Admin lock held."""
+        _check_not_internal(self.topic(name), "deleted")
         await self.metadata.delete_topic(name)
         await self._forget_topic(name)
 
@@ -278,7 +286,8 @@ class TopicAdmin:
         for p in parts:
             self._unfollow(p)
         await asyncio.gather(*(p.abort() for p in parts), return_exceptions=True)
-        await self.groups.forget_topic(name)
+        if self.groups is not None:
+            await self.groups.forget_topic(name)
         for p in parts:
             src = self._log_dir(name, p.index)
             trash = src.with_name(f".trash-{uuid.uuid4().hex}")
@@ -371,6 +380,7 @@ class TopicAdmin:
         count, then make them visible (metadata, produce, fetch); all or nothing.  Admin
         lock held."""
         topic = self.topic(inc.name)
+        _check_not_internal(topic, "given partitions")
         current = topic.count
         check_partitions(inc.total)
         if inc.total <= current:

@@ -148,12 +148,14 @@ def _listen_host(ctx, param, host: str) -> str:
               help="Replicas of a topic created without --replication-factor; 0: min(3, live brokers).")
 @click.option("--leader-rebalance-interval-ms", type=click.IntRange(min=0), default=30_000, show_default=True,
               help="How often the controller gives leadership back to preferred replicas; 0: never.")
+@click.option("--groups-partitions", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Partitions of the internal topic __groups (group offsets), when it is created.")
 @click.pass_context
 def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
           retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
           max_frame_bytes: int, advertise: str | None, advertised_address: str | None, cluster: str | None,
           session_timeout_ms: int, replica_lag_time_max_ms: int, default_replication_factor: int,
-          leader_rebalance_interval_ms: int) -> None:
+          leader_rebalance_interval_ms: int, groups_partitions: int) -> None:
     """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd.
 
     Brokers of one cluster share the --cluster URL and each has its own --node-id and
@@ -184,6 +186,7 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
             replica_lag_time_max_ms=replica_lag_time_max_ms,
             default_replication_factor=default_replication_factor,
             leader_rebalance_interval_ms=leader_rebalance_interval_ms,
+            groups_partitions=groups_partitions,
         )
     except errors.ConfigError as exc:
         raise errors.UsageError(str(exc)) from None

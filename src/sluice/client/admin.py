@@ -4,14 +4,17 @@ list offsets), consumer groups (list, describe, delete, reset offsets) and the c
 
 Thin: each method is one request to a broker (the controller when metadata names one), or
 a few for offset resets, and turns per-topic or per-partition error codes into exceptions
-with ``errors.raise_for_code``.  Belongs to one event loop; ``client.sync.SyncAdmin`` is the
-blocking twin.
+with ``errors.raise_for_code``.  Group requests go to the group's coordinator (the leader of
+its ``__groups`` partition) and are retried on ``NOT_COORDINATOR`` within the request
+timeout; ``list_groups`` asks every live broker.  Belongs to one event loop;
+``client.sync.SyncAdmin`` is the blocking twin.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -48,6 +51,18 @@ def _raise_first(results) -> None:
     """Raise the error of the first failed per-topic or per-group result, if any."""
     for r in results:
         errors.raise_for_code(r.error, r.message or r.name)
+
+
+def _check_coordinator(resp) -> None:
+    """Raise a group result's ``NotCoordinator`` (retried); other errors are the caller's."""
+    for g in resp.groups:
+        if g.error == errors.NotCoordinator.code:
+            errors.raise_for_code(g.error, g.message or g.name)
+
+
+def _raise_partition_errors(resp) -> None:
+    for r in resp.partitions:
+        errors.raise_for_code(r.error, r.message)
 
 
 @dataclass(frozen=True)
@@ -97,9 +112,14 @@ class Admin:
     async def _leaders(self, topic: str, partitions: Iterable[int]) -> dict[int, list[int]]:
         """Partitions of ``topic`` by their leader, from fresh metadata (``NotLeader`` for
         a partition with no leader now)."""
-        await self._cluster.refresh([topic])
+        resp = await self._cluster.refresh([topic])
+        for t in resp.topics:
+            errors.raise_for_code(t.error, t.message or topic)
+        count = self._cluster.topic(topic).partitions
         out: dict[int, list[int]] = {}
         for p in partitions:
+            if not 0 <= p < count:
+                raise errors.UnknownPartition(f"topic {topic!r} has partitions 0-{count - 1}, not {p}")
             node = self._cluster.leader(topic, p)
             if node < 0:
                 raise errors.NotLeader(f"{topic}-{p} has no leader now; retry")
@@ -126,6 +146,19 @@ class Admin:
             todo = moved
             await asyncio.sleep(0.1 * (attempt + 1))
         return out
+    async def _group_request(self, group: str, request, check: Callable[[object], None] | None = None):
+        """``request`` to ``group``'s coordinator; ``NotCoordinator`` is retried (with fresh
+        metadata, backoff 0.1 s doubling to 1 s) until the request timeout has passed."""
+        deadline = time.monotonic() + self._cluster.request_timeout
+        delay = 0.1
+        while True:
+            try:
+                return await self._cluster.coordinator_request(group, request, check)
+            except errors.NotCoordinator:
+                if time.monotonic() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def create_topic(
         self,
@@ -207,10 +240,12 @@ class Admin:
         _raise_first(resp.topics)
         return total
 
-    async def list_topics(self) -> list[TopicMetadata]:
-        """Metadata of every topic (partition leaders, replicas, max message bytes)."""
+    async def list_topics(self, include_internal: bool = False) -> list[TopicMetadata]:
+        """Metadata of every topic (partition leaders, replicas, max message bytes); the
+        internal topics (``__groups``: state written by brokers) only with
+        ``include_internal``."""
         resp = await self._request(messages.MetadataRequest(topics=None))
-        return list(resp.topics)
+        return [t for t in resp.topics if include_internal or not t.internal]
 
     async def describe_topic(self, name: str) -> TopicDescription:
         """Config, replication factor and, per partition, the replication state (leader,
@@ -232,9 +267,8 @@ class Admin:
             return t
 
         def results(resp):
-            [d] = resp.topics
-            errors.raise_for_code(d.error, d.message or t.name)
-            return [p for p in d.partitions if p.partition in wanted]
+            [d] = resp.topics  # a leader that has not seen the topic yet: -1 stays
+            return [p for p in d.partitions if p.partition in wanted] if not d.error else []
 
         wanted = set(others)
         found = await self._to_leaders(
@@ -315,14 +349,24 @@ class Admin:
 
     async def list_groups(self) -> list[GroupListing]:
         """Every group with committed offsets: its topics, partitions, total lag and the
-        time of its latest commit."""
-        return list((await self._request(messages.ListGroupsRequest())).groups)
+        time of its latest commit, by name.  Every live broker is asked for the groups it
+        coordinates (a broker that cannot be reached fails the call: a partial list would
+        mislead); a group two brokers list while its coordinator moves is listed once."""
+        await self._cluster.refresh([])
+        found: dict[str, GroupListing] = {}
+        for node in sorted(self._cluster.brokers):
+            conn = await self._cluster.connection(node)
+            resp, _ = await conn.request(messages.ListGroupsRequest(), (), self._cluster.request_timeout)
+            for g in resp.groups:
+                if g.name not in found or g.last_commit_ms > found[g.name].last_commit_ms:
+                    found[g.name] = g
+        return [found[name] for name in sorted(found)]
 
     async def describe_group(self, group: str) -> GroupDescription:
         """Per partition of every topic ``group`` committed to: the committed offset (-1 if
         none), log start, high watermark, lag, when the last commit came and from which
         client address.  ``UnknownGroup`` if the group has no committed offsets."""
-        resp = await self._request(messages.DescribeGroupsRequest(names=[group]))
+        resp = await self._group_request(group, messages.DescribeGroupsRequest(names=[group]), _check_coordinator)
         for g in resp.groups:
             if g.name == group:
                 errors.raise_for_code(g.error, g.message or group)
@@ -335,7 +379,7 @@ class Admin:
         Nothing stops a consumer of the group that is still running: its next commit
         creates the group again.
         """
-        resp = await self._request(messages.DeleteGroupsRequest(names=[group]))
+        resp = await self._group_request(group, messages.DeleteGroupsRequest(names=[group]), _check_coordinator)
         _raise_first(resp.groups)
 
     async def reset_group_offsets(
@@ -400,8 +444,7 @@ class Admin:
                 group=group,
                 offsets=[messages.CommitOffset(topic=topic, partition=r.partition, offset=r.new) for r in resets],
             )
-            for r in (await self._request(req)).partitions:
-                errors.raise_for_code(r.error, r.message)
+            await self._group_request(group, req, _raise_partition_errors)
         return resets
 
     async def _committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
@@ -409,7 +452,7 @@ class Admin:
             group=group, partitions=[messages.TopicPartition(topic=topic, partition=p) for p in partitions]
         )
         out: dict[int, int | None] = dict.fromkeys(partitions)
-        for r in (await self._request(req)).offsets:
+        for r in (await self._group_request(group, req)).offsets:
             errors.raise_for_code(r.error)
             out[r.partition] = r.offset if r.offset >= 0 else None
         return out

@@ -11,7 +11,9 @@ With a ``group``, starting positions come from the group's committed offsets and
 answers ``OffsetOutOfRange`` for is not used again: the partition is reset per
 ``auto_offset_reset``.  Commits coalesce: one commit request at a time runs in its own
 task; later calls wait for it (shielded, so a cancelled caller never fails the others) and
-then send only the latest positions.
+then send only the latest positions.  Group requests go to the group's coordinator, the
+leader of its ``__groups`` partition (``Cluster.coordinator_request``); ``NOT_COORDINATOR``
+is retriable like a moved leader: metadata is asked again and the request retried.
 
 Riding out faults: after ``start()``, retriable errors (connection lost, broker restarting,
 a request timing out, leader moving) never end a read loop at once.  ``getmany`` and
@@ -708,12 +710,7 @@ class Consumer:
                 )
 
 
-                async def send() -> None:
-                    resp, _ = await self._cluster.request(req)
-                    for r in resp.partitions:
-                        errors.raise_for_code(r.error, r.message)
-
-                await self._retrying(send)
+                await self._retrying(lambda: self._cluster.coordinator_request(self.group, req, _check_commit))
                 self._committed_positions.update(batch)
         except BaseException:
             for tp, off in batch.items():
@@ -742,12 +739,8 @@ class Consumer:
             group=self.group,
             partitions=[messages.TopicPartition(topic=t, partition=p) for t, p in tps],
         )
-        resp, _ = await self._cluster.request(req)
-        out: dict[TP, int | None] = {}
-        for r in resp.offsets:
-            errors.raise_for_code(r.error)
-            out[(r.topic, r.partition)] = r.offset if r.offset >= 0 else None
-        return out
+        resp = await self._cluster.coordinator_request(self.group, req, _check_fetched)
+        return {(r.topic, r.partition): r.offset if r.offset >= 0 else None for r in resp.offsets}
 
     async def _auto_commit_loop(self) -> None:
         while True:
@@ -758,6 +751,16 @@ class Consumer:
                     await self.commit(current)
                 except Exception as exc:  # retried at the next interval; close() commits too
                     log.warning("auto commit of group %r failed: %s", self.group, exc)
+
+
+def _check_commit(resp: messages.OffsetCommitResponse) -> None:
+    for r in resp.partitions:
+        errors.raise_for_code(r.error, r.message)
+
+
+def _check_fetched(resp: messages.OffsetFetchResponse) -> None:
+    for r in resp.offsets:
+        errors.raise_for_code(r.error)
 
 
 def _set_none(fut: asyncio.Future) -> None:

@@ -352,8 +352,8 @@ class SyncAdmin(_SyncBase):
     def delete_topic(self, name: str) -> None:
         self._call(Admin.delete_topic, name)
 
-    def list_topics(self):
-        return self._call(Admin.list_topics)
+    def list_topics(self, include_internal: bool = False):
+        return self._call(Admin.list_topics, include_internal)
 
     def describe_topic(self, name: str):
         return self._call(Admin.describe_topic, name)

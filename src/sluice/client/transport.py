@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from sluice import errors
 from sluice.protocol import frames, messages
+from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
 
 ConnectionFactory = Callable[[str, int], Awaitable["Connection"]]
 
@@ -534,6 +535,43 @@ class Cluster:
         """Send ``request`` to any broker (metadata, admin)."""
         conn = await self.any_connection()
         return await conn.request(request, attachments, timeout or self.request_timeout)
+
+    async def coordinator(self, group: str) -> Connection:
+        """The connection to ``group``'s coordinator: the leader of its ``__groups``
+        partition (protocol/coordinator.py), from metadata, refreshed when unknown.
+        ``NotCoordinator`` (retriable) while that partition has no leader."""
+        for attempt in range(2):
+            info = self.topics.get(GROUPS_TOPIC)
+            if info is not None:
+                leader = info.leaders[group_partition(group, info.partitions)]
+                if leader >= 0 and leader in self.brokers:
+                    return await self.connection(leader)
+            if attempt == 0:
+                await self.refresh([GROUPS_TOPIC])
+        error = self.unknown.get(GROUPS_TOPIC)
+        if error is not None:
+            raise errors.NotCoordinator(f"no coordinator for group {group!r}: {error}") from error
+        raise errors.NotCoordinator(f"no coordinator for group {group!r}: its {GROUPS_TOPIC} partition has no leader")
+
+    async def coordinator_request(
+        self, group: str, request, check: Callable[[object], None] | None = None, timeout: float | None = None
+    ):
+        """Send a group request to ``group``'s coordinator; return the response.
+
+        ``check(response)`` raises the errors the response carries per partition or per
+        group.  On ``NotCoordinator`` (answered or raised by ``check``) or a lost
+        connection, the cached leaders of ``__groups`` are forgotten and the error raised:
+        the caller retries, and the retry asks the metadata again.
+        """
+        try:
+            conn = await self.coordinator(group)
+            response, _ = await conn.request(request, (), timeout or self.request_timeout)
+            if check is not None:
+                check(response)
+            return response
+        except (errors.NotCoordinator, errors.ConnectionClosed):
+            self.mark_stale(GROUPS_TOPIC)
+            raise
 
     # ------------------------------------------------------------------ metadata
 

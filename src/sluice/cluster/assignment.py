@@ -1,9 +1,9 @@
 """Replica assignment: which brokers hold the partitions of a new topic.
 
-Kafka's goals, greedily: every partition gets ``factor`` distinct brokers; preferred
-leaders (the first replica) spread evenly over the brokers, then replicas go to the
-brokers holding the fewest; ties rotate with the partition index so that equal brokers
-take turns.  Pure: no I/O.
+Kafka's goals, greedily: preferred leaders (the first replica of each partition) spread
+evenly over the brokers first; then, round by round, each partition's next replica goes
+to the broker holding the fewest that it does not use yet.  Ties rotate with the
+partition index so that equal brokers take turns.  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -32,16 +32,19 @@ def assign_replicas(
     held = {b: (load or {}).get(b, 0) for b in brokers}
     leading = dict.fromkeys(brokers, 0)
     n = len(brokers)
-    out = []
-    for k in range(start, start + partitions):
-        def turn(b: int, k: int = k) -> int:
-            return (brokers.index(b) - k) % n
 
-        leader = min(brokers, key=lambda b: (leading[b], held[b], turn(b)))
-        others = sorted((b for b in brokers if b != leader), key=lambda b: (held[b], turn(b)))
-        replicas = [leader, *others[: factor - 1]]
+    def turn(b: int, k: int) -> int:
+        return (brokers.index(b) - k) % n
+
+    out = []
+    for k in range(start, start + partitions):  # leaders first: evenly over the brokers
+        leader = min(brokers, key=lambda b, k=k: (leading[b], held[b], turn(b, k)))
         leading[leader] += 1
-        for b in replicas:
+        held[leader] += 1
+        out.append([leader])
+    for _ in range(factor - 1):  # then each round of followers, to the least loaded
+        for k, replicas in enumerate(out, start):
+            b = min((b for b in brokers if b not in replicas), key=lambda b, k=k: (held[b], turn(b, k)))
             held[b] += 1
-        out.append(replicas)
+            replicas.append(b)
     return out
