@@ -320,6 +320,18 @@ def test_retention_by_age(plog):
     assert len(plog.segments) == 1 and plog.active.max_timestamp == maxima[-1]
 
 
+def test_a_follower_lets_go_of_segments_below_its_leaders_log_start(plog):
+    for i in range(8):
+        append_batches(plog, [[bytes([i]) * 200]])  # about one batch per segment
+    bases = [s.base_offset for s in plog.segments]
+    assert len(bases) >= 4
+    assert plog.expired_segments(now_ms(), floor=bases[1] - 1) == []  # no whole segment below
+    expired = plog.expired_segments(now_ms(), floor=bases[2])
+    assert [s.base_offset for s in expired] == bases[:2]
+    assert plog.log_start_offset == bases[2]
+    assert plog.expired_segments(now_ms(), floor=10**9)[-1].base_offset < plog.active.base_offset  # never the active
+
+
 @pytest.mark.parametrize("max_bytes", [0, 1, 11])
 def test_read_with_tiny_max_bytes_still_returns_one_batch(plog, max_bytes):
     append_batches(plog, [[b"first", b"second"]])

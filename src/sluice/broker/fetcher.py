@@ -264,6 +264,7 @@ class ReplicaFetcher:
                 f.storage_error = ""
         if self._current(f):
             part.advance_high_watermark(min(r.high_watermark, part.log_end_offset))
+            part.leader_log_start = r.log_start_offset
 
     def _refused(self, f: _Followed, exc: SluiceError) -> None:
         """The leader refused the partition: wait for a new state, truncate again, or

@@ -155,6 +155,7 @@ class Partition:
         self.followers: dict[int, Follower] = {}  # on the leader: the other replicas
         self.failed_followers: set[int] = set()  # on the leader: replicas that cannot write
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
+        self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
         self._replica_waiters: list[Callable[[], None]] = []  # replica fetches waiting for appends
         self._marks: deque[tuple[int, int]] = deque()  # (log end, bytes appended) on the leader
         self._appended_bytes = 0
@@ -739,10 +740,11 @@ class Partition:
 
     def take_expired(self, now_ms: int) -> list[Segment]:
         """Segments retention removes from the log (none while a truncation or a cleaning
-        runs, none with ``cleanup.policy=compact``)."""
+        runs, none with ``cleanup.policy=compact``).  A follower also lets go of what its
+        leader no longer has, so replicas' log starts do not drift apart."""
         if self._truncating or self._cleaning is not None or self.config.cleanup_policy == "compact":
             return []
-        return self.log.expired_segments(now_ms)
+        return self.log.expired_segments(now_ms, -1 if self.is_leader else self.leader_log_start)
 
     # ------------------------------------------------------------------ compaction
 

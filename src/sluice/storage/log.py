@@ -408,13 +408,14 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ retention and truncation
 
-    def expired_segments(self, now_ms: int) -> list[Segment]:
+    def expired_segments(self, now_ms: int, floor: int = -1) -> list[Segment]:
         """Remove from the log (not from disk) the segments retention lets go. Event loop.
 
         Never the active segment, nor one holding offsets at or above the high watermark
         (not every replica has them yet).  By age: the segment's newest timestamp (or its file time
         when it has none) is older than ``retention_ms``.  By size: oldest first while the
-        log without them stays at or above ``retention_bytes``.  The caller deletes the files
+        log without them stays at or above ``retention_bytes``.  By ``floor`` (a follower's:
+        its leader's log start): every offset of the segment is below it.  The caller deletes the files
         (``Segment.delete``) off the event loop, then closes them (``Segment.close``, which
         waits for readers).
         """
@@ -426,7 +427,8 @@ class PartitionLog:
             newest_ts = oldest.max_timestamp if oldest.max_timestamp >= 0 else oldest.created_ms
             by_age = cfg.retention_ms >= 0 and now_ms - newest_ts > cfg.retention_ms
             by_size = cfg.retention_bytes >= 0 and total - oldest.size >= cfg.retention_bytes
-            if not (by_age or by_size):
+            by_floor = self.segments[1].base_offset <= floor
+            if not (by_age or by_size or by_floor):
                 break
             expired.append(self.segments.pop(0))
             total -= oldest.size
