@@ -155,3 +155,24 @@ async def test_truncation_waits_for_queued_appends_and_orders_with_later_ones(re
     await asyncio.gather(first, cut, again)
     assert follower.log_end_offset == sum(1 + i % 3 for i in range(4))
     assert log_bytes(follower) == b"".join(blobs[:4])
+
+
+async def test_a_follower_behind_its_leaders_log_start_starts_over_there(replicas):
+    leader = replicas("leader", **{"retention.bytes": "0"})
+    follower = replicas("follower", leader=False)
+    await produce(leader, 6, b"old")
+    await replicate(leader, follower)
+    await produce(leader, 40, b"new")
+    for seg in leader.take_expired(0):  # retention: the leader keeps only its active segment
+        seg.delete()
+    start = leader.log_start_offset
+    assert start > follower.log_end_offset
+    await follower.reset_to(start)
+    assert (follower.log_start_offset, follower.log_end_offset, follower.high_watermark) == (start, start, start)
+    assert follower.log.epochs.entries() == []
+    await replicate(leader, follower)
+    assert batches(follower) == batches(leader)
+    end = follower.log_end_offset
+    await follower.close()
+    again = replicas("follower", leader=False)  # a restart keeps the new start
+    assert (again.log_start_offset, again.log_end_offset) == (start, end)

@@ -234,6 +234,9 @@ class ReplicaFetcher:
             pos += r.size
             if not self._current(f):
                 continue
+            if r.error == OffsetOutOfRange.code and f.part.log_end_offset < r.log_start_offset:
+                appends.append(self._restart_at(f, r.log_start_offset))
+                continue
             if r.error:
                 self._refused(f, error_for_code(r.error, r.message))
                 continue
@@ -265,6 +268,20 @@ class ReplicaFetcher:
         if self._current(f):
             part.advance_high_watermark(min(r.high_watermark, part.log_end_offset))
             part.leader_log_start = r.log_start_offset
+
+    async def _restart_at(self, f: _Followed, offset: int) -> None:
+        """The leader no longer has the offsets this replica needs (retention deleted
+        them): start this replica's log anew at the leader's log start."""
+        part = f.part
+        log.warning(
+            "%s-%d: log end %d is below the log start %d of leader %d; starting the replica over there",
+            part.topic, part.index, part.log_end_offset, offset, self.leader,
+        )
+        try:
+            await part.reset_to(offset)
+        except StorageError as exc:
+            f.storage_error = exc.message
+            f.resume_at = time.monotonic() + STORAGE_RETRY_S
 
     def _refused(self, f: _Followed, exc: SluiceError) -> None:
         """The leader refused the partition: wait for a new state, truncate again, or

@@ -107,6 +107,7 @@ class _Append:
 class _Truncate:
     offset: int
     future: asyncio.Future
+    reset: bool = False  # drop the whole log and start it empty at ``offset``
 
 
 @dataclass
@@ -287,6 +288,16 @@ class Partition:
             self._enqueue(_Truncate(offset, fut))
         return fut
 
+    def reset_to(self, offset: int) -> asyncio.Future:
+        """Drop the whole log and start it empty at ``offset`` (see PartitionLog.reset_to),
+        in the writer's turn, like ``truncate_to``."""
+        fut = asyncio.get_running_loop().create_future()
+        if self._closing:
+            fut.set_exception(BrokerShuttingDown("partition is closing"))
+        else:
+            self._enqueue(_Truncate(offset, fut, reset=True))
+        return fut
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -330,7 +341,8 @@ class Partition:
             await asyncio.wait([self._swapping])
         self._truncating = True
         try:
-            await loop.run_in_executor(self._write_executor, self.log.truncate_to, req.offset)
+            cut = self.log.reset_to if req.reset else self.log.truncate_to
+            await loop.run_in_executor(self._write_executor, cut, req.offset)
         except OSError as exc:
             err = storage_error_from_os(exc, f"truncate {self.topic}-{self.index}")
             log.error("%s", err)

@@ -230,6 +230,7 @@ class ReplicaManager:
         while True:
             results, blobs, size, parts = [], [], 0, []
             for rp in req.partitions:
+                part = None
                 try:
                     part = self._led(rp.topic, rp.partition, rp.leader_epoch)
                     if first:
@@ -245,7 +246,11 @@ class ReplicaManager:
                     except OSError as exc:
                         raise storage_error_from_os(exc, f"read {rp.topic}-{rp.partition}") from exc
                 except BrokerError as exc:
-                    results.append(m.ReplicaFetchResult(topic=rp.topic, partition=rp.partition, **error_fields(exc)))
+                    results.append(m.ReplicaFetchResult(
+                        topic=rp.topic, partition=rp.partition, **error_fields(exc),
+                        # out of range: where the follower can start again
+                        log_start_offset=part.log_start_offset if part is not None else -1,
+                    ))
                     continue
                 results.append(m.ReplicaFetchResult(
                     topic=rp.topic, partition=rp.partition, high_watermark=part.high_watermark,

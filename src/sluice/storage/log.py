@@ -500,6 +500,31 @@ class PartitionLog:
             # a recovery point above the cut would spare rewritten segments the check
             self.write_recovery_point(self.active.base_offset)
 
+    def reset_to(self, offset: int) -> None:
+        """Drop the whole log and start it empty at ``offset``, above its log end (a
+        follower so far behind that its leader no longer has the offsets it needs).
+        Writer only, like ``truncate_to``; file I/O.
+
+        The old segments go first, then the new one is created: a crash between leaves an
+        empty log, which its follower resets again.
+        """
+        if offset <= self.log_end.offset:
+            raise ValueError(f"reset to {offset}: not above the log end {self.log_end.offset}")
+        self.generation += 1  # reads in progress will redo on the new view
+        removed, self.segments = self.segments, []
+        for seg in removed:
+            seg.delete()
+            seg.close()
+        self.segments = [Segment.create(self.directory, offset, self.config.index_interval_bytes)]
+        end = self._end_position()
+        self.high_watermark_position = end
+        self.log_end = end
+        self.cleaned_up_to = offset
+        self.epochs = LeaderEpochCache()
+        self._publish()
+        fsync_dir(self.directory)
+        self.write_recovery_point(offset)
+
     def flush(self) -> None:
         """fsync the active segment. Worker thread."""
         self.active.flush()
