@@ -36,10 +36,12 @@ class GroupHandlers:
             "commit_time_ms": c.time_ms, "committed_by": c.client,
         }
         try:
-            part = self.partition(topic, index)
+            part = self.check_partition(topic, index).partitions.get(index)
         except BrokerError as exc:
             return m.GroupPartition(topic=topic, partition=index, **known, **error_fields(exc))
-        hw = part.high_watermark
+        if part is None:  # no replica here (a cluster's coordinator): the log state is unknown
+            return m.GroupPartition(topic=topic, partition=index, **known, log_start_offset=-1, high_watermark=-1)
+        hw = part.high_watermark  # a follower's lags its leader's a little
         return m.GroupPartition(
             topic=topic, partition=index, **known, log_start_offset=part.log_start_offset,
             high_watermark=hw, lag=-1 if c is None else max(hw - c.offset, 0),
