@@ -724,7 +724,8 @@ class Producer:
 
         The request itself is bounded by ``connect_timeout_ms`` and ``request_timeout_ms``
         alone (a timeout closes its connection, see ``Connection.request``), never shrunk by
-        the batches' deadlines: a batch whose delivery deadline passes meanwhile fails on
+        the batches' deadlines (the broker is told the earliest of them, as the request's
+        ``timeout_ms``, so that it answers by then): a batch whose delivery deadline passes meanwhile fails on
         its own (its records may have been stored) while the request runs on, and its
         partition stays in flight until the request ends, so no second copy is sent beside it.
         """
@@ -736,8 +737,12 @@ class Producer:
                 attachments.append(b.data)
                 size += len(b.data)
             partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
+        # The broker holds acks=all writes no longer than the batches' delivery deadline
+        # (seed 000: each waiting write carries its own deadline, nothing waits past it).
+        now = time.monotonic()
+        wait = min(self.request_timeout, min(b.deadline for b in flat) - now)
         request = messages.ProduceRequest(
-            partitions=partitions, acks=self.acks, timeout_ms=int(self.request_timeout * 1000)
+            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(wait * 1000))
         )
         task = self._loop.create_task(self._deliver(node, request, attachments, flat))
         by_deadline = sorted(flat, key=_deadline)
