@@ -30,6 +30,7 @@ from sluice.broker.partition import Partition
 from sluice.client.transport import Connection
 from sluice.errors import (
     BrokerError,
+    BrokerShuttingDown,
     ConnectionClosed,
     FencedLeaderEpoch,
     InvalidRecord,
@@ -115,7 +116,7 @@ class ReplicaFetcher:
                 self._failing = False
             except asyncio.CancelledError:
                 raise
-            except (ConnectionClosed, RequestTimedOut) as exc:
+            except (ConnectionClosed, RequestTimedOut, BrokerShuttingDown) as exc:
                 if not self._failing:
                     log.info("replica fetch from broker %d: %s; reconnecting", self.leader, exc)
                 self._failing = True
@@ -223,8 +224,11 @@ class ReplicaFetcher:
             await asyncio.wait([fetch, changed], return_when=asyncio.FIRST_COMPLETED)
         finally:
             changed.cancel()
-        if not fetch.done():  # a partition joined or left: ask again with the new set
-            fetch.cancel()
+            answered = fetch.done()
+            if not answered:  # a partition joined or left (ask again with the new set), or stopped
+                fetch.cancel()
+                fetch.add_done_callback(_retrieve)
+        if not answered:
             return
         resp, data = fetch.result()
         pos = 0
@@ -291,3 +295,9 @@ class ReplicaFetcher:
         elif isinstance(exc, NotLeader | FencedLeaderEpoch):
             log.info("%s-%d: broker %d: %s", f.part.topic, f.part.index, self.leader, exc)
         f.resume_at = time.monotonic() + RETRY_S * 3
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Mark an abandoned request's outcome as seen (it failed or was cancelled: no matter)."""
+    if not fut.cancelled():
+        fut.exception()
