@@ -158,6 +158,9 @@ class Partition:
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
         self._replica_waiters: list[Callable[[], None]] = []  # replica fetches waiting for appends
+        # the log end as far as the writer has finished with it (written, and fsynced with
+        # flush.messages=1); below the log end only while a leader's fsync runs
+        self._synced_end = plog.log_end_offset
         self._marks: deque[tuple[int, int]] = deque()  # (log end, bytes appended) on the leader
         self._appended_bytes = 0
         self._queue: list[_Append | _Truncate] = []
@@ -405,22 +408,33 @@ class Partition:
             ends.append(offset)
             buffers.append(req.data)
         sync = cfg.flush_messages == 1  # "always": the fsync is part of the acknowledgement
+        # A leader with followers publishes the group before its fsync, so that they copy
+        # it while the fsync runs: the high watermark still waits for the fsync
+        # (``_synced_end``), so no acknowledgement and no consumer sees unsynced bytes.
+        early = sync and self.is_leader and not group[0].replica and len(self.isr) > 1
         try:
-            if sync or rolled is not None or total > INLINE_WRITE_BYTES:
+            if (sync and not early) or rolled is not None or total > INLINE_WRITE_BYTES:
                 await loop.run_in_executor(
-                    self._write_executor, self._write_blocking, rolled, segment, buffers, total, sync
+                    self._write_executor, self._write_blocking, rolled, segment, buffers, total, sync and not early
                 )
             else:
                 # A small write to the page cache costs microseconds; a thread hop costs more.
                 self._write_blocking(None, segment, buffers, total, False)
         except OSError as exc:
-            err = storage_error_from_os(exc, f"append to {self.topic}-{self.index}")
-            log.error("%s", err)
-            for req in group:
-                if not req.future.done():
-                    req.future.set_exception(err)
+            self._failed(group, exc)
             return
         plog.appended(segment, metas, offset, epochs)
+        if early:
+            self._notify_replicas()
+            try:
+                await loop.run_in_executor(self._write_executor, segment.flush)
+            except OSError as exc:
+                # Cut the group again: its fsync failed, so it must not stay as if written.
+                # Followers that copied it find their log past ours and truncate.
+                self._failed(group, exc)
+                await self._truncate(loop, _Truncate(first, loop.create_future()))
+                return
+        self._synced_end = offset
         if not sync:
             if not self._unflushed:
                 self._unflushed_since = time.monotonic()
@@ -439,6 +453,13 @@ class Partition:
             self._marks.append((offset, self._appended_bytes))
             self._log_end_moved()
             self._notify_replicas()
+
+    def _failed(self, group: list[_Append], exc: OSError) -> None:
+        err = storage_error_from_os(exc, f"append to {self.topic}-{self.index}")
+        log.error("%s", err)
+        for req in group:
+            if not req.future.done():
+                req.future.set_exception(err)
 
     def _follows(self, group: list[_Append], offset: int) -> list[_Append]:
         """The follower requests of ``group`` that continue the log at ``offset`` (or after
@@ -523,8 +544,9 @@ class Partition:
 
     def _log_end_moved(self) -> None:
         """The ISR step: the high watermark is the minimum log end over the ISR (a
-        follower not heard from in this epoch holds it where it is)."""
-        end = self.log.log_end_offset
+        follower not heard from in this epoch holds it where it is).  The leader's own
+        counts once written, and fsynced where the flush policy says "always"."""
+        end = min(self.log.log_end_offset, self._synced_end)
         for r in self.isr:
             f = self.followers.get(r)
             if f is not None:
