@@ -151,12 +151,13 @@ class ThreeBrokers:
 
 class Workload:
     """``producers`` producers (each its own client) sending ``window`` messages at a time,
-    spread over ``partitions``, recording outcomes and latencies until ``stop()``."""
+    spread over ``partitions``, recording outcomes and latencies until ``stop()``.  Their
+    values are named ``<name><k>:<seq>``; workloads sharing a ``history`` need other names."""
 
     def __init__(
         self, bootstrap: str, topic: str, partitions: list[int], *, producers: int = 3,
         window: int = 10, delivery_timeout_ms: int = 8000, request_timeout_ms: int = 3000,
-        pause_s: float = 0.01,
+        pause_s: float = 0.01, name: str = "p", history: History | None = None,
     ) -> None:
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
         self.n, self.window, self.pause_s = producers, window, pause_s
@@ -164,9 +165,11 @@ class Workload:
             acks="all", linger_ms=1, delivery_timeout_ms=delivery_timeout_ms,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=50, metadata_max_age_ms=1000,
         )
-        self.history = History()
+        self.name = name
+        self.history = history if history is not None else History()
         self.latencies: list[tuple[float, float]] = []  # (sent at, seconds to its answer)
         self.errors: Counter = Counter()  # error class name -> failed sends
+        self.events: list[tuple[float, int, str]] = []  # (when, partition, "ack" or error)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._producers: list[Producer] = []
@@ -176,7 +179,7 @@ class Workload:
             p = Producer(self.bootstrap, **self.options)
             await p.start()
             self._producers.append(p)
-            self._tasks.append(asyncio.create_task(self._send_loop(f"p{k}", p)))
+            self._tasks.append(asyncio.create_task(self._send_loop(f"{self.name}{k}", p)))
         return self
 
     @property
@@ -197,12 +200,23 @@ class Workload:
                 pending.append((value, t0, fut))
             for value, t0, fut in pending:
                 try:
-                    self.history.ack(value, await fut)
+                    meta = await fut
+                    self.history.ack(value, meta)
+                    self.events.append((loop.time(), meta.partition, "ack"))
                 except SluiceError as exc:
                     self.history.fail(value, exc)
                     self.errors[type(exc).__name__] += 1
+                    self.events.append((loop.time(), -1, type(exc).__name__))
                 self.latencies.append((t0, loop.time() - t0))
             await asyncio.sleep(self.pause_s)
+
+    def timeline(self, since: float = 0.0) -> str:
+        """Answers per 0.5 s and partition since ``since`` (loop time): for failure reports."""
+        slots: dict[float, Counter] = {}
+        for when, partition, what in self.events:
+            if when >= since:
+                slots.setdefault(round(when * 2) / 2, Counter())[(partition, what)] += 1
+        return "\n".join(f"{t:.1f}: {dict(sorted(c.items()))}" for t, c in sorted(slots.items()))
 
     async def progress(self, n: int, timeout: float, what: str = "") -> None:
         """Wait until ``n`` more sends were acknowledged."""
@@ -214,7 +228,10 @@ class Workload:
                     t.result()  # a sender died: say why
             return self.acked >= target
 
-        await eventually(check, timeout, f"{n} more acknowledgements {what}".strip())
+        try:
+            await eventually(check, timeout, f"{n} more acknowledgements {what}".strip())
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; answers per 0.5 s:\n{self.timeline()}") from None
 
     async def stop(self) -> None:
         self._stop.set()
