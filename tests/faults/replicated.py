@@ -11,7 +11,7 @@ timeout) sending to every partition of a topic and recording each outcome in a c
 ``History``, with each send's latency, until ``stop()``.
 
 ``ext4_image`` loop-mounts a fresh ext4 image (root only; the caller kills what uses it
-before leaving the ``with``).
+before leaving the ``with``); ``make_read_only`` turns it read-only under a running broker.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class Workload:
         )
         self.name = name
         self.history = history if history is not None else History()
-        self.latencies: list[tuple[float, float]] = []  # (sent at, seconds to its answer)
+        self.latencies: list[tuple[float, float]] = []  # (sent at, seconds to its answer), loop time
         self.errors: Counter = Counter()  # error class name -> failed sends
         self.events: list[tuple[float, int, str]] = []  # (when, partition, "ack" or error)
         self._stop = asyncio.Event()
@@ -197,8 +197,9 @@ class Workload:
                 seq += 1
                 t0 = loop.time()
                 fut = await producer.send(self.topic, value, partition=partition)
-                pending.append((value, t0, fut))
-            for value, t0, fut in pending:
+                fut.add_done_callback(lambda _, t0=t0: self.latencies.append((t0, loop.time() - t0)))
+                pending.append((value, fut))
+            for value, fut in pending:
                 try:
                     meta = await fut
                     self.history.ack(value, meta)
@@ -207,7 +208,6 @@ class Workload:
                     self.history.fail(value, exc)
                     self.errors[type(exc).__name__] += 1
                     self.events.append((loop.time(), -1, type(exc).__name__))
-                self.latencies.append((t0, loop.time() - t0))
             await asyncio.sleep(self.pause_s)
 
     def timeline(self, since: float = 0.0) -> str:
@@ -254,7 +254,9 @@ def ext4_image(image: Path, mount_point: Path, size: str = "64M"):
     mount_point.mkdir(parents=True, exist_ok=True)
     subprocess.run(["truncate", "-s", size, str(image)], check=True)
     subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-    res = subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)], capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-o", "loop,errors=remount-ro", str(image), str(mount_point)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot loop-mount an ext4 image here: {res.stderr.strip()}")
     try:
@@ -263,6 +265,26 @@ def ext4_image(image: Path, mount_point: Path, size: str = "64M"):
         res = subprocess.run(["umount", str(mount_point)], capture_output=True, text=True)
         if res.returncode != 0:  # still busy: detach it now, it goes when its last user does
             subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def make_read_only(mount_point: Path) -> None:
+    """Turn a mounted ext4 file system read-only under its users.  ``mount -o remount,ro``
+    refuses while files are open for writing (a broker always has its segments open), so
+    then an ext4 error is triggered instead: mounted ``errors=remount-ro``, the kernel turns
+    the file system read-only at once, as it does when a disk fails: every later write to
+    it fails with EROFS, reads go on."""
+    res = subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], capture_output=True, text=True)
+    if res.returncode != 0:
+        dev = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE", str(mount_point)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        Path(f"/sys/fs/ext4/{os.path.basename(dev)}/trigger_fs_error").write_text("sluice fault test\n")
+    options = subprocess.run(
+        ["findmnt", "-n", "-o", "OPTIONS", str(mount_point)], capture_output=True, text=True, check=True
+    ).stdout
+    flags = options.strip().split(",")
+    # Linux 6.x says "emergency_ro" beside "rw" for a file system that went read-only on error
+    assert flags[0] == "ro" or "emergency_ro" in flags, f"{mount_point} is still writable: {options}"
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,0 +1,66 @@
+"""Disk faults in a three-broker cluster under acks=all producers: a follower's file system
+turned read-only, the leader's disk full, a torn segment tail on one replica.  As in
+test_cluster_faults.py, every test ends by reading every partition back from its leader
+and checking the producers' history (checker.py): no acknowledged message lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from checker import read_logs
+from replicated import LAG_MS, NODES, Workload, eventually, ext4_image, make_read_only, percentile
+
+TOPIC = "events"
+MAX_COPIES = 3  # producers are not idempotent: see test_cluster_faults.py
+DELIVERY_TIMEOUT_MS = 8000
+
+
+async def _finish(cluster, workload: Workload) -> None:
+    await workload.stop()
+    report = workload.history.check(
+        await read_logs(cluster.bootstrap, TOPIC), max_acked_copies=MAX_COPIES, max_unsure_copies=MAX_COPIES
+    )
+    print(f"{report}; errors {dict(workload.errors)}")
+    assert report.acked > 0
+
+
+async def test_follower_file_system_turns_read_only(three_brokers, tmp_path):
+    """Seed 000: a replica that cannot write must not hold up the leader's acknowledgements
+    until producers time out.  It reports the storage error in its next fetch and the
+    leader drops it from the ISR at once: producers go on being answered within 1 s."""
+    disks = {n: tmp_path / f"disk{n}" for n in NODES}
+    with contextlib.ExitStack() as mounts:
+        for n, d in disks.items():
+            mounts.enter_context(ext4_image(tmp_path / f"disk{n}.img", d))
+        try:
+            cluster = await three_brokers.start(data_dirs={n: d / "data" for n, d in disks.items()})
+            # two partitions over three brokers: one broker leads none, and is the victim
+            parts = await cluster.create_topic(TOPIC, partitions=2)
+            [victim] = [n for n in NODES if n not in {p.leader for p in parts}]
+            workload = await Workload(
+                cluster.bootstrap, TOPIC, [0, 1], delivery_timeout_ms=DELIVERY_TIMEOUT_MS
+            ).start()
+            await workload.progress(300, 20, "before the disk turns read-only")
+
+            loop = asyncio.get_running_loop()
+            at = loop.time()
+            make_read_only(disks[victim])
+
+            async def shrunk():
+                return all(victim not in p.isr and len(p.isr) == 2 for p in await cluster.partitions(TOPIC))
+
+            await eventually(shrunk, 5, f"broker {victim} out of every ISR")
+            await asyncio.sleep(2 * LAG_MS / 1000)  # well past the lag timeout: nothing waits for it
+            await workload.progress(300, 5, "with the shrunk ISR")
+            assert not workload.errors, f"sends failed: {workload.errors}"
+            during = [lat for t0, lat in workload.latencies if t0 + lat >= at]
+            p99, worst = percentile(during, 0.99), max(during)
+            print(f"{len(during)} sends answered after the file system turned read-only: "
+                  f"p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
+            assert p99 <= 1.0, f"p99 latency {p99:.3f} s"
+            assert worst <= DELIVERY_TIMEOUT_MS / 1000 / 4, f"max latency {worst:.3f} s"
+            assert "cannot write" in "".join(cluster.brokers[n].log() for n in NODES if n != victim)
+            await _finish(cluster, workload)
+        finally:
+            three_brokers.kill_brokers()  # before the file systems are unmounted
