@@ -157,7 +157,7 @@ class Workload:
     def __init__(
         self, bootstrap: str, topic: str, partitions: list[int], *, producers: int = 3,
         window: int = 10, delivery_timeout_ms: int = 8000, request_timeout_ms: int = 3000,
-        pause_s: float = 0.01, name: str = "p", history: History | None = None,
+        pause_s: float = 0.01, name: str = "p", history: History | None = None, value_size: int = 0,
     ) -> None:
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
         self.n, self.window, self.pause_s = producers, window, pause_s
@@ -165,7 +165,7 @@ class Workload:
             acks="all", linger_ms=1, delivery_timeout_ms=delivery_timeout_ms,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=50, metadata_max_age_ms=1000,
         )
-        self.name = name
+        self.name, self.value_size = name, value_size
         self.history = history if history is not None else History()
         self.latencies: list[tuple[float, float]] = []  # (sent at, seconds to its answer), loop time
         self.errors: Counter = Counter()  # error class name -> failed sends
@@ -192,7 +192,7 @@ class Workload:
         while not self._stop.is_set():
             pending = []
             for _ in range(self.window):
-                value = self.history.value(name, seq)
+                value = self.history.value(name, seq, self.value_size)
                 partition = self.partitions[seq % len(self.partitions)]
                 seq += 1
                 t0 = loop.time()
@@ -240,6 +240,24 @@ class Workload:
         finally:
             for p in self._producers:
                 await p.close()
+
+
+@contextlib.contextmanager
+def tmpfs(mount_point: Path, size: str):
+    """A tmpfs of ``size`` on ``mount_point`` for the ``with`` (root only, else skipped)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        res = subprocess.run(["umount", str(mount_point)], capture_output=True, text=True)
+        if res.returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @contextlib.contextmanager

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 from checker import read_logs
-from replicated import LAG_MS, NODES, Workload, eventually, ext4_image, make_read_only, percentile
+from replicated import LAG_MS, NODES, Workload, eventually, ext4_image, make_read_only, percentile, tmpfs
+
+from sluice.errors import DiskFull
 
 TOPIC = "events"
 MAX_COPIES = 3  # producers are not idempotent: see test_cluster_faults.py
@@ -64,3 +67,55 @@ async def test_follower_file_system_turns_read_only(three_brokers, tmp_path):
             await _finish(cluster, workload)
         finally:
             three_brokers.kill_brokers()  # before the file systems are unmounted
+
+
+async def test_leader_disk_full_then_space_freed(three_brokers, tmp_path):
+    """The leader of partition 0 runs out of space: its producers are told so, each failed
+    send saying whether it may have been stored, and nothing acknowledged is lost; once
+    space is freed, writes to it succeed again and its followers are back in sync."""
+    disks = {n: tmp_path / f"disk{n}" for n in NODES}
+    with contextlib.ExitStack() as mounts:
+        for d in disks.values():
+            mounts.enter_context(tmpfs(d, "24m"))
+        try:
+            cluster = await three_brokers.start(data_dirs={n: d / "data" for n, d in disks.items()})
+            parts = await cluster.create_topic(TOPIC, config={"segment.bytes": "1048576"})
+            victim = parts[0].leader
+            workload = await Workload(
+                cluster.bootstrap, TOPIC, [0, 1, 2], delivery_timeout_ms=3000, value_size=512
+            ).start()
+            await workload.progress(300, 20, "before the disk fills")
+
+            ballast = disks[victim] / "ballast"
+            free = os.statvfs(disks[victim])
+            ballast.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 512 * 1024))
+
+            def full():
+                return [e for v, e in workload.history.failed.items() if "DISK_FULL" in str(e) or
+                        isinstance(e, DiskFull)]
+
+            await eventually(_async(full), 30, "sends refused for a full disk")
+            await asyncio.sleep(1)  # a while with the disk full
+            for value, exc in workload.history.failed.items():
+                assert "[not stored]" in str(exc) or "[may have been stored]" in str(exc), (value, exc)
+            print(f"{len(full())} sends failed for the full disk, e.g. {full()[0]}")
+
+            ballast.unlink()
+            before = sum(1 for p, _ in workload.history.acked.values() if p == 0)
+
+            def resumed():
+                return sum(1 for p, _ in workload.history.acked.values() if p == 0) >= before + 100
+
+            await eventually(_async(resumed), 15, f"writes to {TOPIC}-0 after freeing space")
+            await cluster.fully_replicated(TOPIC)
+            assert cluster.brokers[victim].alive
+            await _finish(cluster, workload)
+        finally:
+            three_brokers.kill_brokers()
+
+
+def _async(check):
+    async def wrapped():
+        return check()
+
+    return wrapped
