@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 
 from checker import read_logs
 from replicated import LAG_MS, NODES, Workload, eventually, ext4_image, make_read_only, percentile, tmpfs
@@ -119,3 +120,49 @@ def _async(check):
         return check()
 
     return wrapped
+
+
+async def test_torn_tail_on_a_follower(three_brokers):
+    """A follower is SIGKILLed and the tails of its active segments are damaged (garbage
+    appended to one, bytes cut from another): restarted, it cuts the torn tails, truncates
+    to and catches up with its leaders, and rejoins every ISR.  Then it is left alone: as
+    the only live replica it leads every partition, and its logs hold every acknowledged
+    message."""
+    cluster = await three_brokers.start()
+    parts = await cluster.create_topic(TOPIC)
+    workload = await Workload(cluster.bootstrap, TOPIC, [0, 1, 2]).start()
+    await workload.progress(500, 20, "before the kill")
+    victim = next(n for n in NODES if n != parts[0].leader)
+    cluster.brokers[victim].kill()
+    await workload.progress(300, 20, "without the follower")
+
+    logs = cluster.brokers[victim].data_dir / "logs"
+    damaged = [p for p in range(3) if p != [q.partition for q in parts if q.leader == victim][0]]
+    garbage, cut = (_active_segment(logs, p) for p in damaged)
+    with open(garbage, "ab") as f:
+        f.write(os.urandom(300))
+    os.truncate(cut, cut.stat().st_size - 25)
+
+    await cluster.start_broker(victim)
+    await cluster.fully_replicated(TOPIC)
+    await workload.progress(300, 20, "with the follower back")
+    assert len(re.findall(r"recovered: cut \d+ bytes", cluster.brokers[victim].log())) >= 2
+    await _finish(cluster, workload)
+
+    for n in NODES:
+        if n != victim:
+            cluster.brokers[n].kill()
+    alone = cluster.address(victim)
+
+    async def leads_all():
+        return all(p.leader == victim for p in await cluster.partitions(TOPIC, alone))
+
+    await eventually(leads_all, 15, f"broker {victim} leading every partition alone")
+    report = workload.history.check(
+        await read_logs(alone, TOPIC), max_acked_copies=MAX_COPIES, max_unsure_copies=MAX_COPIES
+    )
+    print(f"the repaired replica alone: {report}")
+
+
+def _active_segment(logs, partition: int):
+    return sorted((logs / f"{TOPIC}-{partition}").glob("*.log"))[-1]
