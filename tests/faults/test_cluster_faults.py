@@ -102,9 +102,14 @@ async def test_follower_then_leader_sigstopped(three_brokers):
     await probe.start()
     await probe.progress(20, 15, "from a producer bootstrapped at the deposed leader")
     await probe.stop()
-    await cluster.fully_replicated(TOPIC)
-    new, _ = await cluster.leader_of(TOPIC, 0)
-    assert f"following broker {new} for {TOPIC}-0" in cluster.brokers[leader].log()
+    new, new_epoch = await cluster.leader_of(TOPIC, 0, others)
+
+    async def learned():  # what the old leader itself says (it may answer stale at first)
+        return await cluster.leader_of(TOPIC, 0, cluster.address(leader)) == (new, new_epoch)
+
+    await eventually(learned, 15, f"broker {leader} knowing it was deposed")
+    await cluster.fully_replicated(TOPIC, bootstrap=others)
+    assert f"following broker {new} for {TOPIC}-0 in epoch {new_epoch}" in cluster.brokers[leader].log()
     await _finish(cluster, workload)
 
 
