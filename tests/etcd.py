@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from brokers import free_ports
 
 

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 from brokers import free_ports  # noqa: F401 - re-exported for the cluster tests
-
 from sluice.errors import MetadataUnavailable
 
 HOLDER = Path(__file__).with_name("hold_session.py")

@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 from cluster_helpers import REQUEST_MS, SESSION_MS
-from etcd import EtcdProcess
 
+from etcd import EtcdProcess
 from sluice.cluster.embedded import EmbeddedStore
 from sluice.cluster.etcd import EtcdStore
 

@@ -25,11 +25,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from brokers import BrokerProcess
 from checker import History
-from etcd import EtcdProcess
 from proxy import FaultyProxy
 
+from brokers import BrokerProcess
+from etcd import EtcdProcess
 from sluice.client import Admin, Producer
 from sluice.client.transport import Cluster
 from sluice.errors import SluiceError

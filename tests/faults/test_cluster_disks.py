@@ -11,7 +11,16 @@ import os
 import re
 
 from checker import read_logs
-from replicated import LAG_MS, NODES, Workload, eventually, ext4_image, make_read_only, percentile, tmpfs
+from replicated import (
+    LAG_MS,
+    NODES,
+    Workload,
+    eventually,
+    ext4_image,
+    make_read_only,
+    percentile,
+    tmpfs,
+)
 
 from sluice.errors import DiskFull
 
