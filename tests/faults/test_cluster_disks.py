@@ -72,7 +72,8 @@ async def test_follower_file_system_turns_read_only(three_brokers, tmp_path):
             print(f"{len(during)} sends answered after the file system turned read-only: "
                   f"p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
             assert p99 <= 1.0, f"p99 latency {p99:.3f} s"
-            assert worst <= DELIVERY_TIMEOUT_MS / 1000 / 4, f"max latency {worst:.3f} s"
+            # the follower tells the leader in its very next fetch: no wait for a retry timer
+            assert worst <= 0.5, f"max latency {worst:.3f} s (delivery timeout {DELIVERY_TIMEOUT_MS} ms)"
             assert "cannot write" in "".join(cluster.brokers[n].log() for n in NODES if n != victim)
             await _finish(cluster, workload)
         finally:
