@@ -516,6 +516,12 @@ class Cluster:
             raise errors.NotLeader(f"broker {node_id} is not in the cluster metadata")
         return await self._connect(addr)
 
+    def node_failed(self, node_id: int) -> None:
+        """A request to broker ``node_id`` broke or timed out: ask it last for metadata."""
+        addr = self.brokers.get(node_id)
+        if addr is not None:
+            self._failed[addr] = time.monotonic()
+
     async def any_connection(self) -> Connection:
         """A connection to some live broker: the controller, an open one, else bootstrap;
         brokers that failed lately come last, the longest-failed first."""
