@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import subprocess
 import time
@@ -40,13 +41,15 @@ NODES = (1, 2, 3)
 
 
 async def eventually(check, timeout: float, what: str):
-    """Poll ``await check()`` until it returns something truthy, and return that; fail
-    after ``timeout`` seconds.  Metadata errors while polling count as "not yet"."""
+    """Poll ``check()`` (sync or async) until it returns something truthy, and return that;
+    fail after ``timeout`` seconds.  Metadata errors while polling count as "not yet"."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while True:
         try:
-            result = await check()
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
         except (SluiceError, OSError) as exc:
             result, last = None, exc
         if result:

@@ -105,7 +105,7 @@ async def test_leader_disk_full_then_space_freed(three_brokers, tmp_path):
                 return [e for v, e in workload.history.failed.items() if "DISK_FULL" in str(e) or
                         isinstance(e, DiskFull)]
 
-            await eventually(_async(full), 30, "sends refused for a full disk")
+            await eventually(full, 30, "sends refused for a full disk")
             await asyncio.sleep(1)  # a while with the disk full
             for value, exc in workload.history.failed.items():
                 assert "[not stored]" in str(exc) or "[may have been stored]" in str(exc), (value, exc)
@@ -117,19 +117,13 @@ async def test_leader_disk_full_then_space_freed(three_brokers, tmp_path):
             def resumed():
                 return sum(1 for p, _ in workload.history.acked.values() if p == 0) >= before + 100
 
-            await eventually(_async(resumed), 15, f"writes to {TOPIC}-0 after freeing space")
+            await eventually(resumed, 15, f"writes to {TOPIC}-0 after freeing space")
             await cluster.fully_replicated(TOPIC)
             assert cluster.brokers[victim].alive
             await _finish(cluster, workload)
         finally:
             three_brokers.kill_brokers()
 
-
-def _async(check):
-    async def wrapped():
-        return check()
-
-    return wrapped
 
 
 async def test_torn_tail_on_a_follower(three_brokers):

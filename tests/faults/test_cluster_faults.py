@@ -72,7 +72,7 @@ async def test_follower_then_leader_sigstopped(three_brokers):
         await eventually(shrunk, 3 * LAG_MS / 1000, f"broker {follower} out of the ISR of {TOPIC}-0")
         before = _acked_in(workload, 0)
         # sends of the stalled broker's own partitions wait for their request timeout (3 s)
-        await eventually(_async(lambda: _acked_in(workload, 0) >= before + 50), 10, "acks with ISR 2")
+        await eventually(lambda: _acked_in(workload, 0) >= before + 50, 10, "acks with ISR 2")
         assert await cluster.leader_of(TOPIC, 0, others) == (leader, epoch)
     finally:
         os.killpg(cluster.brokers[follower].proc.pid, signal.SIGCONT)
@@ -91,7 +91,7 @@ async def test_follower_then_leader_sigstopped(three_brokers):
 
         await eventually(moved, 10, f"a new leader of {TOPIC}-0")
         before = _acked_in(workload, 0)
-        await eventually(_async(lambda: _acked_in(workload, 0) >= before + 50), 10, "acks from the new leader")
+        await eventually(lambda: _acked_in(workload, 0) >= before + 50, 10, "acks from the new leader")
     finally:
         os.killpg(cluster.brokers[leader].proc.pid, signal.SIGCONT)
     # a producer that knows only the deposed leader, at once: whatever it is told is checked
@@ -115,12 +115,6 @@ async def test_follower_then_leader_sigstopped(three_brokers):
     # the producer does not go back to the stalled broker, for a send or for metadata
     assert not workload.errors, workload.errors
 
-
-def _async(check):
-    async def wrapped():
-        return check()
-
-    return wrapped
 
 
 async def test_etcd_killed_and_restarted(three_brokers):

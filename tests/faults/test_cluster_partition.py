@@ -41,7 +41,7 @@ async def test_leader_cut_off_then_healed(three_brokers):
         def acked_on_new_leader():
             return sum(1 for p, _ in workload.history.acked.values() if p == 0) >= before + 100
 
-        await eventually(_async(acked_on_new_leader), 15, "producers moved to the new leader")
+        await eventually(acked_on_new_leader, 15, "producers moved to the new leader")
     finally:
         cluster.proxies[leader].heal()
         cluster.etcd_proxies[leader].heal()
@@ -59,10 +59,3 @@ async def test_leader_cut_off_then_healed(three_brokers):
         await read_logs(cluster.bootstrap, TOPIC), max_acked_copies=MAX_COPIES, max_unsure_copies=MAX_COPIES
     )
     print(f"{report}; errors {dict(workload.errors)}")
-
-
-def _async(check):
-    async def wrapped():
-        return check()
-
-    return wrapped
