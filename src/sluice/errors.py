@@ -38,6 +38,9 @@
         ├── BrokerShuttingDown           code 17  retriable
         ├── InvalidGroup                 code 18
         ├── NotLeader                    code 19  retriable: metadata is stale
+        │   └── LeadershipLost           code 31  retriable: appended as leader, but leadership
+        │                                         moved before the write was acknowledged: it
+        │                                         may survive on the new leader or be cut
         ├── TopicBeingDeleted            code 20  retriable
         ├── InvalidRecord                code 21  a record batch failed its checks (CRC, layout)
         ├── UnknownGroup                 code 22  no committed offsets are kept for that group
@@ -311,6 +314,13 @@ class InvalidGroup(BrokerError):
 @_code(19, "NOT_LEADER", retriable=True)
 class NotLeader(BrokerError):
     pass
+
+
+@_code(31, "LEADERSHIP_LOST", retriable=True, appended_nothing=False)
+class LeadershipLost(NotLeader):
+    """The write was appended while this broker led the partition, but it stopped leading
+    before the high watermark passed the write: the new leader may have it (it was
+    replicated in time) or not (it will be truncated here).  May have been stored."""
 
 
 @_code(20, "TOPIC_BEING_DELETED", retriable=True)

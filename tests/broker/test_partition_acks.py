@@ -8,12 +8,13 @@ the replication step's ISR logic will.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from batches import request
 
-from sluice.broker.partition import Partition
-from sluice.errors import BrokerBusy, NotEnoughReplicas, NotLeader
+from sluice.broker.partition import INLINE_WRITE_BYTES, Partition
+from sluice.errors import BrokerBusy, LeadershipLost, NotEnoughReplicas, NotLeader
 from sluice.storage.log import NotYetAvailable, OutOfRange
 
 pytestmark = pytest.mark.timeout(60)
@@ -200,3 +201,33 @@ async def test_fetch_waiters_wake_when_the_high_watermark_moves_not_the_log_end(
     assert woken == [] and part.log_end_offset == 1
     part.advance_high_watermark(1)
     assert woken == [True]
+
+
+async def test_a_write_in_the_thread_when_leadership_moves_is_not_acknowledged(open_partition, monkeypatch):
+    """A leader group written in the writer's thread (large) while make_follower runs: its
+    acks=all wait must not enter the follower's purgatory, where the high watermark taken
+    from the new leader would complete it over a tail that is truncated away."""
+    part = open_partition()
+    stall_followers(part, monkeypatch)
+    gate = threading.Event()
+    part._write_executor.submit(gate.wait)  # the writer's thread is busy until the gate opens
+    big = b"x" * (INLINE_WRITE_BYTES + 1)  # written in the thread
+    write = part.append(*request([big]), acks_all=True)
+    await until(lambda: not part._queue)  # taken by the writer, waiting for its thread
+    part.make_follower(1)
+    gate.set()
+    await until(lambda: part.log_end_offset == 1)
+    part.advance_high_watermark(1)  # as a follower takes it from the new leader
+    with pytest.raises(LeadershipLost) as info:
+        await write
+    assert info.value.appended_nothing is False  # it may have reached the new leader
+
+
+async def test_make_follower_fails_waits_as_maybe_stored(open_partition, monkeypatch):
+    part = open_partition()
+    stall_followers(part, monkeypatch)
+    fut = part.append(*request([b"x"]), acks_all=True)
+    await until(lambda: part.log_end_offset == 1)
+    part.make_follower(1)
+    with pytest.raises(LeadershipLost):
+        await fut

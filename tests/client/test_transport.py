@@ -214,3 +214,29 @@ async def test_out_of_range_number_is_a_config_error_and_leaves_nothing_pending(
         await conn.request(req)
     assert conn.in_flight == 0
     conn.close()
+
+
+class SilentServer(EchoServer):
+    """Handshakes, then never answers a request: a stalled broker."""
+
+    mode = "silent"
+
+
+async def test_a_broker_that_timed_out_is_asked_last(server):
+    """The controller stalls (accepts, never answers): after its request times out, the
+    next metadata request goes to another broker instead of the stalled one again."""
+    loop = asyncio.get_running_loop()
+    silent = await loop.create_server(SilentServer, "127.0.0.1", 0)
+    try:
+        stalled = ("127.0.0.1", silent.sockets[0].getsockname()[1])
+        cluster = Cluster([f"127.0.0.1:{server}"], request_timeout=0.2)
+        cluster.brokers = {7: stalled, 8: ("127.0.0.1", server)}
+        cluster.controller_id = 7
+        with pytest.raises(errors.RequestTimedOut):
+            await cluster.request(messages.MetadataRequest())
+        for _ in range(3):  # every later request is answered, and the stalled one stays last
+            resp, _ = await cluster.request(messages.MetadataRequest())
+            assert resp.controller_id == 7
+        await cluster.close()
+    finally:
+        silent.close()

@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from brokers import free_ports  # noqa: F401 - re-exported for the cluster tests
 from sluice.errors import MetadataUnavailable
 
 HOLDER = Path(__file__).with_name("hold_session.py")
 SESSION_MS = 1000  # etcd runs with a 500 ms election timeout: it grants 1 s leases
 REQUEST_MS = 1000
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 async def eventually(check, timeout: float = 10, what: str = "the condition"):

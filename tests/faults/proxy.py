@@ -9,7 +9,12 @@ one response:
 - ``lose_responses(api, n)``: the next ``n`` responses of ``api`` are not delivered; the
   client's connection is cut instead (the broker has executed the request by then);
 - ``refuse = True``: new client connections are closed at once, before the handshake;
-- ``cut_all()``: close every relayed connection now.
+- ``cut_all()``: close every relayed connection now;
+- ``partition()``: a network partition: existing connections are cut and new ones refused
+  until ``heal()``.
+
+``raw=True`` relays bytes both ways without parsing (for other protocols, such as etcd's
+gRPC); ``lose_responses`` needs the parsed mode.
 
 Runs on the test's event loop; ``close()`` stops it and every relay.
 """
@@ -23,8 +28,9 @@ from sluice.protocol import frames
 
 
 class FaultyProxy:
-    def __init__(self, upstream_host: str, upstream_port: int, port: int = 0) -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, port: int = 0, *, raw: bool = False) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.raw = raw
         self._port = port
         self.refuse = False
         self._lose: dict[int, int] = {}  # api -> responses still to lose
@@ -46,11 +52,20 @@ class FaultyProxy:
         return f"127.0.0.1:{self.port}"
 
     def lose_responses(self, api: int, n: int = 1) -> None:
+        assert not self.raw, "a raw proxy does not see responses"
         self._lose[api] = self._lose.get(api, 0) + n
 
     def cut_all(self) -> None:
         for w in list(self._writers):
             w.transport.abort()
+
+    def partition(self) -> None:
+        """Cut every relayed connection and refuse new ones until ``heal()``."""
+        self.refuse = True
+        self.cut_all()
+
+    def heal(self) -> None:
+        self.refuse = False
 
     async def close(self) -> None:
         if self._server is not None:
@@ -69,9 +84,15 @@ class FaultyProxy:
         except OSError:
             cwriter.transport.abort()
             return
+        if self.refuse:  # partitioned while connecting
+            for w in (cwriter, bwriter):
+                w.transport.abort()
+            return
         self._writers.update((cwriter, bwriter))
         up = asyncio.ensure_future(self._pipe(creader, bwriter))
-        down = asyncio.ensure_future(self._responses(breader, cwriter))
+        down = asyncio.ensure_future(
+            self._pipe(breader, cwriter) if self.raw else self._responses(breader, cwriter)
+        )
         self._tasks.update((up, down))
         try:
             await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)

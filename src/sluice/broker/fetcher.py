@@ -12,9 +12,11 @@ flight carrying every partition followed there.  For each partition, in each lea
    high watermark, which this replica takes (never above its own log end).  Batches are
    appended with the leader's offsets and epochs (``Partition.append_as_follower``).
 
-A partition whose appends fail on this broker's disk reports the error in its next fetches
-(``storage_error``), so the leader drops it from the ISR at once instead of waiting for the
-lag timeout (seed ``000``), and retries the write every ``STORAGE_RETRY_S``.  Fenced or
+A partition whose appends fail on this broker's disk reports the error in the very next
+fetch (``storage_error``; the data that answer brings is not written), so the leader drops
+it from the ISR at once instead of waiting for the lag timeout (seed ``000``); the write is
+retried every ``STORAGE_RETRY_S``, each retry's fetch reporting the error again until a
+write works.  Fenced or
 stale requests wait for the next partition state, which moves the partition to another
 fetcher or makes it a leader.
 """
@@ -61,7 +63,8 @@ class _Followed:
     epoch: int  # the leader epoch this fetcher follows the partition in
     truncated: bool = False
     storage_error: str = ""
-    resume_at: float = 0.0  # monotonic: skip the partition until then
+    report_due: bool = False  # a new storage error the leader has not been told of yet
+    resume_at: float = 0.0  # monotonic: skip the partition until then (but for a report)
 
 
 class ReplicaFetcher:
@@ -190,14 +193,15 @@ class ReplicaFetcher:
                 try:
                     await part.truncate_to(cut)
                 except StorageError as exc:
-                    f.storage_error = exc.message
-                    f.resume_at = time.monotonic() + STORAGE_RETRY_S
+                    self._storage_failed(f, exc)
                     continue
             f.truncated = True
 
     async def _fetch(self, conn: Connection) -> None:
         ready = [f for f in self._ready() if f.truncated]
-        if not ready:
+        taken = {id(f) for f in ready}
+        reports = [f for f in self._parts.values() if f.report_due and id(f) not in taken]
+        if not ready and not reports:
             waiter = asyncio.ensure_future(self._changed.wait())
             try:
                 await asyncio.wait([waiter], timeout=RETRY_S)
@@ -214,7 +218,7 @@ class ReplicaFetcher:
                     offset=f.part.log_end_offset, max_bytes=PARTITION_MAX_BYTES,
                     storage_error=f.storage_error,
                 )
-                for f in ready
+                for f in (*ready, *reports)
             ],
             max_wait_ms=FETCH_WAIT_MS, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
         )
@@ -233,10 +237,12 @@ class ReplicaFetcher:
         resp, data = fetch.result()
         pos = 0
         appends = []
-        for f, r in zip(ready, resp.partitions, strict=True):
+        for f, r in zip((*ready, *reports), resp.partitions, strict=True):
             chunk = data[pos : pos + r.size]
             pos += r.size
-            if not self._current(f):
+            report_only = f.report_due and id(f) not in taken
+            f.report_due = False
+            if report_only or not self._current(f):
                 continue
             if r.error == OffsetOutOfRange.code and f.part.log_end_offset < r.log_start_offset:
                 appends.append(self._restart_at(f, r.log_start_offset))
@@ -254,10 +260,7 @@ class ReplicaFetcher:
             try:
                 await part.append_as_follower(chunk)
             except StorageError as exc:
-                if not f.storage_error:
-                    log.error("%s-%d: cannot write replica data: %s", part.topic, part.index, exc)
-                f.storage_error = exc.message
-                f.resume_at = time.monotonic() + STORAGE_RETRY_S
+                self._storage_failed(f, exc)
                 return
             except InvalidRecord as exc:  # does not continue our log: find out where we diverge
                 log.warning("%s-%d: %s; truncating again", part.topic, part.index, exc)
@@ -286,6 +289,15 @@ class ReplicaFetcher:
         except StorageError as exc:
             f.storage_error = exc.message
             f.resume_at = time.monotonic() + STORAGE_RETRY_S
+
+    def _storage_failed(self, f: _Followed, exc: StorageError) -> None:
+        """A write of ``f`` failed on this broker's disk: tell the leader in the next fetch,
+        retry the write after ``STORAGE_RETRY_S``."""
+        if not f.storage_error:
+            log.error("%s-%d: cannot write replica data: %s", f.part.topic, f.part.index, exc)
+            f.report_due = True
+        f.storage_error = exc.message
+        f.resume_at = time.monotonic() + STORAGE_RETRY_S
 
     def _refused(self, f: _Followed, exc: SluiceError) -> None:
         """The leader refused the partition: wait for a new state, truncate again, or

@@ -64,6 +64,7 @@ from sluice.errors import (
     BrokerShuttingDown,
     CorruptRecord,
     InvalidRecord,
+    LeadershipLost,
     NotEnoughReplicas,
     NotLeader,
     UnknownServerError,
@@ -379,6 +380,7 @@ class Partition:
                 if not req.future.done():
                     req.future.set_exception(err)
             return
+        epoch = self.leader_epoch  # stamped on the batches of a leader group
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None
         total = sum(req.size for req in group)
@@ -440,12 +442,23 @@ class Partition:
                 self._unflushed_since = time.monotonic()
             self._unflushed += offset - first
         result_time = append_time if append_time is not None else -1
+        # make_follower may have run while the write was in the thread: its purgatory was
+        # emptied then, and a wait entered now would be completed by the high watermark a
+        # follower takes from the new leader, over a tail that is truncated away
+        deposed = not group[0].replica and (not self.is_leader or self.leader_epoch != epoch)
         start = first
         for req, end in zip(group, ends, strict=True):
             result = AppendResult(start, -1 if req.replica else result_time)
-            if req.acks_all:
+            if req.future.done():
+                pass
+            elif deposed:
+                req.future.set_exception(LeadershipLost(
+                    f"{self.topic}-{self.index} got a new leader (epoch {self.leader_epoch}) while "
+                    f"offsets {start}..{end - 1} were written in epoch {epoch}"
+                ))
+            elif req.acks_all:
                 self._acks.wait(req.future, end, result, plog.high_watermark)
-            elif not req.future.done():
+            else:
                 req.future.set_result(result)
             start = end
         if self.is_leader:
@@ -655,14 +668,18 @@ class Partition:
 
     def make_follower(self, leader_epoch: int) -> None:
         """Follow the leader of ``leader_epoch``: leader appends are refused from now on,
-        and ``acks=all`` writes still waiting fail with ``NotLeader`` (their batches may
-        be truncated away: the producer retries on the new leader)."""
+        and ``acks=all`` writes still waiting fail with ``LeadershipLost`` (a ``NotLeader``
+        that may have been stored: their batches may be on the new leader or be truncated
+        away; the producer retries on the new leader).  A leader write still in the
+        writer's thread fails the same way when it returns."""
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, False
         self.followers = {}
         self.failed_followers = set()
-        self._acks.fail_all(NotLeader(f"{self.topic}-{self.index} has a new leader (epoch {leader_epoch})"))
+        self._acks.fail_all(LeadershipLost(
+            f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch}) before the write was replicated"
+        ))
         self._notify()
         self._notify_replicas()
 

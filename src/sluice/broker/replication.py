@@ -191,14 +191,23 @@ class ReplicaManager:
         join = [r for r in part.caught_up(lag_s) if r not in part.failed_followers]
         if not out and not join:
             return
-        isr = [r for r in part.isr if r not in out] + join
+        expected = part.state_version
+        if expected is None:
+            return  # our last change is not back from the watch yet: its version is unknown
+        old = list(part.isr)
+        isr = [r for r in old if r not in out] + join
         state = PartitionState(self.config.node_id, part.leader_epoch, isr)
-        if await self.metadata.cas_partition_state(part.topic, part.index, part.state_version, state):
+        if await self.metadata.cas_partition_state(part.topic, part.index, expected, state):
             if out:
-                log.warning("%s-%d: ISR shrank from %s to %s", part.topic, part.index, list(part.isr), isr)
+                log.warning("%s-%d: ISR shrank from %s to %s", part.topic, part.index, old, isr)
             if join:
-                log.info("%s-%d: ISR grew from %s to %s", part.topic, part.index, list(part.isr), isr)
-            part.set_isr(isr)  # the watch brings the new version (a CAS with this one fails and re-reads)
+                log.info("%s-%d: ISR grew from %s to %s", part.topic, part.index, old, isr)
+            # The watch brings the new version, maybe already while the swap was answered:
+            # only a version still the old one is stale (forgetting a newer one would stop
+            # every later ISR change of this partition until the next state change).
+            if part.state_version == expected:
+                part.set_isr(isr)
+                part.state_version = None
             return
         states = await self.metadata.partition_states(part.topic)  # someone else changed it
         if part.index < len(states) and self.topics.get(part.topic) is topic:

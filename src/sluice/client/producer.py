@@ -707,8 +707,11 @@ class Producer:
             self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
             raise
         except errors.SluiceError as exc:
+            if isinstance(exc, errors.ConnectionClosed | errors.RequestTimedOut):
+                self._cluster.node_failed(node)  # metadata is asked elsewhere first
             self._on_request_error(batches, exc)
         except OSError as exc:
+            self._cluster.node_failed(node)
             self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
         except Exception as exc:
             log.exception("produce request to broker %s failed unexpectedly", node)
@@ -830,9 +833,11 @@ class Producer:
         ``retry_backoff_max_ms``, whatever the deadlines; ``expire`` fails what reaches its
         deadline meanwhile."""
         now = time.monotonic()
-        if isinstance(exc, errors.NotLeader):
+        if isinstance(exc, errors.NotLeader | errors.RequestTimedOut):
+            # A leader that does not answer in time may have been replaced while it
+            # stalled: the retry waits for fresh metadata rather than going back to it.
             self._cluster.mark_stale(tp[0])
-        if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed):
+        if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed | errors.RequestTimedOut):
             self._request_refresh()
         failures = self._failures[tp] = self._failures.get(tp, 0) + 1
         incomplete = self._acc.incomplete

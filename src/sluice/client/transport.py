@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import math
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -427,6 +429,12 @@ class Cluster:
     wait on it through ``asyncio.shield``: cancelling one caller never fails another, and
     the connect finishes (or fails) for the others.  ``close()`` cancels connects still
     running; their waiters get ``ClientClosed``.
+
+    Requests to "any broker" (metadata, admin) avoid brokers that failed lately: one whose
+    request timed out, whose connection broke or could not be opened is asked last until
+    it answers again.  Otherwise a stalled broker (SIGSTOP, a partitioned host: it accepts
+    connections but never answers) that was the controller would be asked again and again,
+    and a client could never learn who leads now.
     """
 
     def __init__(
@@ -449,6 +457,7 @@ class Cluster:
         self.topics: dict[str, TopicInfo] = {}
         self.unknown: dict[str, errors.BrokerError] = {}  # topic -> error of last refresh
         self.controller_id = -1
+        self._failed: dict[tuple[str, int], float] = {}  # address -> when it last failed
         self._closed = False
 
     # ------------------------------------------------------------------ connections
@@ -508,22 +517,32 @@ class Cluster:
             raise errors.NotLeader(f"broker {node_id} is not in the cluster metadata")
         return await self._connect(addr)
 
-    async def any_connection(self) -> Connection:
-        """A connection to some live broker: the controller, an open one, else bootstrap."""
-        addr = self.brokers.get(self.controller_id)
+    def node_failed(self, node_id: int) -> None:
+        """A request to broker ``node_id`` broke or timed out: ask it last for metadata."""
+        addr = self.brokers.get(node_id)
         if addr is not None:
+            self._failed[addr] = time.monotonic()
+
+    async def any_connection(self) -> Connection:
+        """A connection to some live broker: the controller, an open one, else bootstrap;
+        brokers that failed lately come last, the longest-failed first."""
+        addr = self.brokers.get(self.controller_id)
+        if addr is not None and addr not in self._failed:
             try:
                 return await self._connect(addr)
             except errors.ConnectionClosed:
-                pass
-        for conn in self._conns.values():
-            if not conn.closed:
+                self._failed[addr] = time.monotonic()
+        for a, conn in self._conns.items():
+            if not conn.closed and a not in self._failed:
                 return conn
         failures: list[errors.ConnectionClosed] = []
-        for addr in dict.fromkeys([*self.brokers.values(), *self.bootstrap]):
+        candidates = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap]))
+        candidates.sort(key=lambda a: self._failed.get(a, -math.inf))  # stable: healthy first
+        for addr in candidates:
             try:
                 return await self._connect(addr)
             except errors.ConnectionClosed as exc:
+                self._failed[addr] = time.monotonic()
                 failures.append(exc)
         if len(failures) == 1:
             raise failures[0]
@@ -532,9 +551,17 @@ class Cluster:
         )
 
     async def request(self, request, attachments=(), timeout: float | None = None):
-        """Send ``request`` to any broker (metadata, admin)."""
+        """Send ``request`` to any broker (metadata, admin).  A broker that does not answer
+        (timeout, broken connection) is asked last next time."""
         conn = await self.any_connection()
-        return await conn.request(request, attachments, timeout or self.request_timeout)
+        addr = next((a for a, c in self._conns.items() if c is conn), None)
+        try:
+            result = await conn.request(request, attachments, timeout or self.request_timeout)
+        except (errors.ConnectionClosed, errors.RequestTimedOut):
+            self._failed[addr] = time.monotonic()
+            raise
+        self._failed.pop(addr, None)
+        return result
 
     async def coordinator(self, group: str) -> Connection:
         """The connection to ``group``'s coordinator: the leader of its ``__groups``
