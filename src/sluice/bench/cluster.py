@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,29 +30,12 @@ import urllib.request
 from pathlib import Path
 
 from sluice.bench import workloads as w
+from sluice.bench.runner import free_port, wait_port
 from sluice.client import Admin, Producer
 from sluice.client.transport import Cluster
 
 SESSION_TIMEOUT_MS = 1000
 BROKERS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not listen within {timeout} s")
-        time.sleep(0.05)
 
 
 def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
@@ -74,8 +56,8 @@ class LocalCluster:
         self.root = root
         self.etcd: subprocess.Popen | None = None
         self.brokers: dict[int, subprocess.Popen] = {}
-        self.ports = {n: _free_port() for n in range(1, BROKERS + 1)}
-        self.etcd_port = _free_port()
+        self.ports = {n: free_port() for n in range(1, BROKERS + 1)}
+        self.etcd_port = free_port()
 
     @property
     def bootstrap(self) -> str:
@@ -85,7 +67,7 @@ class LocalCluster:
         binary = shutil.which("etcd") or "/usr/bin/etcd"
         if not os.access(binary, os.X_OK):
             raise RuntimeError("cluster workloads need etcd: install Debian's etcd-server")
-        client, peer = f"http://127.0.0.1:{self.etcd_port}", f"http://127.0.0.1:{_free_port()}"
+        client, peer = f"http://127.0.0.1:{self.etcd_port}", f"http://127.0.0.1:{free_port()}"
         self.etcd = subprocess.Popen(
             [binary, "--name", "bench", "--data-dir", str(self.root / "etcd"),
              "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -114,7 +96,7 @@ class LocalCluster:
              "--leader-rebalance-interval-ms", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
-        _wait_port(port, self.brokers[node], f"broker {node}")
+        wait_port(port, self.brokers[node], f"broker {node}")
 
     def kill(self, node: int) -> None:
         _stop(self.brokers.get(node), signal.SIGKILL)

@@ -62,6 +62,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
+    """Return once ``proc`` listens on loopback ``port``; ``RuntimeError`` if it exits
+    first (with its last stderr, when piped) or does not listen within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            said = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {said}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen within {timeout} s")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def broker_process():
     """A broker on a free port with a temporary data dir; yields (bootstrap, pid)."""
@@ -72,15 +87,7 @@ def broker_process():
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"broker exited: {proc.stderr.read().decode()[-2000:]}")
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("broker did not start within 30 s")
-                time.sleep(0.05)
+            wait_port(port, proc, "broker")
             yield f"127.0.0.1:{port}", proc.pid
         finally:
             if proc.poll() is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from sluice.broker.topics import error_fields
+from sluice.broker.wait import until_woken
 from sluice.errors import (
     BrokerError,
     InvalidRequest,
@@ -36,22 +37,10 @@ class FetchHandlers:
             failed = any(r.error and r.error != OffsetNotAvailable.code for r in results)
             if size >= req.min_bytes or remaining <= 0 or failed or self._draining:
                 return m.FetchResponse(partitions=results), blobs
-            woken = loop.create_future()
-
-            def wake(fut=woken):
-                if not fut.done():
-                    fut.set_result(None)
-
             parts = [self.partition(fp.topic, fp.partition) for fp in req.partitions]
-            for part in parts:
-                part.add_waiter(wake)
-            try:
-                await asyncio.wait_for(woken, remaining)
-            except TimeoutError:
-                pass
-            finally:
-                for part in parts:
-                    part.remove_waiter(wake)
+            await until_woken(
+                [p.add_waiter for p in parts], [p.remove_waiter for p in parts], remaining
+            )
 
     async def _fetch_once(self, req: m.FetchRequest):
         """One pass over the partitions, within the request's byte budget.

@@ -30,7 +30,7 @@ import logging
 from sluice.broker.fetcher import ReplicaFetcher
 from sluice.broker.partition import Partition
 from sluice.broker.topics import Topic, error_fields
-from sluice.broker.wait import wait_event
+from sluice.broker.wait import until_woken, wait_event
 from sluice.cluster.controller import preferred_election
 from sluice.cluster.store import PartitionChange, PartitionState
 from sluice.errors import (
@@ -274,21 +274,9 @@ class ReplicaManager:
             failed = any(r.error for r in results)
             if size >= req.min_bytes or remaining <= 0 or failed or self._draining or not parts:
                 return m.ReplicaFetchResponse(partitions=results), blobs
-            woken = loop.create_future()
-
-            def wake(fut=woken):
-                if not fut.done():
-                    fut.set_result(None)
-
-            for part in parts:
-                part.add_replica_waiter(wake)
-            try:
-                await asyncio.wait_for(woken, remaining)
-            except TimeoutError:
-                pass
-            finally:
-                for part in parts:
-                    part.remove_replica_waiter(wake)
+            await until_woken(
+                [p.add_replica_waiter for p in parts], [p.remove_replica_waiter for p in parts], remaining
+            )
 
     def _follower_reported(self, part: Partition, replica: int, rp: m.ReplicaFetchPartition) -> None:
         if rp.offset > part.log_end_offset:
