@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from sluice.broker.partition import Partition
-from sluice.cluster.assignment import assign_replicas
+from sluice.cluster.assignment import assign_replicas, replica_load
 from sluice.cluster.store import PartitionState, TopicRecord, initial_states
 from sluice.config import TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
@@ -243,12 +243,7 @@ class TopicAdmin:
 
     def _replica_load(self) -> dict[int, int]:
         """How many partition replicas each broker holds (to spread new ones evenly)."""
-        load: dict[int, int] = {}
-        for t in self.topics.values():
-            for replicas in t.record.assignment:
-                for r in replicas:
-                    load[r] = load.get(r, 0) + 1
-        return load
+        return replica_load(t.record.assignment for t in self.topics.values())
 
     def _set_aside_leftovers(self, name: str, indexes: range) -> None:
         """Move partition directories no topic owns (an interrupted create or partition
