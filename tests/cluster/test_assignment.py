@@ -74,3 +74,13 @@ def test_plans_keep_the_factor_distinct_replicas_and_every_live_one(cluster):
             new = plan.get(name, {}).get(p, list(old))
             spare = set(live) - set(new)
             assert all(r in live for r in new) or not spare  # replaced as far as brokers allow
+
+
+def test_only_the_named_topics_move_but_all_count_in_the_load():
+    assignments = {"a": [[3, 1]], "b": [[2, 4], [2, 4], [3, 4]]}  # b loads 2 and 4, and lost 3 too
+    assert replace_lost_replicas(assignments, {1, 2, 4, 5}, topics=["a", "nope"]) == {"a": {0: [5, 1]}}
+
+
+def test_kept_partitions_do_not_move():
+    plan = replace_lost_replicas({"t": [[3, 1], [3, 2]]}, {1, 2, 4}, keep={("t", 0)})
+    assert plan == {"t": {1: [4, 2]}}

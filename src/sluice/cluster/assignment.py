@@ -13,7 +13,7 @@ loaded.  Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from sluice.errors import InvalidReplicationFactor
 
@@ -66,12 +66,19 @@ def replica_load(assignments: Iterable[Sequence[Sequence[int]]]) -> dict[int, in
 
 
 def replace_lost_replicas(
-    assignments: Mapping[str, Sequence[Sequence[int]]], live: Iterable[int]
+    assignments: Mapping[str, Sequence[Sequence[int]]],
+    live: Iterable[int],
+    *,
+    topics: Collection[str] | None = None,
+    keep: Collection[tuple[str, int]] = (),
 ) -> dict[str, dict[int, list[int]]]:
     """The new replica lists of the partitions that name a broker not in ``live``.
 
-    ``assignments`` maps each topic to its replica lists (by partition); the result maps
-    topic -> partition -> new list, only for partitions that change.  Each dead broker
+    ``assignments`` maps each topic of the cluster to its replica lists (by partition):
+    all of them count in the load.  Only the partitions of ``topics`` (None: all) are
+    planned, except those in ``keep`` ((topic, partition) pairs: an offline partition's
+    dead replicas may hold its only copy).  The result maps topic -> partition -> new
+    list, only for partitions that change.  Each dead broker
     is replaced in place (same position in the list) by the least loaded live broker not
     in the list already (ties: the lower node id); every replacement counts in the load
     of the next.  A dead broker no live broker can replace (all of them are in the list
@@ -86,9 +93,9 @@ def replace_lost_replicas(
         if b in alive:
             held[b] = n
     plan: dict[str, dict[int, list[int]]] = {}
-    for name in sorted(assignments):
+    for name in sorted(assignments if topics is None else set(topics) & set(assignments)):
         for p, replicas in enumerate(assignments[name]):
-            if all(r in alive for r in replicas):
+            if (name, p) in keep or all(r in alive for r in replicas):
                 continue
             new = list(replicas)
             for i, r in enumerate(new):
