@@ -67,7 +67,7 @@ def test_plans_keep_the_factor_distinct_replicas_and_every_live_one(cluster):
             old = topics[name][p]
             assert len(new) == len(old) and len(set(new)) == len(new)
             assert new != list(old)
-            for i, (a, b) in enumerate(zip(old, new)):
+            for i, (a, b) in enumerate(zip(old, new, strict=True)):
                 assert a == b if a in live else (b == a or b in live), (old, new, i)
     for name, assignment in topics.items():
         for p, old in enumerate(assignment):
