@@ -16,14 +16,15 @@ from .fakebroker import FakeBroker
 class ElectingBroker(FakeBroker):
     """Answers ELECT_LEADERS with fixed results, and keeps the requests."""
 
-    def __init__(self, results: list[m.ElectionResult]):
+    def __init__(self, results: list[m.ElectionResult], moves: list[m.ReplicaMove] = ()):
         super().__init__({"b": 2, "a": 1})
         self.results = results
+        self.moves = list(moves)
 
     async def handle(self, req, attachments):
         if isinstance(req, m.ElectLeadersRequest):
             self.requests.append(req)
-            return m.ElectLeadersResponse(partitions=self.results), memoryview(b"")
+            return m.ElectLeadersResponse(partitions=self.results, moves=self.moves), memoryview(b"")
         return await super().handle(req, attachments)
 
 
@@ -60,6 +61,31 @@ async def test_elect_leaders_returns_moves_and_failures_by_partition():
         assert await a.elect_leaders() == [failed_a0, moved_b1]
         await a.elect_leaders(["b", "a", "b"])
     assert [r.topics for r in broker.requests if isinstance(r, m.ElectLeadersRequest)] == [None, ["a", "b"]]
+
+
+async def test_rebalance_asks_for_replicas_replaced_and_returns_both_by_partition():
+    moved_b1 = m.ElectionResult(topic="b", partition=1, leader=2)
+    replaced_b0 = m.ReplicaMove(topic="b", partition=0, old=[3, 1], new=[4, 1])
+    replaced_a2 = m.ReplicaMove(topic="a", partition=2, old=[1, 3], new=[1, 4])
+    broker = ElectingBroker([moved_b1], [replaced_b0, replaced_a2])
+    async with admin(broker) as a:
+        done = await a.rebalance()
+        await a.rebalance(["a"], reassign=False)
+        await a.elect_leaders()
+    assert done.moves == [replaced_a2, replaced_b0] and done.elections == [moved_b1]
+    sent = [(r.topics, r.reassign) for r in broker.requests if isinstance(r, m.ElectLeadersRequest)]
+    assert sent == [(None, True), (["a"], False), (None, False)]
+
+
+def test_an_older_peer_reads_the_new_request_and_response_fields_as_absent():
+    class OldRequest(m.Struct):  # ElectLeadersRequest before ``reassign``
+        topics: list[str] | None = None
+
+    old = m.decode(m.encode(m.ElectLeadersRequest(topics=["a"], reassign=True)), OldRequest)
+    assert old.topics == ["a"]
+    assert m.decode(m.encode(OldRequest(topics=None)), m.ElectLeadersRequest).reassign is False
+    # a response from an older broker has no moves
+    assert m.decode(m.encode(m.ElectLeadersResponse()), m.ElectLeadersResponse).moves == []
 
 
 async def test_elect_leaders_on_an_older_broker_says_so():

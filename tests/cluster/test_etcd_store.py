@@ -202,3 +202,23 @@ async def _next_change(seen: asyncio.Queue, topic: str, epoch: int):
         change = await seen.get()
         if change.topic == topic and change.state is not None and change.state.leader_epoch == epoch:
             return change
+
+
+async def test_reassign_moves_replicas_and_their_states_follow(stores):
+    store = await stores()
+    r = TopicRecord("t", 3, replication_factor=2, assignment=[[1, 2], [2, 3], [3, 1]])
+    await store.create_topic(r, initial_states(r))
+    before = await store.partition_states("t")
+    await store.reassign("t", {0: [1, 4], 1: [4, 3]})
+    assert (await store.topics())["t"].assignment == [[1, 4], [4, 3], [3, 1]]
+    after = await store.partition_states("t")
+    # a follower moved away leaves the ISR; the leader keeps its epoch
+    assert (after[0].leader, after[0].leader_epoch, after[0].isr) == (1, 0, [1])
+    # the leader moved away: no leader, a new epoch (the controller elects one)
+    assert (after[1].leader, after[1].leader_epoch, after[1].isr) == (-1, 1, [3])
+    assert after[2] == before[2]
+    # the current state is the one rewritten (a leader's ISR change is not undone)
+    assert await store.cas_partition_state("t", 2, after[2].version, PartitionState(1, 1, [1]))
+    await store.reassign("t", {2: [1, 5]})
+    last = (await store.partition_states("t"))[2]
+    assert (last.leader, last.leader_epoch, last.isr) == (1, 1, [1])

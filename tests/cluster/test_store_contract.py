@@ -246,3 +246,39 @@ async def test_watches_end_when_the_store_closes(store_factory):
         await asyncio.wait_for(started.get(), 10)
     await store.close()
     assert await asyncio.wait_for(asyncio.gather(*tasks), 10) == ["ended", "ended"]
+
+
+async def test_reassign_rewrites_the_touched_states_and_checks_the_lists(store_factory):
+    store = await store_factory()
+    r = await create(store, "t", 2)
+    before = await store.partition_states("t")
+    seen: asyncio.Queue[PartitionChange] = asyncio.Queue()
+
+    async def follow():
+        async for change in store.watch_partition_states():
+            seen.put_nowait(change)
+
+    task = asyncio.create_task(follow())
+    try:
+        for _ in range(2):  # the current states first
+            await asyncio.wait_for(seen.get(), 10)
+        await store.reassign("t", {1: [NODE]})  # the only list one node can hold
+        change = await asyncio.wait_for(seen.get(), 10)  # its watchers wake
+        assert (change.topic, change.partition) == ("t", 1)
+    finally:
+        task.cancel()
+    after = await store.partition_states("t")
+    assert after[0] == before[0]
+    assert (after[1].leader, after[1].leader_epoch, after[1].isr) == (NODE, 0, [NODE])
+    assert after[1].version != before[1].version
+    assert (await store.topics())["t"] == r
+
+    with pytest.raises(UnknownTopic):
+        await store.reassign("nope", {0: [NODE]})
+    with pytest.raises(UnknownPartition):
+        await store.reassign("t", {2: [NODE]})
+    for bad in ([], [NODE, NODE], [NODE, NODE + 1], [-1]):  # factor 1, distinct ids
+        with pytest.raises(InvalidRequest):
+            await store.reassign("t", {0: bad})
+    assert (await store.topics())["t"] == r
+    assert (await store.partition_states("t"))[1] == after[1]

@@ -26,7 +26,8 @@ replication: a single broker is a cluster of one, where every partition has one 
 and its own log end is its high watermark.  Partitions are replicated by their followers
 pulling from the leader (broker/fetcher.py); states, the ISR and the replica APIs are in
 broker/replication.py; the controller (cluster/controller.py), elected through the store,
-moves leadership when brokers come and go.
+moves leadership when brokers come and go; the replicas of brokers that left are replaced
+on request, and every broker applies changed replica lists (broker/reassignment.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from sluice.broker.group_migration import migrate_legacy_groups
 from sluice.broker.groups import GroupHandlers
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
+from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
 from sluice.broker.wait import wait_event
@@ -85,7 +87,7 @@ GROUPS_TOPIC_CONFIG = {
 }
 
 
-class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHandlers):
+class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHandler, FetchHandlers):
     """Topics and partitions, lifecycle, lookups and the API dispatch table.
 
     The handlers live by concept in topics.py, replication.py, groups.py, produce.py and
@@ -112,6 +114,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
         self.controller_id = -1
         self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
         self._isr_check = asyncio.Event()  # wakes the ISR upkeep at once
+        self._topics_stale = asyncio.Event()  # wakes the topic records' resync at once
         self._controller_changed = asyncio.Event()
         self.controller = Controller(
             self.metadata, config.node_id, config.leader_rebalance_interval_ms, self._controller_changed.set
@@ -140,6 +143,7 @@ class Broker(TopicAdmin, ReplicaManager, GroupHandlers, ProduceHandler, FetchHan
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
             self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
             for record in (await self.metadata.topics()).values():
+                self._trash_unlisted(record)
                 states = await self.metadata.partition_states(record.name)
                 topic = await self._open_topic(record, states)
                 for i in topic.partitions:

@@ -7,7 +7,8 @@
   lock (``_become``): a partition this broker holds becomes leader (``make_leader``) when
   the state names this broker, else follower of the named leader (``make_follower``, and
   the replica fetcher of that leader pulls it: broker/fetcher.py).  Topics created or
-  grown elsewhere are opened, deleted ones forgotten.
+  grown elsewhere are opened, deleted ones forgotten; replicas moved between brokers are
+  applied by broker/reassignment.py, woken by every change.
 - **The ISR** is changed by the partition's leader, always by compare-and-swap on the
   state's version: a follower that has not caught up for ``replica_lag_time_max_ms``, or
   that reports a storage error, leaves; one that caught up (at the high watermark and the
@@ -49,8 +50,6 @@ from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.replication")
 
-TOPICS_RESYNC_S = 2.0  # topic configs changed on another broker are picked up this often
-
 
 class ReplicaManager:
     """States, ISR and replica APIs of ``Broker`` (see broker.py for its state)."""
@@ -73,6 +72,7 @@ class ReplicaManager:
                 await asyncio.sleep(0.5)
 
     async def _apply_change(self, change: PartitionChange) -> None:
+        self._topics_stale.set()  # the topic's record may have changed too (broker/reassignment.py)
         topic = self.topics.get(change.topic)
         if change.state is None:
             if topic is not None:
@@ -111,7 +111,7 @@ class ReplicaManager:
         replicas = topic.record.assignment[index]
         if state.leader == self.config.node_id:
             if part.is_leader and part.leader_epoch == state.leader_epoch:
-                part.set_isr(state.isr)
+                part.set_replicas(replicas, state.isr)
                 return
             self._unfollow(part)
             part.make_leader(state.leader_epoch, replicas, state.isr)
@@ -151,19 +151,6 @@ class ReplicaManager:
             if f.remove(part) and f.idle:
                 del self.fetchers[leader]
                 f.stop()
-
-    async def _resync_topics(self) -> None:
-        """Pick up config changes made on other brokers (the store has no topic watch)."""
-        while True:
-            await asyncio.sleep(TOPICS_RESYNC_S)
-            try:
-                records = await self.metadata.topics()
-            except MetadataUnavailable:
-                continue
-            for name, record in records.items():
-                t = self.topics.get(name)
-                if t is not None and record.config != t.record.config and record.partitions == t.count:
-                    self._reconfigure(t, record)
 
     # ------------------------------------------------------------------ the ISR
 
@@ -311,19 +298,25 @@ class ReplicaManager:
         return m.OffsetsForLeaderEpochResponse(partitions=out), ()
 
     async def elect_leaders(self, req: m.ElectLeadersRequest, _att):
-        """Move leadership back to preferred replicas (alive and in sync) now."""
+        """With ``reassign``, first replace the replicas of brokers that are gone
+        (broker/reassignment.py); then move leadership back to preferred replicas (alive
+        and in sync) now."""
         names = sorted(self.topics) if req.topics is None else req.topics
+        for name in names:
+            if name not in self.topics:
+                raise UnknownTopic(f"topic {name!r} does not exist")
+        if req.topics is not None and not names:
+            raise InvalidRequest("no topics named")
+        moves = await self._replace_lost_replicas(list(names)) if req.reassign else []
         out = []
         for name in names:
             t = self.topics.get(name)
-            if t is None:
-                raise UnknownTopic(f"topic {name!r} does not exist")
+            if t is None:  # deleted meanwhile
+                continue
             try:
                 moved = await preferred_election(self.metadata, t.record, set(self.live_brokers))
             except BrokerError as exc:
                 out.append(m.ElectionResult(topic=name, partition=-1, leader=-1, **error_fields(exc)))
                 continue
             out.extend(m.ElectionResult(topic=name, partition=i, leader=leader) for i, leader in moved)
-        if req.topics is not None and not names:
-            raise InvalidRequest("no topics named")
-        return m.ElectLeadersResponse(partitions=out), ()
+        return m.ElectLeadersResponse(partitions=out, moves=moves), ()

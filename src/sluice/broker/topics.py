@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from sluice.broker.partition import Partition
-from sluice.cluster.assignment import assign_replicas
+from sluice.cluster.assignment import assign_replicas, replica_load
 from sluice.cluster.store import PartitionState, TopicRecord, initial_states
 from sluice.config import TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
@@ -243,12 +243,7 @@ class TopicAdmin:
 
     def _replica_load(self) -> dict[int, int]:
         """How many partition replicas each broker holds (to spread new ones evenly)."""
-        load: dict[int, int] = {}
-        for t in self.topics.values():
-            for replicas in t.record.assignment:
-                for r in replicas:
-                    load[r] = load.get(r, 0) + 1
-        return load
+        return replica_load(t.record.assignment for t in self.topics.values())
 
     def _set_aside_leftovers(self, name: str, indexes: range) -> None:
         """Move partition directories no topic owns (an interrupted create or partition
@@ -281,7 +276,6 @@ class TopicAdmin:
         topic = self.topics.pop(name, None)
         if topic is None:
             return
-        loop = asyncio.get_running_loop()
         parts = list(topic.partitions.values())
         for p in parts:
             self._unfollow(p)
@@ -289,15 +283,23 @@ class TopicAdmin:
         if self.groups is not None:
             await self.groups.forget_topic(name)
         for p in parts:
-            src = self._log_dir(name, p.index)
-            trash = src.with_name(f".trash-{uuid.uuid4().hex}")
-            try:
-                os.replace(src, trash)
-            except OSError as exc:  # the topic is gone either way; its files wait for a restart
-                log.error("cannot move %s to the trash: %s", src, exc)
-                continue
-            loop.run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
+            self._trash(name, p.index)
         log.info("deleted topic %s", name)
+
+    def _trash(self, name: str, index: int) -> None:
+        """Move the directory of partition ``index`` of ``name`` (closed) to the trash and
+        delete it in the background; a crash meanwhile leaves it to the next start.  A
+        failed move is logged: the replica is gone from this broker either way."""
+        src = self._log_dir(name, index)
+        trash = src.with_name(f".trash-{uuid.uuid4().hex}")
+        try:
+            os.replace(src, trash)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.error("cannot move %s to the trash: %s", src, exc)
+            return
+        asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
 
     async def describe_topics(self, req: m.DescribeTopicsRequest, _att):
         """Config and partitions; offsets and sizes from this broker's replica when it

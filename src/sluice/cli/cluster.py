@@ -1,13 +1,14 @@
-"""``sluice cluster …``: the state of a cluster of brokers, and moving leadership back to
-the preferred replicas.
+"""``sluice cluster …``: the state of a cluster of brokers; replacing the replicas of
+brokers that left, and moving leadership back to the preferred replicas.
 
 ``status`` reads one metadata answer (``client.status.ClusterStatus``): the brokers, alive
 or not, the controller, and the partitions that are under-replicated (fewer in-sync
 replicas than replicas) or offline (no leader).  Its exit status says the same, for
 scripts and health checks: ``HEALTHY`` (0), ``UNDER_REPLICATED`` (3), ``OFFLINE`` (4).
 
-``rebalance`` asks the controller for a preferred-leader election (``ELECT_LEADERS``) and
-prints what moved, and what could not.
+``rebalance`` asks a broker (``ELECT_LEADERS``) to replace the replicas of brokers that are
+not alive (unless ``--leaders-only``), then for a preferred-leader election, and prints
+what moved, and what could not.
 
 The pure functions here (rows, JSON objects, exit status) are what the commands print.
 """
@@ -19,7 +20,7 @@ import click
 from sluice import errors
 from sluice.cli.output import echo_json, node_list, table, wants_json
 from sluice.client.status import ClusterStatus, PartitionStatus
-from sluice.protocol.messages import ElectionResult
+from sluice.protocol.messages import ElectionResult, ReplicaMove
 
 HEALTHY = 0
 UNDER_REPLICATED = 3  # some partition has fewer in-sync replicas than replicas, none is offline
@@ -138,26 +139,61 @@ def election_json(results: list[ElectionResult]) -> dict:
     return {"moved": moved, "failed": failed}
 
 
+def moves_json(moves: list[ReplicaMove]) -> dict:
+    """``cluster rebalance --json``, replicas: replaced (topic, partition, old, new: the
+    replica lists) and not_replaced (the same, with error: NAME, code, message)."""
+    replaced = [{"topic": r.topic, "partition": r.partition, "old": list(r.old), "new": list(r.new)}
+                for r in moves if not r.error]
+    failed = []
+    for r in moves:
+        if r.error:
+            exc = errors.error_for_code(r.error, r.message)
+            failed.append({"topic": r.topic, "partition": r.partition, "old": list(r.old), "new": list(r.new),
+                           "error": exc.name, "code": exc.code, "message": exc.message})
+    return {"replaced": replaced, "not_replaced": failed}
+
+
 @cluster.command("rebalance")
 @click.option("--topic", "topics", multiple=True, help="Only this topic's partitions (repeatable; default: all).")
+@click.option("--leaders-only", is_flag=True, help="Only move leaders back; replace no replicas.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the default when piped).")
 @click.pass_context
-def cluster_rebalance(ctx, topics: tuple[str, ...], as_json: bool) -> None:
-    """Move each partition's leadership back to its preferred replica (the first of its
-    replicas) where that replica is alive and in sync, and print what moved.
+def cluster_rebalance(ctx, topics: tuple[str, ...], leaders_only: bool, as_json: bool) -> None:
+    """Replace the replicas of brokers that are gone, then move each partition's
+    leadership back to its preferred replica (the first of its replicas) where that
+    replica is alive and in sync, and print what changed.
 
-    After a broker comes back, the partitions it led stay with the brokers that took over;
-    this gives them back.  Partitions already led by their preferred replica do not move
-    and are not listed.  Partitions that could not move are listed with the reason, and
-    the exit status is then 1.  A broker too old to know leader election answers
-    UNSUPPORTED_VERSION.
+    Replicas: in each partition with a live leader, a replica on a broker that is not
+    alive (its registration lapsed) is replaced by the least loaded live broker not
+    holding the partition yet; the new replica copies the partition from its leader and
+    joins the in-sync replicas once caught up (watch ``sluice cluster status``).  The
+    replication factor stays.  A partition without a live leader keeps its replicas.
+    ``--leaders-only`` skips this.
+
+    Leaders: after a broker comes back, the partitions it led stay with the brokers that
+    took over; this gives them back.  Partitions already led by their preferred replica do
+    not move and are not listed.
+
+    Partitions that could not change are listed with the reason, and the exit status is
+    then 1.  A broker too old to know leader election answers UNSUPPORTED_VERSION; one too
+    old to replace replicas moves leaders only.
     """
     with _admin(ctx) as admin:
-        results = admin.elect_leaders(list(topics) or None)
+        result = admin.rebalance(list(topics) or None, reassign=not leaders_only)
+    results = result.elections
     shown = election_json(results)
+    replicas = moves_json(result.moves)
     if wants_json(as_json):
-        echo_json(shown)
+        echo_json({**shown, "replicas": replicas})
     else:
+        if replicas["replaced"]:
+            table("Replicas replaced", ["topic", "partition", "old replicas", "new replicas"],
+                  [[r["topic"], r["partition"], node_list(r["old"]), node_list(r["new"])]
+                   for r in replicas["replaced"]])
+        if replicas["not_replaced"]:
+            table("Replicas kept", ["topic", "partition", "replicas", "why"],
+                  [[r["topic"], r["partition"], node_list(r["old"]), f"{r['error']}: {r['message']}"]
+                   for r in replicas["not_replaced"]])
         if shown["moved"]:
             table("Leaders moved", ["topic", "partition", "new leader"],
                   [[m["topic"], m["partition"], m["leader"]] for m in shown["moved"]])
@@ -165,13 +201,16 @@ def cluster_rebalance(ctx, topics: tuple[str, ...], as_json: bool) -> None:
             table("Leaders kept", ["topic", "partition", "leader", "why"],
                   [[f["topic"], f["partition"], f["leader"], f"{f['error']}: {f['message']}"]
                    for f in shown["failed"]])
-        if not results:
-            click.echo("nothing moved: every partition is led by its preferred replica")
-    if shown["failed"]:
-        first = shown["failed"][0]
+        if not results and not result.moves:
+            click.echo("nothing moved: every replica is on a live broker and every partition is led "
+                       "by its preferred replica" if not leaders_only else
+                       "nothing moved: every partition is led by its preferred replica")
+    failures = [*replicas["not_replaced"], *shown["failed"]]
+    if failures:
+        first = failures[0]
         exc = errors.error_for_code(first["code"], f"{first['topic']} partition {first['partition']}: "
                                                    f"{first['message']}")
-        n = len(shown["failed"])
-        click.echo(f"error: {n} partition{'s' if n != 1 else ''} kept their leader; first: "
+        n = len(failures)
+        click.echo(f"error: {n} partition{'s' if n != 1 else ''} could not change; first: "
                    f"{errors.describe(exc)}", err=True)
         ctx.exit(1)

@@ -28,6 +28,7 @@ from sluice.protocol.messages import (
     ElectionResult,
     GroupDescription,
     GroupListing,
+    ReplicaMove,
     TopicDescription,
     TopicMetadata,
 )
@@ -39,6 +40,8 @@ __all__ = [
     "GroupDescription",
     "GroupListing",
     "OffsetReset",
+    "Rebalance",
+    "ReplicaMove",
     "TopicDescription",
     "TopicMetadata",
 ]
@@ -73,6 +76,15 @@ class OffsetReset:
     partition: int
     old: int | None  # None: the group had committed nothing for this partition
     new: int
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """What ``Admin.rebalance`` changed: replicas replaced (``moves``, each with ``error`` 0)
+    or not (an error), then leaders moved or not (``elections``), by topic and partition."""
+
+    moves: list[ReplicaMove]
+    elections: list[ElectionResult]
 
 
 class Admin:
@@ -332,7 +344,23 @@ class Admin:
         Raises ``UnsupportedVersion`` when the broker does not serve leader election (an
         older broker).
         """
-        req = messages.ElectLeadersRequest(topics=None if topics is None else sorted(set(topics)))
+        return (await self.rebalance(topics, reassign=False)).elections
+
+    async def rebalance(self, topics: Iterable[str] | None = None, *, reassign: bool = True) -> Rebalance:
+        """With ``reassign``, first replace the replicas of brokers that are not alive in
+        every partition of ``topics`` (None: all topics) that has a live leader: each by
+        the least loaded live broker not yet holding the partition (the new replica copies
+        it from the leader and joins the ISR once caught up; the dead broker drops its copy
+        when it comes back).  Then move leadership back to preferred replicas as
+        ``elect_leaders`` does.
+
+        A broker older than replica reassignment ignores ``reassign``: ``moves`` is then
+        empty.  Raises ``UnsupportedVersion`` when the broker does not serve leader
+        election at all.
+        """
+        req = messages.ElectLeadersRequest(
+            topics=None if topics is None else sorted(set(topics)), reassign=reassign
+        )
         try:
             resp = await self._request(req)
         except errors.UnsupportedVersion as exc:
@@ -340,7 +368,10 @@ class Admin:
                 f"the broker does not support leader election (ELECT_LEADERS): upgrade the "
                 f"brokers ({exc.message})"
             ) from exc
-        return sorted(resp.partitions, key=lambda r: (r.topic, r.partition))
+        return Rebalance(
+            moves=sorted(resp.moves, key=lambda r: (r.topic, r.partition)),
+            elections=sorted(resp.partitions, key=lambda r: (r.topic, r.partition)),
+        )
 
     # ------------------------------------------------------------------ consumer groups
     #

@@ -373,6 +373,9 @@ class SyncAdmin(_SyncBase):
     def elect_leaders(self, topics=None) -> list:
         return self._call(Admin.elect_leaders, topics)
 
+    def rebalance(self, topics=None, *, reassign: bool = True):
+        return self._call(Admin.rebalance, topics, reassign=reassign)
+
     def list_groups(self) -> list:
         return self._call(Admin.list_groups)
 

@@ -1,14 +1,19 @@
-"""Replica assignment: which brokers hold the partitions of a new topic.
+"""Replica assignment: which brokers hold the partitions of a new topic, and which take
+over the replicas of brokers that left.
 
 Kafka's goals, greedily: preferred leaders (the first replica of each partition) spread
 evenly over the brokers first; then, round by round, each partition's next replica goes
 to the broker holding the fewest that it does not use yet.  Ties rotate with the
-partition index so that equal brokers take turns.  Pure: no I/O.
+partition index so that equal brokers take turns.
+
+A broker's *load* is the number of partition replicas it holds (``replica_load``); new
+replicas, and replacements of lost ones (``replace_lost_replicas``), go to the least
+loaded.  Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from sluice.errors import InvalidReplicationFactor
 
@@ -48,3 +53,60 @@ def assign_replicas(
             held[b] += 1
             replicas.append(b)
     return out
+
+
+def replica_load(assignments: Iterable[Sequence[Sequence[int]]]) -> dict[int, int]:
+    """How many partition replicas each broker holds, over topics' ``assignment`` lists."""
+    load: dict[int, int] = {}
+    for assignment in assignments:
+        for replicas in assignment:
+            for r in replicas:
+                load[r] = load.get(r, 0) + 1
+    return load
+
+
+def replace_lost_replicas(
+    assignments: Mapping[str, Sequence[Sequence[int]]],
+    live: Iterable[int],
+    *,
+    topics: Collection[str] | None = None,
+    keep: Collection[tuple[str, int]] = (),
+) -> dict[str, dict[int, list[int]]]:
+    """The new replica lists of the partitions that name a broker not in ``live``.
+
+    ``assignments`` maps each topic of the cluster to its replica lists (by partition):
+    all of them count in the load.  Only the partitions of ``topics`` (None: all) are
+    planned, except those in ``keep`` ((topic, partition) pairs: an offline partition's
+    dead replicas may hold its only copy).  The result maps topic -> partition -> new
+    list, only for partitions that change.  Each dead broker
+    is replaced in place (same position in the list) by the least loaded live broker not
+    in the list already (ties: the lower node id); every replacement counts in the load
+    of the next.  A dead broker no live broker can replace (all of them are in the list
+    already) stays: the partition stays under-replicated until more brokers join.  Topics
+    and partitions are planned in order (by name, then index), so the plan is
+    deterministic.
+    """
+    live = sorted(set(live))
+    alive = set(live)
+    held = {b: 0 for b in live}
+    for b, n in replica_load(assignments.values()).items():
+        if b in alive:
+            held[b] = n
+    plan: dict[str, dict[int, list[int]]] = {}
+    for name in sorted(assignments if topics is None else set(topics) & set(assignments)):
+        for p, replicas in enumerate(assignments[name]):
+            if (name, p) in keep or all(r in alive for r in replicas):
+                continue
+            new = list(replicas)
+            for i, r in enumerate(new):
+                if r in alive:
+                    continue
+                spare = [b for b in live if b not in new]
+                if not spare:
+                    continue
+                b = min(spare, key=lambda b: (held[b], b))
+                held[b] += 1
+                new[i] = b
+            if new != list(replicas):
+                plan.setdefault(name, {})[p] = new
+    return plan

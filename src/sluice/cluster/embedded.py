@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,8 +45,10 @@ from sluice.cluster.store import (
     TopicRecord,
     check_block_size,
     check_new_topic,
+    check_reassignment,
     check_topic_update,
     producer_id_block,
+    reassigned_state,
     unknown_partition,
     unknown_topic,
 )
@@ -285,6 +287,27 @@ class EmbeddedStore(MetadataStore):
             )
             first = current.partitions
             return new, [PartitionChange(record.name, first + i, st) for i, st in enumerate(added)], None
+
+        await self._change(change)
+
+    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+        """One node holds every replica: the only list there is, ``[node_id]``, can be
+        written again (its states get new versions); any other is ``InvalidRequest``."""
+        assignments = {p: list(r) for p, r in assignments.items()}
+
+        def change(s: _Snapshot):
+            current = s.topics.get(topic)
+            if current is None:
+                raise unknown_topic(topic)
+            check_reassignment(current, assignments)
+            record = replace(current, assignment=[assignments.get(p, r) for p, r in enumerate(current.assignment)])
+            self._check_single_node(record, ())
+            rev = s.revision + 1
+            states = list(s.states[topic])
+            for p in sorted(assignments):
+                states[p] = replace(reassigned_state(states[p], assignments[p]), version=rev)
+            new = replace(s, topics={**s.topics, topic: record}, states={**s.states, topic: states}, revision=rev)
+            return new, [PartitionChange(topic, p, states[p]) for p in sorted(assignments)], None
 
         await self._change(change)
 

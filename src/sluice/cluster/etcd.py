@@ -40,8 +40,8 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import aetcd
@@ -58,8 +58,10 @@ from sluice.cluster.store import (
     TopicRecord,
     check_block_size,
     check_new_topic,
+    check_reassignment,
     check_topic_update,
     producer_id_block,
+    reassigned_state,
     unknown_partition,
     unknown_topic,
 )
@@ -513,6 +515,35 @@ class EtcdStore(MetadataStore):
                 for i, s in enumerate(new_states)
             ]
             ok, _ = await self._txn(what, [t.mod(key) == got.mod_revision], puts)
+            return True if ok else None
+
+        await self._retrying(what, attempt)
+
+    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+        assignments = {p: list(r) for p, r in assignments.items()}
+        key, parts = self._key("topics", topic), self._key("partitions", topic, "")
+        what = f"reassign replicas of {topic!r}"
+
+        async def attempt() -> bool | None:
+            t = self._client.transactions
+            _, (found, kvs) = await self._txn(
+                what, [], [t.get(key), t.get(parts, range_end=prefix_range_end(parts))]
+            )
+            if not found:
+                raise unknown_topic(topic)
+            (value, meta), = found
+            current = self._decode(key, value, TopicRecord)
+            check_reassignment(current, assignments)
+            record = replace(current, assignment=[assignments.get(p, r) for p, r in enumerate(current.assignment)])
+            states = {int(kv.key[len(parts):]): self._state(kv) for _, kv in kvs}
+            compare = [t.mod(key) == meta.mod_revision] + [
+                t.mod(self._key("partitions", topic, p)) == states[p].version for p in assignments
+            ]
+            puts = [t.put(key, msgspec.json.encode(record))] + [
+                t.put(self._key("partitions", topic, p), self._encode_state(reassigned_state(states[p], r)))
+                for p, r in assignments.items()
+            ]
+            ok, _ = await self._txn(what, compare, puts)
             return True if ok else None
 
         await self._retrying(what, attempt)

@@ -16,7 +16,7 @@ Rules every implementation keeps:
 - A partition state's ``version`` is opaque and compared for equality only: every write of
   that partition's state gives it a new one, never given before to that (topic, partition),
   even across a delete and re-create of the topic.  Every change of a partition state after
-  its creation goes through ``cas_partition_state``.
+  its creation goes through ``cas_partition_state``, or ``reassign`` (with its replicas).
 - Watches start with the current state, then follow changes in order.  When the store was
   unreachable for a while they catch up (by re-reading) instead of failing; they end when
   the store is closed.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sluice.errors import InvalidPartitions, InvalidRequest, UnknownPartition, UnknownTopic
@@ -172,6 +172,19 @@ class MetadataStore(abc.ABC):
         ``InvalidRequest``.
         """
 
+    @abc.abstractmethod
+    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+        """Replace the replica lists of existing partitions of ``topic`` (partition -> new
+        list, preferred leader first), atomically with their states.
+
+        Each touched partition's state is rewritten (a new version, so that its watchers
+        wake) as ``reassigned_state`` says: replicas no longer listed leave the ISR, and a
+        leader no longer listed leaves its partition without one.  A state changed
+        concurrently is read again and the change retried, never overwritten.  The
+        replication factor cannot change.  Raises ``UnknownTopic``, ``UnknownPartition``,
+        ``InvalidRequest`` (``check_reassignment``).
+        """
+
     # ------------------------------------------------------------------ partition state
 
     @abc.abstractmethod
@@ -264,6 +277,32 @@ def check_topic_update(
         raise InvalidRequest(
             f"topic {record.name!r} gains {added} partitions but {len(new_states)} states were given"
         )
+
+
+def check_reassignment(current: TopicRecord, assignments: Mapping[int, Sequence[int]]) -> None:
+    """Raise unless each of ``assignments`` names an existing partition of ``current`` and
+    lists ``replication_factor`` distinct node ids."""
+    for p, replicas in assignments.items():
+        if not 0 <= p < current.partitions:
+            raise unknown_partition(current.name, p, current.partitions)
+        if (
+            len(replicas) != current.replication_factor or len(set(replicas)) != len(replicas)
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in replicas)
+        ):
+            raise InvalidRequest(
+                f"topic {current.name!r} partition {p}: replicas {list(replicas)} are not "
+                f"{current.replication_factor} distinct node ids"
+            )
+
+
+def reassigned_state(state: PartitionState, replicas: Sequence[int]) -> PartitionState:
+    """The state of a partition whose replicas become ``replicas``: the ISR keeps only
+    those still listed; a leader no longer listed gives way to none (leader -1, in a new
+    epoch: the controller elects a listed in-sync replica)."""
+    isr = [r for r in state.isr if r in replicas]
+    if state.leader == -1 or state.leader in replicas:
+        return PartitionState(state.leader, state.leader_epoch, isr)
+    return PartitionState(-1, state.leader_epoch + 1, isr)
 
 
 def _check_assignment(record: TopicRecord) -> None:

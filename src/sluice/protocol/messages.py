@@ -467,9 +467,26 @@ class OffsetsForLeaderEpochResponse(Response):
 
 class ElectLeadersRequest(Struct):
     """Move leadership back to each partition's preferred replica (the first of its
-    replicas) where it is alive and in sync; None: every partition."""
+    replicas) where it is alive and in sync; None: every partition.
+
+    ``reassign`` (added later; older brokers ignore it): first replace the replicas of
+    brokers that are not alive by live ones (the least loaded), in partitions that have
+    a live leader."""
 
     topics: list[str] | None = None
+    reassign: bool = False
+
+
+class ReplicaMove(Struct):
+    """A partition whose replicas changed from ``old`` to ``new`` (same order), or could
+    not (``error``)."""
+
+    topic: str
+    partition: int
+    old: list[int] = []
+    new: list[int] = []
+    error: int = 0
+    message: str = ""
 
 
 class ElectionResult(Struct):
@@ -482,6 +499,7 @@ class ElectionResult(Struct):
 
 class ElectLeadersResponse(Response):
     partitions: list[ElectionResult] = []  # the partitions whose leader changed or could not
+    moves: list[ReplicaMove] = []  # with ``reassign``: the replicas replaced, or that could not be
 
 
 # --------------------------------------------------------------------------- registry

@@ -1,0 +1,152 @@
+"""Replica reassignment on a broker: lost replicas replaced, new replicas opened, dropped
+ones trashed.
+
+``Reassignment`` is a part of ``Broker`` (a mixin).  It plans no leadership (that is the
+controller's, cluster/controller.py) and changes no ISR (the leader's,
+broker/replication.py).
+
+- **Planning** (``ELECT_LEADERS`` with ``reassign``: ``sluice cluster rebalance``): the
+  broker that receives the request replaces, in every partition with a live leader, the
+  replicas of brokers that are not alive by live brokers holding none of it, the least
+  loaded first (``replace_lost_replicas``, cluster/assignment.py), and writes the new
+  lists with ``MetadataStore.reassign``: one atomic change per topic, the dropped replicas
+  leave the ISR, the replication factor stays.  Partitions without a live leader keep
+  their replicas: a dead one may hold the only copy of their data.
+- **Applying** (every broker): the store has no topic watch, so the topic records are
+  read again soon after any partition state changes (``reassign`` rewrites the states it
+  touches, so every broker wakes at once) and every ``TOPICS_RESYNC_S`` anyway.  Under the
+  admin lock, the partitions held here are made to match each record: a broker newly
+  listed opens the partition (empty) as a follower of its leader, whose ISR upkeep admits
+  it once it caught up; a broker no longer listed closes its replica and moves its
+  directory to the trash; a leader learns its new followers.  Config changes made on
+  other brokers are applied the same way.
+- **At start** (``_trash_unlisted``): the directories of partitions that no longer list
+  this broker (reassigned while it was down) go to the trash.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sluice.broker.partition import Partition
+from sluice.broker.topics import Topic, error_fields
+from sluice.broker.wait import wait_event
+from sluice.cluster.assignment import replace_lost_replicas
+from sluice.cluster.store import TopicRecord
+from sluice.errors import BrokerError, MetadataUnavailable
+from sluice.protocol import messages as m
+
+log = logging.getLogger("sluice.reassignment")
+
+TOPICS_RESYNC_S = 2.0  # topic records changed on other brokers are read at least this often
+
+
+class Reassignment:
+    """Replica reassignment of ``Broker`` (see broker.py for its state)."""
+
+    # ------------------------------------------------------------------ planning
+
+    async def _replace_lost_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
+        """Replace the replicas of brokers not alive in the partitions of ``names`` (known
+        topics) that have a live leader; one ``ReplicaMove`` per partition changed (or
+        whose topic's change failed, with the error)."""
+        live = set(self.live_brokers)
+        records = await self.metadata.topics()
+        names = [n for n in names if n in records]
+        keep = set()
+        for name in names:
+            for i, st in enumerate(await self.metadata.partition_states(name)):
+                if st.leader not in live:
+                    keep.add((name, i))
+        plan = replace_lost_replicas(
+            {n: r.assignment for n, r in records.items()}, live, topics=names, keep=keep
+        )
+        moves = []
+        for name, changes in plan.items():
+            old = records[name].assignment
+            try:
+                await self.metadata.reassign(name, changes)
+                failed = {}
+            except BrokerError as exc:
+                failed = error_fields(exc)
+                log.warning("cannot reassign replicas of %s: %s", name, exc)
+            for p, new in sorted(changes.items()):
+                moves.append(m.ReplicaMove(topic=name, partition=p, old=list(old[p]), new=new, **failed))
+                if not failed:
+                    log.info("%s-%d: replicas %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
+        self._topics_stale.set()
+        return moves
+
+    # ------------------------------------------------------------------ applying
+
+    async def _resync_topics(self) -> None:
+        """Apply the topic records as the store has them: soon after a partition state
+        changed (``_topics_stale``), else every ``TOPICS_RESYNC_S``."""
+        while True:
+            await wait_event(self._topics_stale, TOPICS_RESYNC_S)
+            self._topics_stale.clear()
+            try:
+                async with self._admin_lock:  # read under the lock: no local change interleaves
+                    for name, record in (await self.metadata.topics()).items():
+                        t = self.topics.get(name)
+                        if t is not None and record.partitions == t.count:
+                            await self._apply_record(t, record)
+                        # else created, deleted or grown: the partition states' watch applies it
+            except MetadataUnavailable:
+                continue
+            except Exception:
+                log.exception("applying topic records failed; trying again")
+
+    async def _apply_record(self, topic: Topic, record: TopicRecord) -> None:
+        """Make the replicas held here, and the followers known to the partitions led here,
+        match ``record`` (same partition count as ``topic``); apply its config.  Admin
+        lock held."""
+        reconfigured = record.config != topic.record.config
+        topic.record = record
+        node = self.config.node_id
+        for i, replicas in enumerate(record.assignment):
+            part = topic.partitions.get(i)
+            if node in replicas and part is None:
+                await self._add_replica(topic, i)
+            elif node not in replicas and part is not None:
+                await self._drop_replica(topic, part)
+            elif part is not None and part.is_leader and set(part.followers) != set(replicas) - {node}:
+                part.set_replicas(replicas, list(part.isr))
+                self._isr_check.set()
+                log.info("%s-%d: followers now %s", topic.name, i, sorted(part.followers))
+        if reconfigured:
+            self._reconfigure(topic, record)
+
+    async def _add_replica(self, topic: Topic, index: int) -> None:
+        """Open partition ``index`` (empty, or what this broker kept of it) and follow its
+        leader as its state says."""
+        [part] = await self._open_partitions(topic.name, [index], topic.config)
+        topic.partitions[index] = part
+        log.info("%s-%d: this broker is a new replica", topic.name, index)
+        state = topic.states[index]
+        if state is not None:
+            self._become(topic, index, state)
+
+    async def _drop_replica(self, topic: Topic, part: Partition) -> None:
+        """Stop holding ``part``: stop fetching, give up leading (waiting ``acks=all``
+        writes fail with ``LeadershipLost``), close it and move its directory to the trash."""
+        del topic.partitions[part.index]
+        self._unfollow(part)
+        if part.is_leader:
+            part.make_follower(part.leader_epoch)
+            self._leadership_changed(part)
+        try:
+            await part.close()
+        except Exception:  # its files go to the trash either way
+            log.exception("closing %s-%d failed", part.topic, part.index)
+        self._trash(topic.name, part.index)
+        log.info("%s-%d: this broker is no longer a replica; its data went to the trash", topic.name, part.index)
+
+    def _trash_unlisted(self, record: TopicRecord) -> None:
+        """Move to the trash the directories of ``record``'s partitions that do not list this
+        broker (reassigned while it was down).  At start, before the partitions are used."""
+        node = self.config.node_id
+        for i, replicas in enumerate(record.assignment):
+            if node not in replicas and self._log_dir(record.name, i).exists():
+                self._trash(record.name, i)
+                log.info("%s-%d: reassigned away from this broker; its data went to the trash", record.name, i)
