@@ -191,8 +191,7 @@ class EtcdStore(MetadataStore):
         """Run one etcd call within the request timeout; errors become Sluice errors."""
         client = self._client
         try:
-            async with asyncio.timeout(timeout or self.request_timeout):
-                return await op(client)
+            return await bounded(op(client), timeout or self.request_timeout)
         except aetcd.InvalidArgumentError as exc:
             if "too many operations" in str(exc):
                 raise InvalidPartitions(
@@ -220,8 +219,7 @@ class EtcdStore(MetadataStore):
 
     async def _cancel(self, watch) -> None:
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(self.request_timeout):
-                await watch.cancel()
+            await bounded(watch.cancel(), self.request_timeout)
 
     async def _txn(self, what: str, compare: list, success: list, failure: Sequence = ()):
         return await self._call(
@@ -282,7 +280,8 @@ class EtcdStore(MetadataStore):
         self._closed = True
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:  # bounded: a task stuck in the etcd client must not hold the close
+            await asyncio.wait(list(self._tasks), timeout=2 * self.request_timeout)
         if self._session is not None:
             self._stale_leases.append(self._session.lease)
             self._session.lost.set()
@@ -701,6 +700,27 @@ class EtcdStore(MetadataStore):
 
 async def _close_quietly(client: aetcd.Client) -> None:
     with contextlib.suppress(Exception):
-        async with asyncio.timeout(2):
-            await client.close()
+        await bounded(client.close(), 2)
+
+
+async def bounded(aw: Awaitable[T], timeout: float) -> T:
+    """``await aw``, but return (raising ``TimeoutError``) after ``timeout`` seconds even if
+    ``aw`` ignores its cancellation: it runs as a task of its own, cancelled and left
+    behind when late.  (``asyncio.timeout`` alone cannot bound aetcd, whose watch teardown
+    swallows ``CancelledError`` and can block on a full request queue once etcd went away.)"""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait([task], timeout=timeout)
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    if not done:
+        raise TimeoutError
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
