@@ -1,5 +1,6 @@
-"""Replica assignment: which brokers hold the partitions of a new topic, and which take
-over the replicas of brokers that left.
+"""Replica assignment: which brokers hold the partitions of a new topic, which take
+over the replicas of brokers that left, and which replicas move to even out the load
+(brokers that joined).
 
 Kafka's goals, greedily: preferred leaders (the first replica of each partition) spread
 evenly over the brokers first; then, round by round, each partition's next replica goes
@@ -8,7 +9,8 @@ partition index so that equal brokers take turns.
 
 A broker's *load* is the number of partition replicas it holds (``replica_load``); new
 replicas, and replacements of lost ones (``replace_lost_replicas``), go to the least
-loaded.  Pure: no I/O.
+loaded; ``spread_replicas`` moves replicas from the most to the least loaded live
+brokers until their loads differ by at most one.  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -109,4 +111,73 @@ def replace_lost_replicas(
                 new[i] = b
             if new != list(replicas):
                 plan.setdefault(name, {})[p] = new
+    return plan
+
+
+def spread_replicas(
+    assignments: Mapping[str, Sequence[Sequence[int]]],
+    live: Iterable[int],
+    *,
+    leaders: Mapping[str, Sequence[int]] | None = None,
+    topics: Collection[str] | None = None,
+    keep: Collection[tuple[str, int]] = (),
+) -> dict[str, dict[int, list[int]]]:
+    """The target replica lists that even out the replica load of the ``live`` brokers.
+
+    ``assignments`` maps each topic to its replica lists (with moves still pending already
+    done: their targets); all of them count in the load.  Partitions of ``topics`` (None:
+    all) are moved, except those in ``keep`` and those naming a broker not in ``live``.
+    Greedily, while the most loaded live broker holds at least two replicas more than the
+    least loaded, one replica moves between them: in place (same position in the list), of
+    a partition the least loaded does not hold, preferring partitions that the most
+    loaded does not lead (``leaders``: topic -> leader by partition), then by topic and
+    partition (deterministic).  Each move reduces the sum of squared loads, so this ends;
+    with every partition movable it ends with max - min <= 1 over ``live``.  A replica may
+    move more than once; the result maps topic -> partition -> target list, only for
+    partitions whose target differs from their list.  Never two replicas of a partition
+    on one broker.
+    """
+    live = sorted(set(live))
+    alive = set(live)
+    leaders = leaders or {}
+    planned = {name: [list(r) for r in a] for name, a in assignments.items()}
+    held = {b: 0 for b in live}
+    for b, n in replica_load(planned.values()).items():
+        if b in alive:
+            held[b] = n
+    movable = sorted(
+        (name, p)
+        for name in (planned if topics is None else set(topics) & set(planned))
+        for p, replicas in enumerate(planned[name])
+        if (name, p) not in keep and all(r in alive for r in replicas)
+    )
+    while live:
+        moved = False
+        for low in sorted(live, key=lambda b: (held[b], b)):
+            for high in sorted(live, key=lambda b: (-held[b], b)):
+                if held[high] - held[low] < 2:
+                    break
+                candidates = [(n, p) for n, p in movable if high in planned[n][p] and low not in planned[n][p]]
+                if not candidates:
+                    continue
+
+                def leads(tp: tuple[str, int], high=high) -> bool:
+                    lead = leaders.get(tp[0], ())
+                    return tp[1] < len(lead) and lead[tp[1]] == high
+
+                name, p = min(candidates, key=lambda tp: (leads(tp), tp))
+                replicas = planned[name][p]
+                replicas[replicas.index(high)] = low
+                held[high] -= 1
+                held[low] += 1
+                moved = True
+                break
+            if moved:
+                break
+        if not moved:
+            break
+    plan: dict[str, dict[int, list[int]]] = {}
+    for name, p in movable:
+        if planned[name][p] != list(assignments[name][p]):
+            plan.setdefault(name, {})[p] = planned[name][p]
     return plan

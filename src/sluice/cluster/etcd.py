@@ -58,7 +58,7 @@ from sluice.cluster.store import (
     TopicRecord,
     check_block_size,
     check_new_topic,
-    check_reassignment,
+    reassigned_record,
     check_topic_update,
     producer_id_block,
     reassigned_state,
@@ -519,7 +519,10 @@ class EtcdStore(MetadataStore):
 
         await self._retrying(what, attempt)
 
-    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+    async def reassign(
+        self, topic: str, assignments: Mapping[int, Sequence[int]],
+        moving: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
         assignments = {p: list(r) for p, r in assignments.items()}
         key, parts = self._key("topics", topic), self._key("partitions", topic, "")
         what = f"reassign replicas of {topic!r}"
@@ -533,8 +536,7 @@ class EtcdStore(MetadataStore):
                 raise unknown_topic(topic)
             (value, meta), = found
             current = self._decode(key, value, TopicRecord)
-            check_reassignment(current, assignments)
-            record = replace(current, assignment=[assignments.get(p, r) for p, r in enumerate(current.assignment)])
+            record = reassigned_record(current, assignments, moving)
             states = {int(kv.key[len(parts):]): self._state(kv) for _, kv in kvs}
             compare = [t.mod(key) == meta.mod_revision] + [
                 t.mod(self._key("partitions", topic, p)) == states[p].version for p in assignments
