@@ -34,6 +34,13 @@ def test_leaders_move_when_nothing_else_can():
     assert sum(len(v) for v in plan.values()) == 1
 
 
+def test_each_topic_is_spread_and_then_the_whole():
+    # every topic is even over {1, 2, 3, 4} (one replica apart), but 1 holds three in all
+    before = {"a": [[1], [2], [3]], "b": [[1]], "c": [[1]]}
+    after = apply(before, spread_replicas(before, {1, 2, 3, 4}))
+    assert replica_load(after.values()) == {1: 2, 2: 1, 3: 1, 4: 1}
+
+
 def test_dead_kept_and_unnamed_partitions_do_not_move():
     before = {"a": [[1, 2], [1, 2], [1, 3]], "b": [[1, 2], [2, 1]]}
     assert spread_replicas(before, {1, 2, 4}) == {"a": {0: [4, 2], 1: [4, 2]}, "b": {0: [1, 4]}}
@@ -61,6 +68,9 @@ def test_spread_evens_out_the_load_and_keeps_replicas_distinct(cluster, rnd):
     after = apply(before, plan)
     load = {b: 0 for b in live} | replica_load(after.values())
     assert max(load.values()) - min(load.values()) <= 1
+    for name, a in after.items():  # each topic on its own too
+        mine = {b: 0 for b in live} | replica_load([a])
+        assert max(mine.values()) - min(mine.values()) <= 1, name
     for name, a in after.items():
         for p, replicas in enumerate(a):
             assert len(set(replicas)) == len(replicas) == len(before[name][p])

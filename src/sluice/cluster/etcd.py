@@ -41,7 +41,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import aetcd
@@ -58,9 +58,9 @@ from sluice.cluster.store import (
     TopicRecord,
     check_block_size,
     check_new_topic,
-    reassigned_record,
     check_topic_update,
     producer_id_block,
+    reassigned_record,
     reassigned_state,
     unknown_partition,
     unknown_topic,
