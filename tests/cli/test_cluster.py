@@ -67,14 +67,16 @@ def test_election_json_splits_moves_from_failures():
     assert cluster.election_json([]) == {"moved": [], "failed": []}
 
 
-def test_moves_json_splits_replacements_from_failures():
+def test_moves_json_splits_replacements_from_pending_moves_and_failures():
     moves = [
         m.ReplicaMove(topic="a", partition=0, old=[3, 1], new=[4, 1]),
+        m.ReplicaMove(topic="a", partition=1, old=[1, 2], new=[1, 4], pending=True),
         m.ReplicaMove(topic="b", partition=2, old=[3, 2], new=[4, 2], error=23, message="etcd unreachable"),
     ]
     shown = cluster.moves_json(moves)
     assert shown["replaced"] == [{"topic": "a", "partition": 0, "old": [3, 1], "new": [4, 1]}]
+    assert shown["moving"] == [{"topic": "a", "partition": 1, "old": [1, 2], "new": [1, 4]}]
     [failed] = shown["not_replaced"]
     assert (failed["topic"], failed["partition"], failed["old"], failed["code"]) == ("b", 2, [3, 2], 23)
     assert (failed["error"], failed["message"]) == ("METADATA_UNAVAILABLE", "etcd unreachable")
-    assert cluster.moves_json([]) == {"replaced": [], "not_replaced": []}
+    assert cluster.moves_json([]) == {"replaced": [], "moving": [], "not_replaced": []}

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.cluster.assignment import assign_replicas
-from sluice.cluster.controller import decide, preferred
+from sluice.cluster.controller import decide, move_step, preferred
 from sluice.cluster.store import PartitionState, TopicRecord
 from sluice.errors import InvalidReplicationFactor
 
@@ -78,3 +78,18 @@ def test_assignment_needs_enough_brokers():
         assign_replicas(1, 4, [1, 2, 3])
     with pytest.raises(InvalidReplicationFactor):
         assign_replicas(1, 0, [1])
+
+
+def moving() -> TopicRecord:  # 3 leaves partition 0 for 4: 4 was added, 3 still listed
+    return TopicRecord("t", 1, replication_factor=2, assignment=[[1, 4, 3]], moving={0: [3]})
+
+
+def test_a_pending_move_waits_until_the_kept_replicas_are_in_sync():
+    assert move_step(moving(), 0, PartitionState(1, 2, [1, 3]), {1, 3, 4}) is False
+    assert move_step(moving(), 0, PartitionState(1, 2, [1, 3, 4]), {1, 3, 4}) is True
+
+
+def test_a_leaving_leader_hands_over_to_a_kept_in_sync_replica_first():
+    assert move_step(moving(), 0, PartitionState(3, 2, [1, 3, 4]), {1, 3, 4}) == PartitionState(1, 3, [1, 3, 4])
+    assert move_step(moving(), 0, PartitionState(3, 2, [1, 3, 4]), {3, 4}) == PartitionState(4, 3, [1, 3, 4])
+    assert move_step(moving(), 0, PartitionState(3, 2, [1, 3, 4]), {3}) is False

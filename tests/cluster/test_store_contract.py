@@ -282,3 +282,32 @@ async def test_reassign_rewrites_the_touched_states_and_checks_the_lists(store_f
             await store.reassign("t", {0: bad})
     assert (await store.topics())["t"] == r
     assert (await store.partition_states("t"))[1] == after[1]
+
+
+async def test_pending_moves_are_checked_kept_and_cleared(store_factory):
+    store = await store_factory()
+    await create(store, "t", 2)
+    for assignments, moving in (
+        ({0: [NODE, NODE + 1]}, {}),  # one replica too many without a pending move
+        ({0: [NODE, NODE + 1]}, {0: [NODE + 2]}),  # dropping a replica not listed
+        ({0: [NODE, NODE + 1]}, {1: [NODE]}),  # a pending move of a partition not reassigned
+        ({0: [NODE]}, {0: [NODE]}),  # dropping every replica
+    ):
+        with pytest.raises(InvalidRequest):
+            await store.reassign("t", assignments, moving)
+    assert (await store.topics())["t"].moving == {}
+    if store_factory.kind == "embedded":
+        return  # one node: a pending move (two nodes at least) is refused, none ever kept
+    before = await store.partition_states("t")
+    await store.reassign("t", {1: [NODE, NODE + 1]}, {1: [NODE]})  # add NODE + 1; NODE leaves later
+    moved = (await store.topics())["t"]
+    assert (moved.assignment, moved.moving, moved.target(1)) == ([[NODE], [NODE, NODE + 1]], {1: [NODE]}, [NODE + 1])
+    assert (await store.partition_states("t"))[1].isr == before[1].isr  # the new one is not in sync yet
+    assert (await (await store_factory()).topics())["t"] == moved  # kept: another broker sees it
+    await store.reassign("t", {0: [NODE]})  # other partitions keep their pending moves
+    assert (await store.topics())["t"].moving == {1: [NODE]}
+    await store.reassign("t", {1: [NODE + 1]})  # done: NODE leaves, with the pending move
+    done = (await store.topics())["t"]
+    assert (done.assignment, done.moving) == ([[NODE], [NODE + 1]], {})
+    state = (await store.partition_states("t"))[1]
+    assert (state.leader, state.leader_epoch, state.isr) == (-1, before[1].leader_epoch + 1, [])

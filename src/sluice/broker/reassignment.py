@@ -1,5 +1,5 @@
-"""Replica reassignment on a broker: lost replicas replaced, new replicas opened, dropped
-ones trashed.
+"""Replica reassignment on a broker: lost replicas replaced, replicas spread onto brokers
+that joined, new replicas opened, dropped ones trashed.
 
 ``Reassignment`` is a part of ``Broker`` (a mixin).  It plans no leadership (that is the
 controller's, cluster/controller.py) and changes no ISR (the leader's,
@@ -12,6 +12,14 @@ broker/replication.py).
   lists with ``MetadataStore.reassign``: one atomic change per topic, the dropped replicas
   leave the ISR, the replication factor stays.  Partitions without a live leader keep
   their replicas: a dead one may hold the only copy of their data.
+- **Spreading** (the same request, after that): when live brokers hold uneven numbers
+  of replicas (a broker joined), ``spread_replicas`` (cluster/assignment.py) plans moves
+  that even them out, and each is recorded as the first of two phases (Kafka's
+  reassignment): the list grows by the new replicas and the store keeps the ones to drop
+  (``TopicRecord.moving``), so the partition never has fewer in-sync replicas than
+  before.  The controller drops them once the new ones are in the ISR
+  (cluster/controller.py, ``complete_moves``).  Partitions with a pending move, a dead
+  replica or no live leader are not planned.
 - **Applying** (every broker): the store has no topic watch, so the topic records are
   read again soon after any partition state changes (``reassign`` rewrites the states it
   touches, so every broker wakes at once) and every ``TOPICS_RESYNC_S`` anyway.  Under the
@@ -31,7 +39,7 @@ import logging
 from sluice.broker.partition import Partition
 from sluice.broker.topics import Topic, error_fields
 from sluice.broker.wait import wait_event
-from sluice.cluster.assignment import replace_lost_replicas
+from sluice.cluster.assignment import replace_lost_replicas, spread_replicas
 from sluice.cluster.store import TopicRecord
 from sluice.errors import BrokerError, MetadataUnavailable
 from sluice.protocol import messages as m
@@ -53,7 +61,7 @@ class Reassignment:
         live = set(self.live_brokers)
         records = await self.metadata.topics()
         names = [n for n in names if n in records]
-        keep = set()
+        keep = {(name, p) for name in names for p in records[name].moving}
         for name in names:
             for i, st in enumerate(await self.metadata.partition_states(name)):
                 if st.leader not in live:
@@ -74,6 +82,38 @@ class Reassignment:
                 moves.append(m.ReplicaMove(topic=name, partition=p, old=list(old[p]), new=new, **failed))
                 if not failed:
                     log.info("%s-%d: replicas %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
+        self._topics_stale.set()
+        return moves
+
+    async def _spread_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
+        """Record the first phase of the moves that even out the replica load of the live
+        brokers, in the partitions of ``names``; one pending ``ReplicaMove`` (old list,
+        target list) per partition planned (with the error when its topic's change failed)."""
+        live = set(self.live_brokers)
+        records = await self.metadata.topics()
+        names = [n for n in names if n in records]
+        keep = {(name, p) for name in names for p in records[name].moving}
+        leaders = {}
+        for name in names:
+            states = await self.metadata.partition_states(name)
+            leaders[name] = [st.leader for st in states]
+            keep.update((name, i) for i, st in enumerate(states) if st.leader not in live)
+        targets = {n: [r.target(p) for p in range(r.partitions)] for n, r in records.items()}
+        plan = spread_replicas(targets, live, leaders=leaders, topics=names, keep=keep)
+        moves = []
+        for name, changes in sorted(plan.items()):
+            old = records[name].assignment
+            drop = {p: [r for r in old[p] if r not in new] for p, new in changes.items()}
+            try:
+                await self.metadata.reassign(name, {p: new + drop[p] for p, new in changes.items()}, drop)
+                failed = {}
+            except BrokerError as exc:
+                failed = error_fields(exc)
+                log.warning("cannot move replicas of %s: %s", name, exc)
+            for p, new in sorted(changes.items()):
+                moves.append(m.ReplicaMove(topic=name, partition=p, old=list(old[p]), new=new, pending=True, **failed))
+                if not failed:
+                    log.info("%s-%d: replicas moving %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
         self._topics_stale.set()
         return moves
 

@@ -12,7 +12,7 @@
 - **The ISR** is changed by the partition's leader, always by compare-and-swap on the
   state's version: a follower that has not caught up for ``replica_lag_time_max_ms``, or
   that reports a storage error, leaves; one that caught up (at the high watermark and the
-  current epoch's start) rejoins.  A failed swap means someone else (the controller)
+  current epoch's start) and that the topic record still lists rejoins.  A failed swap means someone else (the controller)
   changed the state: it is read again and applied, so a deposed leader learns it was
   deposed.  With the store unreachable the ISR cannot change: ``acks=all`` writes then
   wait until their deadline, never longer.
@@ -73,6 +73,7 @@ class ReplicaManager:
 
     async def _apply_change(self, change: PartitionChange) -> None:
         self._topics_stale.set()  # the topic's record may have changed too (broker/reassignment.py)
+        self.controller.poke()  # ... with a pending replica move (cluster/controller.py)
         topic = self.topics.get(change.topic)
         if change.state is None:
             if topic is not None:
@@ -181,6 +182,20 @@ class ReplicaManager:
         expected = part.state_version
         if expected is None:
             return  # our last change is not back from the watch yet: its version is unknown
+        if join:
+            # Admit only replicas the store still lists: one just moved away (a completed
+            # move, cluster/controller.py) may still be known here as a caught-up follower
+            # until the changed record is applied.  The record is read after the version
+            # was: a reassignment since then changed the version too, and the swap fails.
+            record = (await self.metadata.topics()).get(part.topic)
+            if record is None:
+                return
+            listed = record.assignment[part.index] if part.index < record.partitions else []
+            if any(r not in listed for r in join):
+                self._topics_stale.set()
+                join = [r for r in join if r in listed]
+                if not out and not join:
+                    return
         old = list(part.isr)
         isr = [r for r in old if r not in out] + join
         state = PartitionState(self.config.node_id, part.leader_epoch, isr)
@@ -298,8 +313,8 @@ class ReplicaManager:
         return m.OffsetsForLeaderEpochResponse(partitions=out), ()
 
     async def elect_leaders(self, req: m.ElectLeadersRequest, _att):
-        """With ``reassign``, first replace the replicas of brokers that are gone
-        (broker/reassignment.py); then move leadership back to preferred replicas (alive
+        """With ``reassign``, first replace the replicas of brokers that are gone and
+        record moves onto brokers holding fewer (broker/reassignment.py); then move leadership back to preferred replicas (alive
         and in sync) now."""
         names = sorted(self.topics) if req.topics is None else req.topics
         for name in names:
@@ -307,7 +322,10 @@ class ReplicaManager:
                 raise UnknownTopic(f"topic {name!r} does not exist")
         if req.topics is not None and not names:
             raise InvalidRequest("no topics named")
-        moves = await self._replace_lost_replicas(list(names)) if req.reassign else []
+        moves = []
+        if req.reassign:
+            moves = await self._replace_lost_replicas(list(names))
+            moves += await self._spread_replicas(list(names))
         out = []
         for name in names:
             t = self.topics.get(name)

@@ -1,5 +1,6 @@
 """``sluice cluster …``: the state of a cluster of brokers; replacing the replicas of
-brokers that left, and moving leadership back to the preferred replicas.
+brokers that left, spreading replicas onto brokers that joined, and moving leadership
+back to the preferred replicas.
 
 ``status`` reads one metadata answer (``client.status.ClusterStatus``): the brokers, alive
 or not, the controller, and the partitions that are under-replicated (fewer in-sync
@@ -7,7 +8,8 @@ replicas than replicas) or offline (no leader).  Its exit status says the same, 
 scripts and health checks: ``HEALTHY`` (0), ``UNDER_REPLICATED`` (3), ``OFFLINE`` (4).
 
 ``rebalance`` asks a broker (``ELECT_LEADERS``) to replace the replicas of brokers that are
-not alive (unless ``--leaders-only``), then for a preferred-leader election, and prints
+not alive and to spread replicas onto live brokers holding fewer (unless
+``--leaders-only``), then for a preferred-leader election, and prints
 what moved, and what could not.
 
 The pure functions here (rows, JSON objects, exit status) are what the commands print.
@@ -141,16 +143,20 @@ def election_json(results: list[ElectionResult]) -> dict:
 
 def moves_json(moves: list[ReplicaMove]) -> dict:
     """``cluster rebalance --json``, replicas: replaced (topic, partition, old, new: the
-    replica lists) and not_replaced (the same, with error: NAME, code, message)."""
+    replica lists), moving (the same: moves recorded onto brokers holding fewer, pending
+    until the new replicas are in sync) and not_replaced (either, with error: NAME, code,
+    message)."""
     replaced = [{"topic": r.topic, "partition": r.partition, "old": list(r.old), "new": list(r.new)}
-                for r in moves if not r.error]
+                for r in moves if not r.error and not r.pending]
+    moving = [{"topic": r.topic, "partition": r.partition, "old": list(r.old), "new": list(r.new)}
+              for r in moves if not r.error and r.pending]
     failed = []
     for r in moves:
         if r.error:
             exc = errors.error_for_code(r.error, r.message)
             failed.append({"topic": r.topic, "partition": r.partition, "old": list(r.old), "new": list(r.new),
                            "error": exc.name, "code": exc.code, "message": exc.message})
-    return {"replaced": replaced, "not_replaced": failed}
+    return {"replaced": replaced, "moving": moving, "not_replaced": failed}
 
 
 @cluster.command("rebalance")
@@ -168,6 +174,10 @@ def cluster_rebalance(ctx, topics: tuple[str, ...], leaders_only: bool, as_json:
     holding the partition yet; the new replica copies the partition from its leader and
     joins the in-sync replicas once caught up (watch ``sluice cluster status``).  The
     replication factor stays.  A partition without a live leader keeps its replicas.
+    Then, when live brokers hold uneven numbers of replicas (a broker joined), replicas
+    move from the most to the least loaded, in two phases: the new replica is added now
+    (``sluice topic describe`` lists it beside the old one) and the old one leaves once
+    the new one is in sync (the controller does that; leaders move last).
     ``--leaders-only`` skips this.
 
     Leaders: after a broker comes back, the partitions it led stay with the brokers that
@@ -190,6 +200,11 @@ def cluster_rebalance(ctx, topics: tuple[str, ...], leaders_only: bool, as_json:
             table("Replicas replaced", ["topic", "partition", "old replicas", "new replicas"],
                   [[r["topic"], r["partition"], node_list(r["old"]), node_list(r["new"])]
                    for r in replicas["replaced"]])
+        if replicas["moving"]:
+            table("Replicas moving (old ones leave once the new ones are in sync)",
+                  ["topic", "partition", "old replicas", "new replicas"],
+                  [[r["topic"], r["partition"], node_list(r["old"]), node_list(r["new"])]
+                   for r in replicas["moving"]])
         if replicas["not_replaced"]:
             table("Replicas kept", ["topic", "partition", "replicas", "why"],
                   [[r["topic"], r["partition"], node_list(r["old"]), f"{r['error']}: {r['message']}"]

@@ -80,8 +80,9 @@ class OffsetReset:
 
 @dataclass(frozen=True)
 class Rebalance:
-    """What ``Admin.rebalance`` changed: replicas replaced (``moves``, each with ``error`` 0)
-    or not (an error), then leaders moved or not (``elections``), by topic and partition."""
+    """What ``Admin.rebalance`` changed: replicas replaced or moving (``moves``, each with
+    ``error`` 0; ``pending`` for moves onto brokers holding fewer, done in two phases) or
+    not (an error), then leaders moved or not (``elections``), by topic and partition."""
 
     moves: list[ReplicaMove]
     elections: list[ElectionResult]
@@ -351,7 +352,10 @@ class Admin:
         every partition of ``topics`` (None: all topics) that has a live leader: each by
         the least loaded live broker not yet holding the partition (the new replica copies
         it from the leader and joins the ISR once caught up; the dead broker drops its copy
-        when it comes back).  Then move leadership back to preferred replicas as
+        when it comes back).  Then, where live brokers hold uneven numbers of replicas (a
+        broker joined), record moves that even them out (``pending`` moves: the new
+        replica is added, the old one dropped by the controller once the new one is in
+        sync).  Then move leadership back to preferred replicas as
         ``elect_leaders`` does.
 
         A broker older than replica reassignment ignores ``reassign``: ``moves`` is then

@@ -1,5 +1,6 @@
-"""Replica assignment: which brokers hold the partitions of a new topic, and which take
-over the replicas of brokers that left.
+"""Replica assignment: which brokers hold the partitions of a new topic, which take
+over the replicas of brokers that left, and which replicas move to even out the load
+(brokers that joined).
 
 Kafka's goals, greedily: preferred leaders (the first replica of each partition) spread
 evenly over the brokers first; then, round by round, each partition's next replica goes
@@ -8,7 +9,8 @@ partition index so that equal brokers take turns.
 
 A broker's *load* is the number of partition replicas it holds (``replica_load``); new
 replicas, and replacements of lost ones (``replace_lost_replicas``), go to the least
-loaded.  Pure: no I/O.
+loaded; ``spread_replicas`` moves replicas from the most to the least loaded live
+brokers until their loads differ by at most one.  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -109,4 +111,91 @@ def replace_lost_replicas(
                 new[i] = b
             if new != list(replicas):
                 plan.setdefault(name, {})[p] = new
+    return plan
+
+
+def spread_replicas(
+    assignments: Mapping[str, Sequence[Sequence[int]]],
+    live: Iterable[int],
+    *,
+    leaders: Mapping[str, Sequence[int]] | None = None,
+    topics: Collection[str] | None = None,
+    keep: Collection[tuple[str, int]] = (),
+) -> dict[str, dict[int, list[int]]]:
+    """The target replica lists that even out the replica load of the ``live`` brokers,
+    topic by topic and then overall.
+
+    ``assignments`` maps each topic to its replica lists (with moves still pending already
+    done: their targets); all of them count in the load.  Partitions of ``topics`` (None:
+    all) are moved, except those in ``keep`` and those naming a broker not in ``live``.
+    Greedily, one replica at a time moves from a most to a least loaded live broker, in
+    place (same position in the list), in a partition the latter does not hold:
+
+    1. per topic, while its most loaded live broker holds at least two of its replicas
+       more than its least loaded one (ties: the overall load, then the node id);
+    2. overall, while the most loaded live broker holds at least two replicas more than
+       the least loaded one, in a topic where the former holds more than the latter (so
+       each topic stays even).
+
+    Partitions that the broker giving up a replica does not lead (``leaders``: topic ->
+    leader by partition) go first, then by topic and partition (deterministic).  Every
+    move makes a sum of squared loads smaller, so this ends; with every partition movable
+    it ends with max - min <= 1 over ``live``, both per topic and overall.  A replica may
+    move more than once; the result maps topic -> partition -> target list, only for
+    partitions whose target differs from their list.  Never two replicas of a partition
+    on one broker.
+    """
+    live = sorted(set(live))
+    alive = set(live)
+    leaders = leaders or {}
+    planned = {name: [list(r) for r in a] for name, a in assignments.items()}
+    held = dict.fromkeys(live, 0)
+    per_topic = {name: dict.fromkeys(live, 0) for name in planned}
+    for name, a in planned.items():
+        for replicas in a:
+            for r in replicas:
+                if r in alive:
+                    held[r] += 1
+                    per_topic[name][r] += 1
+    movable = sorted(
+        (name, p)
+        for name in (planned if topics is None else set(topics) & set(planned))
+        for p, replicas in enumerate(planned[name])
+        if (name, p) not in keep and all(r in alive for r in replicas)
+    )
+
+    def leads(name: str, p: int, b: int) -> bool:
+        lead = leaders.get(name, ())
+        return p < len(lead) and lead[p] == b
+
+    def move(high: int, low: int, names: Collection[str]) -> bool:
+        candidates = [(n, p) for n, p in movable
+                      if n in names and high in planned[n][p] and low not in planned[n][p]]
+        if not candidates:
+            return False
+        name, p = min(candidates, key=lambda tp: (leads(*tp, high), tp))
+        replicas = planned[name][p]
+        replicas[replicas.index(high)] = low
+        for count in (held, per_topic[name]):
+            count[high] -= 1
+            count[low] += 1
+        return True
+
+    def pairs(count: Mapping[int, int]):
+        """(high, low) pairs at least two apart, the furthest apart first."""
+        by_load = sorted(live, key=lambda b: (count[b], held[b], b))
+        return [(h, lo) for h in reversed(by_load) for lo in by_load if count[h] - count[lo] >= 2]
+
+    for name in sorted({n for n, _ in movable}):
+        count = per_topic[name]
+        while any(move(h, lo, {name}) for h, lo in pairs(count)):
+            pass
+    while any(
+        move(h, lo, {n for n, c in per_topic.items() if c[h] > c[lo]}) for h, lo in pairs(held)
+    ):
+        pass
+    plan: dict[str, dict[int, list[int]]] = {}
+    for name, p in movable:
+        if planned[name][p] != list(assignments[name][p]):
+            plan.setdefault(name, {})[p] = planned[name][p]
     return plan

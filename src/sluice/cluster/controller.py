@@ -15,7 +15,12 @@ with the live brokers each time they change, and every ``leader_rebalance_interv
   timeout anyway; this is sooner);
 - leadership moves back to the preferred replica (the first of the assignment) when it is
   alive, in sync and not leading (``preferred_election``, also run on request through the
-  ``ELECT_LEADERS`` API: ``sluice cluster rebalance``).
+  ``ELECT_LEADERS`` API: ``sluice cluster rebalance``);
+- a pending replica move (``TopicRecord.moving``, recorded by ``sluice cluster
+  rebalance``: broker/reassignment.py) completes once every replica the partition keeps
+  is in the ISR: a leader that leaves first hands leadership to a kept in-sync live
+  replica (CAS, new epoch), then the leaving replicas are dropped (``reassign``).  This
+  runs on every reconcile pass and every ``MOVES_CHECK_S`` while any move is pending.
 
 Each change is a compare-and-swap on the partition state's version, so a deposed
 controller, or a leader changing its ISR at the same moment, cannot overwrite a newer
@@ -35,6 +40,7 @@ from sluice.errors import MetadataUnavailable, UnknownPartition, UnknownTopic
 log = logging.getLogger("sluice.controller")
 
 RETRY_S = 0.5
+MOVES_CHECK_S = 0.5  # how often pending replica moves are looked at while there are any
 
 
 def decide(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> PartitionState | None:
@@ -69,6 +75,45 @@ def preferred(record: TopicRecord, index: int, state: PartitionState, live: set[
     return PartitionState(first, state.leader_epoch + 1, list(state.isr))
 
 
+def move_step(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> PartitionState | bool:
+    """The next step of partition ``index``'s pending move: False to wait (a replica it
+    keeps is not in sync yet, or no kept in-sync replica is alive to lead), a new state
+    when the leader leaves (leadership moves first, to the first kept in-sync live
+    replica), True when the leaving replicas can be dropped now.  Pure."""
+    keep = record.target(index)
+    if not set(keep) <= set(state.isr):
+        return False
+    if state.leader in keep:
+        return True
+    successors = [r for r in keep if r in live]
+    if not successors:
+        return False
+    return PartitionState(successors[0], state.leader_epoch + 1, list(state.isr))
+
+
+async def complete_moves(store: MetadataStore, record: TopicRecord, live: set[int]) -> list[int]:
+    """Take each pending move of ``record`` one ``move_step`` further; returns the
+    partitions whose move completed."""
+    if not record.moving:
+        return []
+    states = await store.partition_states(record.name)
+    done = {}
+    for p in sorted(record.moving):
+        step = move_step(record, p, states[p], live)
+        if isinstance(step, PartitionState):
+            if await store.cas_partition_state(record.name, p, states[p].version, step):
+                log.info("%s-%d: leadership %d -> %d before replicas %s leave", record.name, p,
+                         states[p].leader, step.leader, record.moving[p])
+            continue  # dropped on a later pass, once the new state is read back
+        if step:
+            done[p] = record.target(p)
+    if done:
+        await store.reassign(record.name, done)
+        for p, keep in done.items():
+            log.info("%s-%d: move done, replicas %s (%s left)", record.name, p, keep, record.moving[p])
+    return sorted(done)
+
+
 async def preferred_election(store: MetadataStore, record: TopicRecord, live: set[int]) -> list[tuple[int, int]]:
     """Move each partition of ``record`` to its preferred replica where ``preferred``
     says so; returns the (partition, new leader) moved."""
@@ -91,7 +136,9 @@ class Controller:
         self.node_id = node_id
         self.rebalance_s = rebalance_interval_ms / 1000
         self.live: set[int] = set()
+        self.moves_pending = False  # some topic had a pending replica move at the last look
         self._brokers_changed = asyncio.Event()
+        self._moves_changed = asyncio.Event()
 
     async def run(self) -> None:
         """Campaign, act while elected, campaign again; until cancelled."""
@@ -124,23 +171,41 @@ class Controller:
                 log.exception("watching brokers failed; starting over")
                 await asyncio.sleep(RETRY_S)
 
+    def poke(self) -> None:
+        """Look for pending replica moves soon (a partition state changed: a move may have
+        been recorded, or a replica may have joined an ISR).  Call from the event loop."""
+        self.moves_pending = True
+        self._moves_changed.set()
+
     async def _serve(self, term: Leadership) -> None:
         loop = asyncio.get_running_loop()
         next_rebalance = loop.time() + self.rebalance_s
+        next_moves = loop.time()
         lost = asyncio.ensure_future(term.lost.wait())
         try:
             self._brokers_changed.set()
             while not term.lost.is_set():
                 if self._brokers_changed.is_set():
                     self._brokers_changed.clear()
-                    await self._guarded(self.reconcile)
+                    await self._guarded(self.reconcile)  # completes moves too
+                    next_moves = loop.time() + MOVES_CHECK_S
                 if self.rebalance_s > 0 and loop.time() >= next_rebalance:
                     next_rebalance = loop.time() + self.rebalance_s
                     await self._guarded(self.rebalance)
-                changed = asyncio.ensure_future(self._brokers_changed.wait())
+                if self.moves_pending and loop.time() >= next_moves:
+                    self._moves_changed.clear()
+                    next_moves = loop.time() + MOVES_CHECK_S
+                    await self._guarded(self.complete_moves)
+                waits = [asyncio.ensure_future(self._brokers_changed.wait()), lost]
                 timeout = max(0.0, next_rebalance - loop.time()) if self.rebalance_s > 0 else None
-                await asyncio.wait([changed, lost], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
+                if self.moves_pending:
+                    left = max(0.0, next_moves - loop.time())
+                    timeout = left if timeout is None else min(timeout, left)
+                else:
+                    waits.append(asyncio.ensure_future(self._moves_changed.wait()))
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for w in waits[:1] + waits[2:]:
+                    w.cancel()
         finally:
             lost.cancel()
 
@@ -157,7 +222,8 @@ class Controller:
             self._brokers_changed.set()
 
     async def reconcile(self) -> None:
-        """Elect leaders for partitions whose leader is gone; drop dead brokers from ISRs."""
+        """Elect leaders for partitions whose leader is gone; drop dead brokers from ISRs;
+        then ``complete_moves``."""
         live = set(self.live)
         if not live:
             return  # a store outage looks like no brokers at all: change nothing
@@ -181,6 +247,21 @@ class Controller:
                     )
                 else:
                     self._brokers_changed.set()  # raced a leader's ISR change: look again
+        await self.complete_moves()
+
+    async def complete_moves(self) -> None:
+        """Take every pending replica move a step further (``complete_moves``)."""
+        live = set(self.live)
+        if not live:
+            return
+        pending = False
+        for record in (await self.store.topics()).values():
+            try:
+                done = await complete_moves(self.store, record, live)
+            except (UnknownTopic, UnknownPartition):
+                continue
+            pending = pending or len(done) < len(record.moving)
+        self.moves_pending = pending
 
     async def rebalance(self) -> None:
         live = set(self.live)

@@ -45,9 +45,9 @@ from sluice.cluster.store import (
     TopicRecord,
     check_block_size,
     check_new_topic,
-    check_reassignment,
     check_topic_update,
     producer_id_block,
+    reassigned_record,
     reassigned_state,
     unknown_partition,
     unknown_topic,
@@ -290,17 +290,20 @@ class EmbeddedStore(MetadataStore):
 
         await self._change(change)
 
-    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+    async def reassign(
+        self, topic: str, assignments: Mapping[int, Sequence[int]],
+        moving: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
         """One node holds every replica: the only list there is, ``[node_id]``, can be
-        written again (its states get new versions); any other is ``InvalidRequest``."""
+        written again (its states get new versions); any other is ``InvalidRequest``, and
+        so is every pending move (it needs two nodes): none is ever kept here."""
         assignments = {p: list(r) for p, r in assignments.items()}
 
         def change(s: _Snapshot):
             current = s.topics.get(topic)
             if current is None:
                 raise unknown_topic(topic)
-            check_reassignment(current, assignments)
-            record = replace(current, assignment=[assignments.get(p, r) for p, r in enumerate(current.assignment)])
+            record = reassigned_record(current, assignments, moving)
             self._check_single_node(record, ())
             rev = s.revision + 1
             states = list(s.states[topic])

@@ -41,7 +41,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import aetcd
@@ -58,9 +58,9 @@ from sluice.cluster.store import (
     TopicRecord,
     check_block_size,
     check_new_topic,
-    check_reassignment,
     check_topic_update,
     producer_id_block,
+    reassigned_record,
     reassigned_state,
     unknown_partition,
     unknown_topic,
@@ -518,7 +518,10 @@ class EtcdStore(MetadataStore):
 
         await self._retrying(what, attempt)
 
-    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+    async def reassign(
+        self, topic: str, assignments: Mapping[int, Sequence[int]],
+        moving: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
         assignments = {p: list(r) for p, r in assignments.items()}
         key, parts = self._key("topics", topic), self._key("partitions", topic, "")
         what = f"reassign replicas of {topic!r}"
@@ -532,8 +535,7 @@ class EtcdStore(MetadataStore):
                 raise unknown_topic(topic)
             (value, meta), = found
             current = self._decode(key, value, TopicRecord)
-            check_reassignment(current, assignments)
-            record = replace(current, assignment=[assignments.get(p, r) for p, r in enumerate(current.assignment)])
+            record = reassigned_record(current, assignments, moving)
             states = {int(kv.key[len(parts):]): self._state(kv) for _, kv in kvs}
             compare = [t.mod(key) == meta.mod_revision] + [
                 t.mod(self._key("partitions", topic, p)) == states[p].version for p in assignments

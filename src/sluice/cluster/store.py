@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sluice.errors import InvalidPartitions, InvalidRequest, UnknownPartition, UnknownTopic
 
@@ -49,7 +49,10 @@ class TopicRecord:
     """What the store keeps of one topic.
 
     ``assignment[p]`` lists the replicas (node ids) of partition ``p``, preferred leader
-    first; it has ``partitions`` entries of ``replication_factor`` distinct ids each.
+    first; it has ``partitions`` entries of ``replication_factor`` distinct ids each, plus
+    the replicas to drop of a pending move.  ``moving[p]`` (only for partitions with a
+    pending move: cluster/assignment.py, ``spread_replicas``) lists the replicas of ``p``
+    that leave once the others are all in sync; they are in ``assignment[p]`` meanwhile.
     ``config`` holds only the overrides of the broker's topic defaults.
     """
 
@@ -59,6 +62,12 @@ class TopicRecord:
     internal: bool = False
     replication_factor: int = 1
     assignment: list[list[int]] = field(default_factory=list)
+    moving: dict[int, list[int]] = field(default_factory=dict)
+
+    def target(self, partition: int) -> list[int]:
+        """The replicas ``partition`` keeps once its pending move (if any) is done."""
+        drop = self.moving.get(partition, ())
+        return [r for r in self.assignment[partition] if r not in drop]
 
 
 @dataclass(frozen=True)
@@ -173,9 +182,16 @@ class MetadataStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def reassign(self, topic: str, assignments: Mapping[int, Sequence[int]]) -> None:
+    async def reassign(
+        self, topic: str, assignments: Mapping[int, Sequence[int]],
+        moving: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
         """Replace the replica lists of existing partitions of ``topic`` (partition -> new
-        list, preferred leader first), atomically with their states.
+        list, preferred leader first), atomically with their states and pending moves.
+
+        Each touched partition's pending move becomes ``moving[p]`` (the replicas of the new
+        list to drop later: the list then holds that many more than the replication
+        factor), or none when ``moving`` does not name it; untouched partitions keep theirs.
 
         Each touched partition's state is rewritten (a new version, so that its watchers
         wake) as ``reassigned_state`` says: replicas no longer listed leave the ISR, and a
@@ -251,6 +267,8 @@ def initial_states(record: TopicRecord) -> list[PartitionState]:
 def check_new_topic(record: TopicRecord, states: Sequence[PartitionState]) -> None:
     """Raise unless ``record`` is well formed and ``states`` has one state per partition."""
     _check_assignment(record)
+    if record.moving:
+        raise InvalidRequest(f"topic {record.name!r}: a new topic has no pending moves")
     if len(states) != record.partitions:
         raise InvalidRequest(
             f"topic {record.name!r} has {record.partitions} partitions but {len(states)} states"
@@ -270,7 +288,7 @@ def check_topic_update(
         )
     if (record.internal, record.replication_factor) != (current.internal, current.replication_factor):
         raise InvalidRequest(f"topic {record.name!r}: internal and replication factor cannot change")
-    if record.assignment[: current.partitions] != current.assignment:
+    if record.assignment[: current.partitions] != current.assignment or record.moving != current.moving:
         raise InvalidRequest(f"topic {record.name!r}: the replicas of existing partitions cannot change here")
     added = record.partitions - current.partitions
     if len(new_states) != added:
@@ -279,20 +297,51 @@ def check_topic_update(
         )
 
 
-def check_reassignment(current: TopicRecord, assignments: Mapping[int, Sequence[int]]) -> None:
+def check_reassignment(
+    current: TopicRecord, assignments: Mapping[int, Sequence[int]],
+    moving: Mapping[int, Sequence[int]] | None = None,
+) -> None:
     """Raise unless each of ``assignments`` names an existing partition of ``current`` and
-    lists ``replication_factor`` distinct node ids."""
+    lists ``replication_factor`` distinct node ids plus those of its pending move
+    (``moving``: a non-empty part of the list, keeping at least one replica, only for
+    partitions of ``assignments``)."""
+    moving = moving or {}
+    for p in moving:
+        if p not in assignments:
+            raise InvalidRequest(f"topic {current.name!r} partition {p}: a pending move needs its new replica list")
     for p, replicas in assignments.items():
         if not 0 <= p < current.partitions:
             raise unknown_partition(current.name, p, current.partitions)
+        drop = list(moving.get(p, ()))
         if (
-            len(replicas) != current.replication_factor or len(set(replicas)) != len(replicas)
+            len(replicas) != current.replication_factor + len(drop) or len(set(replicas)) != len(replicas)
             or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in replicas)
         ):
             raise InvalidRequest(
                 f"topic {current.name!r} partition {p}: replicas {list(replicas)} are not "
                 f"{current.replication_factor} distinct node ids"
+                + (f" plus the {len(drop)} leaving" if drop else "")
             )
+        if p in moving and (not drop or len(set(drop)) != len(drop) or not set(drop) <= set(replicas)):
+            raise InvalidRequest(
+                f"topic {current.name!r} partition {p}: replicas to drop {drop} are not distinct "
+                f"replicas of {list(replicas)}"
+            )
+
+
+def reassigned_record(
+    current: TopicRecord, assignments: Mapping[int, Sequence[int]],
+    moving: Mapping[int, Sequence[int]] | None = None,
+) -> TopicRecord:
+    """``current`` with the replica lists and pending moves of ``reassign`` (checked)."""
+    check_reassignment(current, assignments, moving)
+    pending = {p: d for p, d in current.moving.items() if p not in assignments}
+    pending.update({p: list(d) for p, d in (moving or {}).items()})
+    return replace(
+        current,
+        assignment=[list(assignments.get(p, r)) for p, r in enumerate(current.assignment)],
+        moving=dict(sorted(pending.items())),
+    )
 
 
 def reassigned_state(state: PartitionState, replicas: Sequence[int]) -> PartitionState:
@@ -312,7 +361,8 @@ def _check_assignment(record: TopicRecord) -> None:
             f"{len(record.assignment)} replica lists"
         )
     for p, replicas in enumerate(record.assignment):
-        if len(replicas) != record.replication_factor or len(set(replicas)) != len(replicas):
+        extra = len(record.moving.get(p, ()))
+        if len(replicas) != record.replication_factor + extra or len(set(replicas)) != len(replicas):
             raise InvalidRequest(
                 f"topic {record.name!r} partition {p}: replicas {replicas} are not "
                 f"{record.replication_factor} distinct node ids"

@@ -471,7 +471,8 @@ class ElectLeadersRequest(Struct):
 
     ``reassign`` (added later; older brokers ignore it): first replace the replicas of
     brokers that are not alive by live ones (the least loaded), in partitions that have
-    a live leader."""
+    a live leader; then record moves that even out the replica load of the live brokers
+    (brokers that joined), done in two phases (``ReplicaMove.pending``)."""
 
     topics: list[str] | None = None
     reassign: bool = False
@@ -479,7 +480,11 @@ class ElectLeadersRequest(Struct):
 
 class ReplicaMove(Struct):
     """A partition whose replicas changed from ``old`` to ``new`` (same order), or could
-    not (``error``)."""
+    not (``error``).
+
+    ``pending`` (added later): a move in two phases, recorded: the replicas of ``new``
+    not in ``old`` were added, those of ``old`` not in ``new`` leave once the others
+    are in sync (the controller completes it)."""
 
     topic: str
     partition: int
@@ -487,6 +492,7 @@ class ReplicaMove(Struct):
     new: list[int] = []
     error: int = 0
     message: str = ""
+    pending: bool = False
 
 
 class ElectionResult(Struct):
