@@ -64,9 +64,10 @@ def test_rebalance_on_one_broker_moves_nothing(broker, cli):
     ok(cli("topic", "create", "e", "--partitions", "3", bootstrap=b))
     res = cli("cluster", "rebalance", bootstrap=b)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout) == {"moved": [], "failed": []}
-    assert json.loads(ok(cli("cluster", "rebalance", "--topic", "e", "--json", bootstrap=b))) == {
-        "moved": [], "failed": []}
+    nothing = {"moved": [], "failed": [], "replicas": {"replaced": [], "not_replaced": [], "moving": []}}
+    assert json.loads(res.stdout) == nothing
+    assert json.loads(ok(cli("cluster", "rebalance", "--topic", "e", "--json", bootstrap=b))) == nothing
+    assert json.loads(ok(cli("cluster", "rebalance", "--leaders-only", "--json", bootstrap=b))) == nothing
 
 
 @pytest.mark.parametrize("option", ["--advertise", "--advertised-address"])
