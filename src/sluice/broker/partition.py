@@ -24,10 +24,8 @@ piles up: bytes queued for the writer (``write.queue.max.bytes``) and waits in t
 purgatory are bounded per partition, and a write past a bound is refused at once
 (``BROKER_BUSY``).
 
-Membership of the ISR is decided elsewhere (broker/replication.py writes it to the
-metadata store by compare-and-swap); the partition only reports who lags
-(``lagging``) and who caught up (``caught_up``), and applies the ISR it is given
-(``set_isr``).
+The leader's view of its followers, the ISR it applies and the high watermark they give
+are in broker/leadership.py (a part of ``Partition``).
 
 With ``cleanup.policy=compact`` the broker's retention pass calls ``clean``: the log cleaner
 (storage/cleaner.py) rewrites closed segments below the high watermark in the cleaner's
@@ -51,12 +49,12 @@ import logging
 import os
 import threading
 import time
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from sluice.broker.leadership import Follower, Leadership
 from sluice.broker.purgatory import Purgatory
 from sluice.config import TopicConfig
 from sluice.errors import (
@@ -111,25 +109,13 @@ class _Truncate:
     reset: bool = False  # drop the whole log and start it empty at ``offset``
 
 
-@dataclass
-class Follower:
-    """What a leader knows of one follower of the partition (replica fetches tell)."""
-
-    log_end: int = -1  # -1: unknown (no fetch in this leader epoch yet)
-    # monotonic time it last had everything the leader had (a new leader gives each
-    # follower a full replica.lag.time.max.ms from its election)
-    caught_up_at: float = field(default_factory=time.monotonic)
-    leader_end_at_fetch: int = -1  # the leader's log end at the follower's last fetch
-    fetched_at: float = 0.0
-
-
 @dataclass(frozen=True)
 class AppendResult:
     base_offset: int
     append_time: int  # -1 with CreateTime
 
 
-class Partition:
+class Partition(Leadership):
     def __init__(
         self,
         topic: str,
@@ -552,136 +538,6 @@ class Partition:
         self.config = config
         self.log.reconfigure(config.log_config)
         self._wakeup.set()  # the writer re-evaluates flushes and its flush.ms timer
-
-    # ------------------------------------------------------------------ high watermark
-
-    def _log_end_moved(self) -> None:
-        """The ISR step: the high watermark is the minimum log end over the ISR (a
-        follower not heard from in this epoch holds it where it is).  The leader's own
-        counts once written, and fsynced where the flush policy says "always"."""
-        end = min(self.log.log_end_offset, self._synced_end)
-        for r in self.isr:
-            f = self.followers.get(r)
-            if f is not None:
-                end = min(end, f.log_end)
-        self.advance_high_watermark(end)
-        self._forget_marks()
-
-    # ------------------------------------------------------------------ followers (leader side)
-
-    def set_replicas(self, replicas: list[int], isr: list[int]) -> None:
-        """The partition's replicas and ISR as the metadata store has them (leader side:
-        followers not known yet start unheard of)."""
-        self.followers = {
-            r: self.followers.get(r, Follower()) for r in replicas if r != self.replica_id
-        }
-        self.set_isr(isr)
-
-    def set_isr(self, isr: list[int]) -> None:
-        """Apply the ISR the metadata store holds now; the high watermark may move."""
-        self.isr = tuple(isr)
-        if self.is_leader:
-            self._log_end_moved()
-
-    def follower_fetched(self, replica_id: int, offset: int) -> None:
-        """A follower's replica fetch at ``offset``: it has everything below it."""
-        f = self.followers.get(replica_id)
-        if f is None:
-            return
-        now, leader_end = time.monotonic(), self.log.log_end_offset
-        if offset >= leader_end:
-            f.caught_up_at = now
-        elif offset >= f.leader_end_at_fetch >= 0:  # has what we had at its last fetch
-            f.caught_up_at = max(f.caught_up_at, f.fetched_at)
-        f.log_end, f.leader_end_at_fetch, f.fetched_at = offset, leader_end, now
-        if replica_id in self.isr:
-            self._log_end_moved()
-
-    def lagging(self, max_lag_s: float) -> list[int]:
-        """In-sync followers that have not caught up with the log end for ``max_lag_s``."""
-        now = time.monotonic()
-        return [
-            r for r in self.isr
-            if (f := self.followers.get(r)) is not None and now - f.caught_up_at > max_lag_s
-        ]
-
-    def caught_up(self, max_lag_s: float) -> list[int]:
-        """Followers out of the ISR that may rejoin: fetching (heard from within
-        ``max_lag_s``), at or past the high watermark and the start of the current
-        leader epoch."""
-        hw, now = self.log.high_watermark, time.monotonic()
-        start = self._epoch_start()
-        return [
-            r for r, f in self.followers.items()
-            if r not in self.isr and f.log_end >= hw and f.log_end >= start
-            and now - f.fetched_at <= max_lag_s
-        ]
-
-    def _epoch_start(self) -> int:
-        for epoch, start in reversed(self.log.epochs.entries()):
-            if epoch == self.leader_epoch:
-                return start
-        return self.log.log_end_offset
-
-    def _max_isr_lag_bytes(self) -> int:
-        """How many bytes of the leader's log the furthest-behind in-sync follower lacks
-        (0 when unknown: this leader has not appended since the follower's offset)."""
-        worst = min(
-            (f.log_end for r in self.isr if (f := self.followers.get(r)) is not None and f.log_end >= 0),
-            default=None,
-        )
-        if worst is None or not self._marks:
-            return 0
-        i = bisect_left(self._marks, (worst, -1))
-        at = self._marks[i - 1][1] if i else self._marks[0][1]
-        return self._appended_bytes - at
-
-    def _forget_marks(self) -> None:
-        """Drop byte marks no in-sync follower still needs (below all their log ends)."""
-        marks = self._marks
-        low = min(
-            (f.log_end for r in self.isr if (f := self.followers.get(r)) is not None),
-            default=self.log.log_end_offset,
-        )
-        while len(marks) > 1 and marks[1][0] <= low:
-            marks.popleft()
-
-    def advance_high_watermark(self, offset: int) -> None:
-        """Move the high watermark up to ``offset`` (never past the log end, never down):
-        complete the ``acks=all`` waits it passes and wake fetches waiting for data."""
-        if self.log.advance_high_watermark(offset):
-            self._acks.complete(self.log.high_watermark)
-            self._notify()
-
-    def make_leader(self, leader_epoch: int, replicas: list[int] | None = None, isr: list[int] | None = None) -> None:
-        """Lead from now on, stamping ``leader_epoch`` (at least the current one) on new
-        batches, with ``replicas`` and ``isr`` (default: this broker alone).  Followers
-        start unheard of: the high watermark waits for their first fetch."""
-        if leader_epoch < self.leader_epoch:
-            raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
-        self.leader_epoch, self.is_leader = leader_epoch, True
-        self.followers = {}
-        self.failed_followers = set()
-        self._marks.clear()
-        self._marks.append((self.log.log_end_offset, self._appended_bytes))
-        self.set_replicas(replicas or [self.replica_id], isr or [self.replica_id])
-
-    def make_follower(self, leader_epoch: int) -> None:
-        """Follow the leader of ``leader_epoch``: leader appends are refused from now on,
-        and ``acks=all`` writes still waiting fail with ``LeadershipLost`` (a ``NotLeader``
-        that may have been stored: their batches may be on the new leader or be truncated
-        away; the producer retries on the new leader).  A leader write still in the
-        writer's thread fails the same way when it returns."""
-        if leader_epoch < self.leader_epoch:
-            raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
-        self.leader_epoch, self.is_leader = leader_epoch, False
-        self.followers = {}
-        self.failed_followers = set()
-        self._acks.fail_all(LeadershipLost(
-            f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch}) before the write was replicated"
-        ))
-        self._notify()
-        self._notify_replicas()
 
     # ------------------------------------------------------------------ reading
 
