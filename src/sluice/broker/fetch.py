@@ -13,11 +13,8 @@ from sluice.errors import (
     BrokerError,
     InvalidRequest,
     OffsetNotAvailable,
-    OffsetOutOfRange,
-    storage_error_from_os,
 )
 from sluice.protocol import messages as m
-from sluice.storage.log import NotYetAvailable, OutOfRange
 
 FETCH_OVERHEAD = 1024 * 1024  # room in a response frame for its header
 
@@ -63,21 +60,8 @@ class FetchHandlers:
                         log_start_offset=part.log_start_offset,
                     ))
                     continue
-                try:
-                    # consumers see what every in-sync replica has: below the high watermark
-                    res = await part.read(fp.offset, max(limit, 1), part.high_watermark)
-                except OutOfRange:
-                    raise OffsetOutOfRange(
-                        f"offset {fp.offset} of {fp.topic}-{fp.partition} is outside "
-                        f"[{part.log_start_offset}, {part.log_end_offset}]"
-                    ) from None
-                except NotYetAvailable:
-                    raise OffsetNotAvailable(
-                        f"offset {fp.offset} of {fp.topic}-{fp.partition} is above the high "
-                        f"watermark {part.high_watermark} (log end {part.log_end_offset}); retry"
-                    ) from None
-                except OSError as exc:
-                    raise storage_error_from_os(exc, f"read {fp.topic}-{fp.partition}") from exc
+                # consumers see what every in-sync replica has: below the high watermark
+                res = await part.fetch(fp.offset, max(limit, 1), part.high_watermark)
             except BrokerError as exc:
                 results.append(m.FetchPartitionResult(topic=fp.topic, partition=fp.partition, **error_fields(exc)))
                 continue

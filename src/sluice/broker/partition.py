@@ -65,6 +65,8 @@ from sluice.errors import (
     LeadershipLost,
     NotEnoughReplicas,
     NotLeader,
+    OffsetNotAvailable,
+    OffsetOutOfRange,
     UnknownServerError,
     UnknownTopic,
     storage_error_from_os,
@@ -572,6 +574,24 @@ class Partition(Leadership):
             return ReadResult(b"", plog.high_watermark, start, leo)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._read_executor, plog.read, offset, max_bytes, bound)
+
+    async def fetch(self, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
+        """``read``, with its refusals as the errors a fetch answers: ``OffsetOutOfRange``,
+        ``OffsetNotAvailable`` (above the bound: retry later), a ``StorageError``."""
+        try:
+            return await self.read(offset, max_bytes, upper_bound)
+        except OutOfRange:
+            raise OffsetOutOfRange(
+                f"offset {offset} of {self.topic}-{self.index} is outside "
+                f"[{self.log_start_offset}, {self.log_end_offset}]"
+            ) from None
+        except NotYetAvailable:
+            raise OffsetNotAvailable(
+                f"offset {offset} of {self.topic}-{self.index} is above the high watermark "
+                f"{self.high_watermark} (log end {self.log_end_offset}); retry"
+            ) from None
+        except OSError as exc:
+            raise storage_error_from_os(exc, f"read {self.topic}-{self.index}") from exc
 
     async def offset_for_time(self, timestamp: int) -> int | None:
         """First offset below the high watermark whose batch reaches ``timestamp``."""

@@ -43,10 +43,8 @@ from sluice.errors import (
     OffsetOutOfRange,
     UnknownLeaderEpoch,
     UnknownTopic,
-    storage_error_from_os,
 )
 from sluice.protocol import messages as m
-from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.replication")
 
@@ -247,15 +245,9 @@ class ReplicaManager:
                     if first:
                         self._follower_reported(part, req.replica_id, rp)
                     parts.append(part)
-                    try:
-                        res = await part.read(rp.offset, max(min(rp.max_bytes, req.max_bytes - size), 1), part.log_end_offset)
-                    except OutOfRange:
-                        raise OffsetOutOfRange(
-                            f"offset {rp.offset} of {rp.topic}-{rp.partition} is outside "
-                            f"[{part.log_start_offset}, {part.log_end_offset}]"
-                        ) from None
-                    except OSError as exc:
-                        raise storage_error_from_os(exc, f"read {rp.topic}-{rp.partition}") from exc
+                    res = await part.fetch(  # replicas read up to the log end
+                        rp.offset, max(min(rp.max_bytes, req.max_bytes - size), 1), part.log_end_offset
+                    )
                 except BrokerError as exc:
                     results.append(m.ReplicaFetchResult(
                         topic=rp.topic, partition=rp.partition, **error_fields(exc),
