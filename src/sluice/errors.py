@@ -56,7 +56,10 @@
         ├── UnknownLeaderEpoch           code 28  retriable: the request's leader epoch is newer
         │                                         than this broker knows (it catches up soon)
         ├── InvalidReplicationFactor     code 29  more replicas asked than brokers are alive
-        └── NotCoordinator               code 30  retriable: another broker coordinates that group
+        ├── NotCoordinator               code 30  retriable: another broker coordinates that group
+        ├── OutOfOrderSequence           code 32  an idempotent producer's sequence gap; nothing
+        │                                         was written (the producer starts a new epoch)
+        └── ProducerFenced               code 33  a newer epoch of the producer id wrote already
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -383,6 +386,20 @@ class InvalidReplicationFactor(BrokerError):
 class NotCoordinator(BrokerError):
     """This broker does not coordinate the group (it does not lead the group's partition of
     ``__groups``); refresh metadata and ask the leader of that partition."""
+
+
+@_code(32, "OUT_OF_ORDER_SEQUENCE")
+class OutOfOrderSequence(BrokerError):
+    """An idempotent producer's batch whose sequence number does not follow the last one
+    the partition stored for that producer and epoch (a gap: batches were lost in
+    between), or overlaps a stored batch without matching it.  Nothing was written; the
+    producer starts a new epoch and resends from sequence 0."""
+
+
+@_code(33, "PRODUCER_FENCED")
+class ProducerFenced(BrokerError):
+    """A batch from an epoch of an idempotent producer older than one the partition
+    already stored: a newer instance with the same producer id has taken over."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import msgspec.inspect as mi
 import pytest
@@ -92,7 +94,7 @@ def test_every_defined_message_type_is_in_apis():
         if isinstance(cls, type)
         and issubclass(cls, messages.Struct)
         and cls.__module__ == messages.__name__
-        and name.endswith(("Request", "Response"))
+        and re.search(r"(Request|Response)(V\d+)?$", name)
         and cls is not messages.Response
     }
     registered = {cls for versions in APIS.values() for pair in versions.values() for cls in pair}
@@ -279,6 +281,7 @@ def test_api_keys_are_stable():
         "REPLICA_FETCH": 15,
         "OFFSETS_FOR_LEADER_EPOCH": 16,
         "ELECT_LEADERS": 17,
+        "INIT_PRODUCER_ID": 18,
     }
 
 

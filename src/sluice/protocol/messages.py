@@ -42,6 +42,7 @@ class Api(IntEnum):
     REPLICA_FETCH = 15
     OFFSETS_FOR_LEADER_EPOCH = 16
     ELECT_LEADERS = 17
+    INIT_PRODUCER_ID = 18
 
 
 class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -233,6 +234,21 @@ class ProducePartitionResult(Struct):
 
 class ProduceResponse(Response):
     partitions: list[ProducePartitionResult] = []
+
+
+class ProduceRequestV2(ProduceRequest):
+    """Version 2: the same request, answered with each batch's base offset, so that an
+    idempotent request mixing duplicates of stored batches and new ones can be answered."""
+
+
+class ProducePartitionResultV2(ProducePartitionResult):
+    # the base offset of each batch, in request order; -1 for a duplicate of a batch stored
+    # too long ago for its offset to be remembered (see storage/producers.py)
+    batch_offsets: list[int] = []
+
+
+class ProduceResponseV2(Response):
+    partitions: list[ProducePartitionResultV2] = []
 
 
 # --------------------------------------------------------------------------- fetch
@@ -508,6 +524,20 @@ class ElectLeadersResponse(Response):
     moves: list[ReplicaMove] = []  # with ``reassign``: the replicas replaced, or that could not be
 
 
+# --------------------------------------------------------------------------- producer ids
+
+
+class InitProducerIdRequest(Struct):
+    pass
+
+
+class InitProducerIdResponse(Response):
+    """A producer id no other producer of the cluster was or will be given, epoch 0."""
+
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
 # --------------------------------------------------------------------------- registry
 
 APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
@@ -516,7 +546,7 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.CREATE_TOPICS: {1: (CreateTopicsRequest, CreateTopicsResponse)},
     Api.DELETE_TOPICS: {1: (DeleteTopicsRequest, DeleteTopicsResponse)},
     Api.DESCRIBE_TOPICS: {1: (DescribeTopicsRequest, DescribeTopicsResponse)},
-    Api.PRODUCE: {1: (ProduceRequest, ProduceResponse)},
+    Api.PRODUCE: {1: (ProduceRequest, ProduceResponse), 2: (ProduceRequestV2, ProduceResponseV2)},
     Api.FETCH: {1: (FetchRequest, FetchResponse)},
     Api.LIST_OFFSETS: {1: (ListOffsetsRequest, ListOffsetsResponse)},
     Api.OFFSET_COMMIT: {1: (OffsetCommitRequest, OffsetCommitResponse)},
@@ -529,6 +559,7 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.REPLICA_FETCH: {1: (ReplicaFetchRequest, ReplicaFetchResponse)},
     Api.OFFSETS_FOR_LEADER_EPOCH: {1: (OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse)},
     Api.ELECT_LEADERS: {1: (ElectLeadersRequest, ElectLeadersResponse)},
+    Api.INIT_PRODUCER_ID: {1: (InitProducerIdRequest, InitProducerIdResponse)},
 }
 
 _REQUEST_API: dict[type, tuple[Api, int]] = {

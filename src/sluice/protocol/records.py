@@ -140,6 +140,9 @@ class BatchSpan(NamedTuple):
     size: int
     count: int  # offsets it takes: last_offset_delta + 1
     max_timestamp: int
+    producer_id: int = -1  # -1: not from an idempotent producer
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
 
 def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
@@ -178,7 +181,9 @@ def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
             raise CorruptRecord("transactional and control batches are not accepted yet")
         if not batch_crc_ok(buf, pos, size):
             raise CorruptRecord(f"batch at byte {pos}: CRC-32C mismatch")
-        spans.append(BatchSpan(pos, size, h.records_count, h.max_timestamp))
+        spans.append(BatchSpan(
+            pos, size, h.records_count, h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence
+        ))
         pos += size
     return spans
 
