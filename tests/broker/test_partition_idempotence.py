@@ -142,3 +142,27 @@ async def test_truncation_rebuilds_the_state_below_the_cut(open_partition):
     part.make_leader(part.leader_epoch + 1)  # a new leader dedups from the state it rebuilt
     assert (await part.append(*request_of(idempotent([b"1"], PID, 1)))).batch_offsets == (1,)
     assert (await part.append(*request_of(idempotent([b"2"], PID, 2)))).batch_offsets == (2,)
+
+
+async def test_retention_deletes_segments_not_the_state(tmp_path):
+    ex = ThreadPoolExecutor(1)
+    raw = {"segment.bytes": "1024", "retention.bytes": "1024"}
+    try:
+        plog, config = _open(tmp_path / "p", **raw)
+        part = Partition("t", 0, plog, config, ex, ex)
+        await part.append(*request_of(idempotent([b"early"], PID, 0)))
+        for i in range(40):  # another producer's batches push the first out of the log
+            await part.append(*request_of(idempotent([b"x" * 60], PID + 1, i)))
+        for seg in part.take_expired(0):
+            seg.delete()
+            seg.close()
+        assert part.log_start_offset > 0, "retention removed the first producer's batch"
+        await part.close()
+        plog, config = _open(tmp_path / "p", **raw)
+        part = Partition("t", 0, plog, config, ex, ex)
+        again = await part.append(*request_of(idempotent([b"early"], PID, 0)))
+        assert again.batch_offsets == (0,), "the duplicate is known after its segment is gone"
+        assert part.log_end_offset == 41
+        await part.close()
+    finally:
+        ex.shutdown()
