@@ -12,6 +12,9 @@ Data directory::
     <data>/logs/replication-offset-checkpoint   high watermarks (storage/checkpoint.py)
     <data>/logs/__groups-<n>/      committed offsets of consumer groups: the internal topic
                                    __groups (broker/coordinator.py, protocol/group_records.py)
+    <data>/logs/__txn_discarded-0/  half messages given up after their checks (audit copies;
+                                   broker/transactions.py); transactions themselves live in
+                                   their data partitions
     <data>/groups.migrated/        group offset files of older brokers, kept after their
                                    import into __groups (broker/group_migration.py)
 
@@ -48,6 +51,7 @@ from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
+from sluice.broker.transactions import TransactionManager
 from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
 from sluice.cluster.controller import Controller
@@ -123,6 +127,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self._started_at = time.monotonic()
         self._expired: list = []  # segments out of their logs whose files are still to delete
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
+        self.transactions = TransactionManager(self)  # half messages (broker/transactions.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,7 +165,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
-            self._groups_later(),
+            self._groups_later(), self.transactions.run(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 
@@ -416,5 +421,6 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             m.Api.REPLICA_FETCH: self.replica_fetch,
             m.Api.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             m.Api.ELECT_LEADERS: self.elect_leaders,
+            **self.transactions.handlers(),
         }
 

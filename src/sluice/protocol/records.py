@@ -161,11 +161,11 @@ def batch_attributes(buf, pos: int = 0) -> int:
     return _H16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)[0]
 
 
-def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
+def validate_batches(buf, max_batch_bytes: int, broker: bool = False) -> list[BatchSpan]:
     """Check a producer's concatenated batches; return one span per batch.
 
     Transactional (half message) batches are accepted; control and commit batches are
-    refused: only brokers write those.
+    refused unless ``broker`` (a broker's own write): only brokers write those.
 
     Per-batch work only: header fields and one C-speed CRC over the batch.  Raises
     ``CorruptRecord`` (bad framing, magic, CRC, counts, codec) or ``ValueError`` carrying the
@@ -196,7 +196,7 @@ def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
             raise CorruptRecord(f"batch at byte {pos}: {h.records_count} records cannot fit {size} bytes")
         if h.compression not in (NO_COMPRESSION, LZ4, ZSTD):
             raise CorruptRecord(f"unsupported compression codec {h.compression}")
-        if h.attributes & BROKER_BITS:
+        if h.attributes & BROKER_BITS and not broker:
             raise CorruptRecord("control and commit batches are written by brokers only")
         if not batch_crc_ok(buf, pos, size):
             raise CorruptRecord(f"batch at byte {pos}: CRC-32C mismatch")
