@@ -4,6 +4,7 @@ check-back, max checks (broker/transactions.py, client/transaction.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -190,3 +191,31 @@ async def test_max_checks_discards_to_the_audit_topic(broker_factory):
     assert b"discarded" in h["sluice.txn.reason"] and h["sluice.txn.checks"] == b"2"
     assert await read_all(b.bootstrap, "orders") == []
     assert await list_open(b.bootstrap) == []
+
+
+async def test_cli_list_commit_rollback(broker, cli):
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with TransactionProducer(bs, group="ops") as p:
+        a = await p.send_half("orders", b"a")
+        b = await p.send_half("orders", b"b")
+    out = cli("txn", "list", "--json", bootstrap=bs)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert [(t["id"], t["group"], t["checks"]) for t in listed] == [(a.txn_id, "ops", 0), (b.txn_id, "ops", 0)]
+    assert all(t["age_ms"] >= 0 for t in listed)
+
+    done = cli("txn", "commit", a.txn_id, "--json", bootstrap=bs)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "committed"
+    again = cli("txn", "commit", a.txn_id, bootstrap=bs)
+    assert again.returncode == 0 and b"already committed" in again.stdout
+    assert cli("txn", "rollback", b.txn_id, bootstrap=bs).returncode == 0
+    refused = cli("txn", "commit", b.txn_id, bootstrap=bs)
+    assert refused.returncode == 1 and b"TRANSACTION_ENDED (34)" in refused.stderr
+    unknown = cli("txn", "rollback", "orders/0/999", bootstrap=bs)
+    assert unknown.returncode == 1 and b"UNKNOWN_TRANSACTION (35)" in unknown.stderr
+    bad = cli("txn", "commit", "nonsense", bootstrap=bs)
+    assert bad.returncode != 0 and b"topic/partition/offset" in bad.stderr
+    assert json.loads(cli("txn", "list", bootstrap=bs).stdout) == []
+    assert [r.value for r in await read_all(bs, "orders")] == [b"a"]

@@ -488,11 +488,13 @@ from sluice.cli.cluster import cluster  # noqa: E402 - a group of its own module
 from sluice.cli.group import group  # noqa: E402 - a group of its own module
 from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
 from sluice.cli.topic import topic  # noqa: E402 - a group of its own module
+from sluice.cli.txn import txn  # noqa: E402 - a group of its own module
 
 cli.add_command(topic)
 cli.add_command(cluster)
 cli.add_command(pipeline)
 cli.add_command(group)
+cli.add_command(txn)
 
 
 def main() -> None:
