@@ -9,54 +9,12 @@ import time
 
 import pytest
 
+from txn_helpers import FAST_CHECKS, list_open, make_topic, read_all
+
 from sluice import errors
-from sluice.client import Admin, Consumer
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
-from sluice.protocol import messages as m
 from sluice.protocol.transactions import DISCARD_TOPIC
-
-FAST_CHECKS = ["--txn-check-timeout-ms", "300", "--txn-check-interval-ms", "200"]
-
-
-async def make_topic(bootstrap: str, name: str = "orders", partitions: int = 1) -> None:
-    admin = Admin(bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topic(name, partitions=partitions)
-    finally:
-        await admin.close()
-
-
-async def read_all(bootstrap: str, topic: str, partitions: int = 1, wait: float = 1.0) -> list:
-    """Every record a reader sees in ``topic`` (until nothing new for ``wait`` seconds)."""
-    c = Consumer(bootstrap, fetch_max_wait_ms=50)
-    await c.start()
-    try:
-        c.assign([(topic, p) for p in range(partitions)])
-        for p in range(partitions):
-            c.seek(topic, p, 0)
-        out = []
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < wait:
-            batch = await c.getmany(timeout_ms=100)
-            if batch:
-                out += batch
-                quiet_since = time.monotonic()
-        return out
-    finally:
-        await c.close()
-
-
-async def list_open(bootstrap: str) -> list[m.TransactionInfo]:
-    p = TransactionProducer(bootstrap, group="lister")
-    await p.start()
-    try:
-        response, _ = await p._cluster.request(m.ListTransactionsRequest())
-        return response.transactions
-    finally:
-        await p.close()
-
 
 async def test_commit_rollback_unknown_and_ends(broker):
     bs = broker.bootstrap
