@@ -199,9 +199,8 @@ class PartitionTransactions:
     def _ended(self, offset: int, state: str, at: int) -> None:
         self.open.pop(offset, None)
         self.ended[offset] = (state, at)
-        if len(self.ended) > MAX_ENDED:  # the oldest are looked up in the log when asked
-            for old in sorted(self.ended)[: len(self.ended) - MAX_ENDED]:
-                del self.ended[old]
+        while len(self.ended) > MAX_ENDED:  # the first ended go: looked up in the log when asked
+            del self.ended[next(iter(self.ended))]
 
     def _check_leader(self) -> None:
         if not self.current:
