@@ -9,10 +9,10 @@ import asyncio
 import time
 
 from replicated import eventually
-from txn_helpers import FAST_CHECKS, list_open, read_all
 
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
+from txn_helpers import FAST_CHECKS, list_open, read_all
 
 TOPIC = "orders"
 

@@ -11,10 +11,9 @@ import sys
 import textwrap
 import time
 
-from txn_helpers import FAST_CHECKS, list_open, make_topic, read_all
-
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
+from txn_helpers import FAST_CHECKS, list_open, make_topic, read_all
 
 # A producer process that stores a half message, reports its id, then hangs inside its
 # local transaction until it is killed.

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from txn_helpers import FAST_CHECKS, list_open, make_topic, read_all
-
 from sluice import errors
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
 from sluice.protocol.transactions import DISCARD_TOPIC
+from txn_helpers import FAST_CHECKS, list_open, make_topic, read_all
+
 
 async def test_commit_rollback_unknown_and_ends(broker):
     bs = broker.bootstrap
