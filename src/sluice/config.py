@@ -191,6 +191,12 @@ class ServerConfig:
     # partitions of the internal topic __groups (committed offsets) when it is created;
     # an existing __groups keeps its count (groups are placed by it)
     groups_partitions: int = 8
+    # transactional messages (broker/transactions.py): a half message unresolved this long
+    # is checked back with a producer of its group, at most every interval, at most
+    # max checks times before it is rolled back and copied to __txn_discarded
+    txn_check_timeout_ms: int = 6_000
+    txn_check_interval_ms: int = 60_000
+    txn_max_checks: int = 15
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -210,6 +216,8 @@ class ServerConfig:
             raise ConfigError(f"bad topic default: {exc.message}") from exc
         if not 1 <= self.groups_partitions <= MAX_PARTITIONS:
             raise ConfigError(f"groups partitions must be 1-{MAX_PARTITIONS}, got {self.groups_partitions}")
+        if min(self.txn_check_timeout_ms, self.txn_check_interval_ms) < 1 or self.txn_max_checks < 0:
+            raise ConfigError("transaction check timeout and interval must be ≥ 1 ms, max checks ≥ 0")
         if self.default_replication_factor < 0 or self.leader_rebalance_interval_ms < 0:
             raise ConfigError("default replication factor and leader rebalance interval must be ≥ 0")
         if self.cluster is not None:

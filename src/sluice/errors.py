@@ -59,7 +59,10 @@
         ├── NotCoordinator               code 30  retriable: another broker coordinates that group
         ├── OutOfOrderSequence           code 32  an idempotent producer's sequence gap; nothing
         │                                         was written (the producer starts a new epoch)
-        └── ProducerFenced               code 33  a newer epoch of the producer id wrote already
+        ├── ProducerFenced               code 33  a newer epoch of the producer id wrote already
+        ├── TransactionEnded             code 34  the half message was ended the other way
+        │                                         already (commit after rollback or the reverse)
+        └── UnknownTransaction           code 35  no half message at that transaction id
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -400,6 +403,18 @@ class OutOfOrderSequence(BrokerError):
 class ProducerFenced(BrokerError):
     """A batch from an epoch of an idempotent producer older than one the partition
     already stored: a newer instance with the same producer id has taken over."""
+
+
+@_code(34, "TRANSACTION_ENDED")
+class TransactionEnded(BrokerError):
+    """A commit of a half message that was rolled back (or discarded after its checks), or
+    a rollback of one that was committed.  Ending it again the same way succeeds."""
+
+
+@_code(35, "UNKNOWN_TRANSACTION")
+class UnknownTransaction(BrokerError):
+    """The transaction id names no half message of that partition: a wrong offset, an
+    ordinary message, or a half message that retention already deleted."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

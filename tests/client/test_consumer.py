@@ -22,8 +22,9 @@ def make(broker, **kw):
 def test_config_errors():
     with pytest.raises(errors.ConfigError, match="auto_offset_reset"):
         Consumer("h:1", auto_offset_reset="middle")
-    with pytest.raises(errors.ConfigError, match="isolation"):
-        Consumer("h:1", isolation="serializable")
+    # No isolation levels: half messages and control batches are never shown to anyone.
+    with pytest.raises(TypeError, match="isolation"):
+        Consumer("h:1", isolation="read_committed")
 
 
 async def test_assign_getmany_and_positions():

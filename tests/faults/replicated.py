@@ -68,7 +68,9 @@ class ThreeBrokers:
         self.proxies: dict[int, FaultyProxy] = {}  # in front of each broker
         self.etcd_proxies: dict[int, FaultyProxy] = {}  # each broker's way to etcd
 
-    async def start(self, *, proxied: bool = False, data_dirs: dict[int, Path] | None = None) -> ThreeBrokers:
+    async def start(
+        self, *, proxied: bool = False, data_dirs: dict[int, Path] | None = None, extra_args: list[str] | None = None
+    ) -> ThreeBrokers:
         await asyncio.to_thread(self.etcd.start)
         for n in NODES:
             data = (data_dirs or {}).get(n, self.tmp_path / f"data{n}")
@@ -84,7 +86,7 @@ class ThreeBrokers:
                 extra = ["--advertise", front.address]
             b.extra_args = [
                 "--cluster", url, "--node-id", str(n), "--session-timeout-ms", str(SESSION_MS),
-                "--replica-lag-time-max-ms", str(LAG_MS), *extra,
+                "--replica-lag-time-max-ms", str(LAG_MS), *extra, *(extra_args or []),
             ]
         # started from threads: with proxies the brokers reach etcd through this event loop
         await asyncio.gather(*(self.start_broker(n) for n in NODES))

@@ -282,7 +282,19 @@ def test_api_keys_are_stable():
         "OFFSETS_FOR_LEADER_EPOCH": 16,
         "ELECT_LEADERS": 17,
         "INIT_PRODUCER_ID": 18,
+        "END_TRANSACTION": 19,
+        "REGISTER_PRODUCER": 20,
+        "LIST_TRANSACTIONS": 21,
     }
+    assert {p.name: int(p) for p in messages.Push} == {"CHECK_TRANSACTION": 1}
+
+
+def test_push_round_trip():
+    push = messages.CheckTransaction(
+        topic="t", partition=2, offset=7, group="g", timestamp=5, key=None, value=b"v",
+        headers=[("h", b"x"), ("n", None)], checks=3,
+    )
+    assert decode(encode(push), messages.PUSHES[messages.Push.CHECK_TRANSACTION][1]) == push
 
 
 def test_structs_are_frozen():

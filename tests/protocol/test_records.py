@@ -576,10 +576,26 @@ def test_unsupported_codec(codec):
         decode_records(patched(">h", 21, codec), "t", 0)
 
 
-@pytest.mark.parametrize("bits", [records.TRANSACTIONAL_BIT, records.CONTROL_BIT])
-def test_transactional_and_control_batches_refused(bits):
-    with pytest.raises(CorruptRecord, match="transactional"):
+@pytest.mark.parametrize("bits", [records.CONTROL_BIT, records.COMMIT_BIT, records.CONTROL_BIT | records.TRANSACTIONAL_BIT])
+def test_control_and_commit_batches_refused(bits):
+    with pytest.raises(CorruptRecord, match="brokers only"):
         validate_batches(patched(">h", 21, bits), BIG)
+
+
+def test_transactional_batches_accepted_never_decoded_for_readers():
+    half = build_batch(encode_record(0, 0, b"k", b"half", [("sluice.txn.group", b"g")]), 1, 5, 5,
+                       flags=records.TRANSACTIONAL_BIT)
+    plain = build_batch(encode_record(0, 0, None, b"plain"), 1, 5, 5)
+    commit = build_batch(encode_record(0, 0, None, b"copy"), 1, 5, 5, flags=records.COMMIT_BIT)
+    buf = bytearray(half + plain)
+    spans = validate_batches(buf, BIG)
+    assert [records.batch_attributes(buf, s.pos) for s in spans] == [records.TRANSACTIONAL_BIT, 0]
+    assign_offsets(buf, spans, 40, 0, None)
+    buf += seal(bytearray(commit))
+    assert [(r.offset, r.value) for r in decode_records(buf, "t", 0)] == [(41, b"plain"), (0, b"copy")]
+    h, pos = next(iter_batches(buf))
+    (rec,) = records.decode_batch(buf, h, pos, "t", 3)
+    assert (rec.offset, rec.key, rec.value, rec.headers) == (40, b"k", b"half", (("sluice.txn.group", b"g"),))
 
 
 def test_crc_mismatch_message():

@@ -12,6 +12,9 @@ Data directory::
     <data>/logs/replication-offset-checkpoint   high watermarks (storage/checkpoint.py)
     <data>/logs/__groups-<n>/      committed offsets of consumer groups: the internal topic
                                    __groups (broker/coordinator.py, protocol/group_records.py)
+    <data>/logs/__txn_discarded-0/  half messages given up after their checks (audit copies;
+                                   broker/transactions.py); transactions themselves live in
+                                   their data partitions
     <data>/groups.migrated/        group offset files of older brokers, kept after their
                                    import into __groups (broker/group_migration.py)
 
@@ -48,6 +51,7 @@ from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
+from sluice.broker.transactions import TransactionManager
 from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
 from sluice.cluster.controller import Controller
@@ -125,6 +129,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
         self._producer_ids = (0, -1)  # the next id to hand out, the last reserved (produce.py)
         self._producer_ids_lock = asyncio.Lock()
+        self.transactions = TransactionManager(self)  # half messages (broker/transactions.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -162,7 +167,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
-            self._groups_later(),
+            self._groups_later(), self.transactions.run(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 
@@ -419,5 +424,6 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             m.Api.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             m.Api.ELECT_LEADERS: self.elect_leaders,
             m.Api.INIT_PRODUCER_ID: self.init_producer_id,
+            **self.transactions.handlers(),
         }
 

@@ -82,7 +82,9 @@ class ProduceHandler:
             except BrokerError as exc:
                 results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(exc)))
                 continue
-            pending.append((len(results), part.append(chunk, spans, req.acks == m.ACKS_ALL)))
+            fut = part.append(chunk, spans, req.acks == m.ACKS_ALL)
+            self.transactions.track(part, spans, chunk, fut)  # half messages (broker/transactions.py)
+            pending.append((len(results), fut))
             results.append(None)
         if req.acks == m.ACKS_NONE:
             # no answer, but the frame stays counted against the connection until written

@@ -150,12 +150,19 @@ def _listen_host(ctx, param, host: str) -> str:
               help="How often the controller gives leadership back to preferred replicas; 0: never.")
 @click.option("--groups-partitions", type=click.IntRange(1, 10_000), default=8, show_default=True,
               help="Partitions of the internal topic __groups (group offsets), when it is created.")
+@click.option("--txn-check-timeout-ms", type=click.IntRange(min=1), default=6000, show_default=True,
+              help="A half message unresolved this long is checked back with a producer of its group.")
+@click.option("--txn-check-interval-ms", type=click.IntRange(min=1), default=60_000, show_default=True,
+              help="How often an unresolved half message is checked back.")
+@click.option("--txn-max-checks", type=click.IntRange(min=0), default=15, show_default=True,
+              help="Checks before an unresolved half message is rolled back and copied to __txn_discarded.")
 @click.pass_context
 def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
           retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
           max_frame_bytes: int, advertise: str | None, advertised_address: str | None, cluster: str | None,
           session_timeout_ms: int, replica_lag_time_max_ms: int, default_replication_factor: int,
-          leader_rebalance_interval_ms: int, groups_partitions: int) -> None:
+          leader_rebalance_interval_ms: int, groups_partitions: int, txn_check_timeout_ms: int,
+          txn_check_interval_ms: int, txn_max_checks: int) -> None:
     """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd.
 
     Brokers of one cluster share the --cluster URL and each has its own --node-id and
@@ -186,7 +193,8 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
             replica_lag_time_max_ms=replica_lag_time_max_ms,
             default_replication_factor=default_replication_factor,
             leader_rebalance_interval_ms=leader_rebalance_interval_ms,
-            groups_partitions=groups_partitions,
+            groups_partitions=groups_partitions, txn_check_timeout_ms=txn_check_timeout_ms,
+            txn_check_interval_ms=txn_check_interval_ms, txn_max_checks=txn_max_checks,
         )
     except errors.ConfigError as exc:
         raise errors.UsageError(str(exc)) from None
@@ -480,11 +488,13 @@ from sluice.cli.cluster import cluster  # noqa: E402 - a group of its own module
 from sluice.cli.group import group  # noqa: E402 - a group of its own module
 from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
 from sluice.cli.topic import topic  # noqa: E402 - a group of its own module
+from sluice.cli.txn import txn  # noqa: E402 - a group of its own module
 
 cli.add_command(topic)
 cli.add_command(cluster)
 cli.add_command(pipeline)
 cli.add_command(group)
+cli.add_command(txn)
 
 
 def main() -> None:

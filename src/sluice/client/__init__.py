@@ -5,7 +5,13 @@ from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
 from sluice.client.producer import InOrderCallbacks, Producer, RecordMetadata
 from sluice.client.status import BrokerStatus, ClusterStatus, PartitionStatus
-from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
+from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer, SyncTransactionProducer
+from sluice.client.transaction import (
+    LocalTransactionState,
+    TransactionMessage,
+    TransactionProducer,
+    TransactionResult,
+)
 
 __all__ = [
     "Admin",
@@ -13,10 +19,15 @@ __all__ = [
     "ClusterStatus",
     "Consumer",
     "InOrderCallbacks",
+    "LocalTransactionState",
     "PartitionStatus",
     "Producer",
     "RecordMetadata",
     "SyncAdmin",
     "SyncConsumer",
     "SyncProducer",
+    "SyncTransactionProducer",
+    "TransactionMessage",
+    "TransactionProducer",
+    "TransactionResult",
 ]

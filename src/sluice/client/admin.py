@@ -122,6 +122,38 @@ class Admin:
     async def _request(self, request):
         return (await self._cluster.request(request))[0]
 
+    # ------------------------------------------------------------------ transactions
+
+    async def list_transactions(self, topics: Iterable[str] | None = None) -> list[messages.TransactionInfo]:
+        """Unresolved half messages, oldest first: each broker answers for the partitions
+        it leads, so every broker of the cluster is asked."""
+        await self._cluster.refresh(None if topics is None else list(topics))
+        request = messages.ListTransactionsRequest(topics=None if topics is None else list(topics))
+        out: list[messages.TransactionInfo] = []
+        for node in sorted(self._cluster.brokers):
+            conn = await self._cluster.connection(node)
+            response, _ = await conn.request(request, (), self._cluster.request_timeout)
+            out += response.transactions
+        seen, unique = set(), []
+        for t in sorted(out, key=lambda t: (t.timestamp, t.topic, t.partition, t.offset)):
+            if (t.topic, t.partition, t.offset) not in seen:  # a leader moving while asked
+                seen.add((t.topic, t.partition, t.offset))
+                unique.append(t)
+        return unique
+
+    async def end_transaction(self, txn_id: str, commit: bool, retry_timeout_ms: float = 10_000):
+        """Commit or roll back the half message ``topic/partition/offset`` at its leader (see
+        ``TransactionProducer.end_transaction``); ``ConfigError`` for a malformed id."""
+        from sluice.client.transaction import end_transaction, parse_id
+
+        try:
+            topic, partition, offset = parse_id(txn_id)
+        except ValueError as exc:
+            raise errors.ConfigError(str(exc)) from None
+        return await end_transaction(
+            self._cluster, topic, partition, offset, commit, retry_timeout_ms / 1000, self._cluster.request_timeout
+        )
+
     async def _leaders(self, topic: str, partitions: Iterable[int]) -> dict[int, list[int]]:
         """Partitions of ``topic`` by their leader, from fresh metadata (``NotLeader`` for
         a partition with no leader now)."""
@@ -491,3 +523,4 @@ class Admin:
             errors.raise_for_code(r.error)
             out[r.partition] = r.offset if r.offset >= 0 else None
         return out
+

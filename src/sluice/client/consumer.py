@@ -5,6 +5,9 @@ A ``Consumer`` reads partitions by offset.  It keeps, per assigned partition, th
 broker for); one fetch request per leader is kept in flight ahead of the application, so the
 broker's wait overlaps the application's work.  Records are decoded per fetch response with
 ``records.decode_records`` (a fetch may start inside a batch and end with a partial one).
+Half messages of transactions (client/transaction.py) and broker control batches are never
+returned, so there is no isolation level to choose: a transactional message becomes
+visible only as the copy its commit writes.
 
 With a ``group``, starting positions come from the group's committed offsets and
 ``commit()`` stores positions (the next offset to read).  A committed offset the broker
@@ -45,7 +48,6 @@ log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 _RESETS = ("earliest", "latest", "error")
-_ISOLATION = ("", "read_uncommitted", "read_committed")
 _BACKOFF, _BACKOFF_MAX = 0.1, 1.0  # seconds between retries of a failing broker
 
 
@@ -69,7 +71,6 @@ class Consumer:
         fetch_max_bytes: int = 50 * 1024 * 1024,
         max_partition_fetch_bytes: int = 8 * 1024 * 1024,
         check_crcs: bool = True,
-        isolation: str = "",
         request_timeout_ms: float = 30000,
         connect_timeout_ms: float = 10000,
         retry_timeout_ms: float = 60000,
@@ -84,8 +85,6 @@ class Consumer:
             raise errors.ConfigError(
                 f"auto_offset_reset must be one of {_RESETS}, got {auto_offset_reset!r}"
             )
-        if isolation not in _ISOLATION:
-            raise errors.ConfigError(f"isolation must be one of {_ISOLATION}, got {isolation!r}")
         if group is not None and (not isinstance(group, str) or not group):
             raise errors.ConfigError("group must be a non-empty string or None")
         for name, value, low in (
@@ -111,7 +110,6 @@ class Consumer:
         self.fetch_max_bytes = int(fetch_max_bytes)
         self.max_partition_fetch_bytes = int(max_partition_fetch_bytes)
         self.check_crcs = check_crcs
-        self.isolation = isolation
         self.request_timeout = request_timeout_ms / 1000
         self.retry_timeout = retry_timeout_ms / 1000
         self._failing_since: float | None = None  # first retriable failure of a read loop

@@ -19,8 +19,9 @@ from sluice import errors
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
 from sluice.client.producer import Producer
+from sluice.client.transaction import TransactionProducer, _state_of
 
-__all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin"]
+__all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin", "SyncTransactionProducer"]
 
 
 class _LoopThread:
@@ -191,6 +192,24 @@ class SyncProducer(_SyncBase):
 
     def flush(self) -> None:
         self._call(Producer.flush)
+
+
+class SyncTransactionProducer(_SyncBase):
+    """Blocking ``TransactionProducer``.  ``local_transaction`` runs in the calling thread
+    (between storing the half message and ending it); ``check_local_transaction`` runs in
+    a worker thread of the client.  It starts (registers its group for check-back) on
+    first use or on ``with``."""
+
+    _client_cls = TransactionProducer
+    _thread_name = "sluice-txn-producer"
+
+    def send_in_transaction(self, topic: str, value: bytes | None, local_transaction, **kw):
+        msg = self._call(TransactionProducer.send_half, topic, value, **kw)
+        state = _state_of(local_transaction(msg))
+        return self._call(TransactionProducer.finish, msg, state)
+
+    def end_transaction(self, txn_id: str, commit: bool):
+        return self._call(TransactionProducer.end_transaction, txn_id, commit)
 
 
 async def _chained(afut: asyncio.Future) -> concurrent.futures.Future:
@@ -369,6 +388,12 @@ class SyncAdmin(_SyncBase):
 
     def cluster_status(self):
         return self._call(Admin.cluster_status)
+
+    def list_transactions(self, topics=None) -> list:
+        return self._call(Admin.list_transactions, topics)
+
+    def end_transaction(self, txn_id: str, commit: bool):
+        return self._call(Admin.end_transaction, txn_id, commit)
 
     def elect_leaders(self, topics=None) -> list:
         return self._call(Admin.elect_leaders, topics)

@@ -80,6 +80,9 @@ class Connection:
         self._drain_waiters: list[asyncio.Future] = []
         self._error: Exception | None = None  # why the connection is unusable
         self.version = 0
+        # called with each server push (frames.PUSH: key, version, decoded struct); pushes
+        # arriving while it is None are dropped
+        self.on_push: Callable[[int, int, object], None] | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -241,8 +244,11 @@ class Connection:
             if type(ev) is frames.Handshake:
                 self._on_handshake(ev)
                 continue
+            if ev.kind == frames.PUSH:
+                self._on_push(ev)
+                continue
             if ev.kind != frames.RESPONSE:
-                continue  # server pushes have no consumer in this client yet
+                continue
             if ev.correlation == 0 and ev.api == frames.CONNECTION_ERROR_API:
                 # the broker reports why it is about to close the connection
                 try:
@@ -268,6 +274,19 @@ class Connection:
                 fut.set_exception(errors.error_for_code(response.error, response.message))
             else:
                 fut.set_result((response, ev.attachments))
+
+    def _on_push(self, ev: frames.Frame) -> None:
+        """Hand a server push to ``on_push``; unknown or undecodable pushes are dropped
+        (a newer broker may push what this client does not know)."""
+        handler = self.on_push
+        if handler is None:
+            return
+        try:
+            push_type = messages.PUSHES[messages.Push(ev.api)][ev.version]
+            message = messages.decode(ev.header, push_type)
+        except (ValueError, KeyError, errors.SluiceError):
+            return
+        handler(ev.api, ev.version, message)
 
     def _on_handshake(self, ev: frames.Handshake) -> None:
         if self._handshake.done():

@@ -43,6 +43,15 @@ class Api(IntEnum):
     OFFSETS_FOR_LEADER_EPOCH = 16
     ELECT_LEADERS = 17
     INIT_PRODUCER_ID = 18
+    END_TRANSACTION = 19
+    REGISTER_PRODUCER = 20
+    LIST_TRANSACTIONS = 21
+
+
+class Push(IntEnum):
+    """Keys of server pushes (frames.PUSH, correlation 0): their own space, apart from Api."""
+
+    CHECK_TRANSACTION = 1
 
 
 class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -538,6 +547,85 @@ class InitProducerIdResponse(Response):
     producer_epoch: int = -1
 
 
+# --------------------------------------------------------------------------- transactions
+# A transaction is a half message: a batch with the transactional attribute bit in its
+# target partition.  Its id is (topic, partition, offset) of that batch; its printable form
+# is ``topic/partition/offset`` (broker/transactions.py, client/transaction.py).
+
+TXN_COMMITTED, TXN_ROLLED_BACK = "committed", "rolled_back"
+
+
+class EndTransactionRequest(Struct):
+    """Commit or roll back the half message at ``offset``; sent to the partition's leader."""
+
+    topic: str
+    partition: int
+    offset: int
+    commit: bool
+    from_check: bool = False  # the answer to a check-back (CHECK_TRANSACTION push)
+    timeout_ms: int = 30_000
+
+
+class EndTransactionResponse(Response):
+    state: str = ""  # TXN_COMMITTED or TXN_ROLLED_BACK
+    # committed: offset of the visible copy; rolled back: offset of the rollback marker
+    offset: int = -1
+    already: bool = False  # it was ended this way before this request
+
+
+class RegisterProducerRequest(Struct):
+    """This connection belongs to a live producer of ``group``: the broker may push
+    CHECK_TRANSACTION frames on it for that group's unresolved half messages."""
+
+    group: str
+
+
+class RegisterProducerResponse(Response):
+    pass
+
+
+class ListTransactionsRequest(Struct):
+    topics: list[str] | None = None  # None: every topic
+
+
+class TransactionInfo(Struct):
+    topic: str
+    partition: int
+    offset: int
+    group: str = ""
+    timestamp: int = -1  # ms, of the half message
+    checks: int = 0  # check-backs sent by the current leader
+    age_ms: int = 0
+
+
+class ListTransactionsResponse(Response):
+    """The unresolved half messages of the partitions this broker leads."""
+
+    transactions: list[TransactionInfo] = []
+
+
+class CheckTransaction(Struct):
+    """Pushed by a partition's leader to a producer of ``group``: is the local transaction
+    of this half message committed?  The producer answers with END_TRANSACTION
+    (``from_check``), or not at all when it does not know yet."""
+
+    topic: str
+    partition: int
+    offset: int
+    group: str
+    timestamp: int = -1
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: list[tuple[str, bytes | None]] = []
+    checks: int = 0  # this is check number ``checks``
+
+
+# Server pushes: key -> version -> struct (frames.PUSH, correlation 0).
+PUSHES: dict[Push, dict[int, type[Struct]]] = {
+    Push.CHECK_TRANSACTION: {1: CheckTransaction},
+}
+
+
 # --------------------------------------------------------------------------- registry
 
 APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
@@ -560,6 +648,9 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.OFFSETS_FOR_LEADER_EPOCH: {1: (OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse)},
     Api.ELECT_LEADERS: {1: (ElectLeadersRequest, ElectLeadersResponse)},
     Api.INIT_PRODUCER_ID: {1: (InitProducerIdRequest, InitProducerIdResponse)},
+    Api.END_TRANSACTION: {1: (EndTransactionRequest, EndTransactionResponse)},
+    Api.REGISTER_PRODUCER: {1: (RegisterProducerRequest, RegisterProducerResponse)},
+    Api.LIST_TRANSACTIONS: {1: (ListTransactionsRequest, ListTransactionsResponse)},
 }
 
 _REQUEST_API: dict[type, tuple[Api, int]] = {

@@ -15,7 +15,13 @@ Batch header (61 bytes, all big-endian)::
     17     4    crc                   uint32, CRC-32C of bytes 21 .. end of batch
     21     2    attributes            int16: bits 0-2 compression (0 none, 3 lz4, 4 zstd),
                                       bit 3 timestamp type (1 = log append time),
-                                      bit 4 transactional, bit 5 control
+                                      bit 4 transactional: a half message, never shown
+                                      to readers (broker/transactions.py),
+                                      bit 5 control: broker markers (a rollback),
+                                      never shown to readers,
+                                      bit 6 commit: the visible copy of a half message
+                                      written by the broker on commit; its records
+                                      carry the header ``sluice.txn.id``
     23     4    last_offset_delta     int32, record count - 1 for a producer's batch
     27     8    base_timestamp        int64 ms
     35     8    max_timestamp         int64 ms (the append time with log-append time)
@@ -55,6 +61,11 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_BIT = 0x08
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
+COMMIT_BIT = 0x40
+# Batches a reader never shows: half messages and broker control markers.
+HIDDEN_BITS = TRANSACTIONAL_BIT | CONTROL_BIT
+# Batches only a broker writes: producers may send transactional (half) batches, not these.
+BROKER_BITS = CONTROL_BIT | COMMIT_BIT
 
 NO_COMPRESSION, LZ4, ZSTD = 0, 3, 4
 MIN_RECORD_SIZE = 7  # length, attributes, timestamp delta, offset delta, key, value, headers
@@ -145,8 +156,16 @@ class BatchSpan(NamedTuple):
     base_sequence: int = -1
 
 
-def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
+def batch_attributes(buf, pos: int = 0) -> int:
+    """The attributes of the batch at ``buf[pos:]`` (its header was validated)."""
+    return _H16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)[0]
+
+
+def validate_batches(buf, max_batch_bytes: int, broker: bool = False) -> list[BatchSpan]:
     """Check a producer's concatenated batches; return one span per batch.
+
+    Transactional (half message) batches are accepted; control and commit batches are
+    refused unless ``broker`` (a broker's own write): only brokers write those.
 
     Per-batch work only: header fields and one C-speed CRC over the batch.  Raises
     ``CorruptRecord`` (bad framing, magic, CRC, counts, codec) or ``ValueError`` carrying the
@@ -177,8 +196,8 @@ def validate_batches(buf, max_batch_bytes: int) -> list[BatchSpan]:
             raise CorruptRecord(f"batch at byte {pos}: {h.records_count} records cannot fit {size} bytes")
         if h.compression not in (NO_COMPRESSION, LZ4, ZSTD):
             raise CorruptRecord(f"unsupported compression codec {h.compression}")
-        if h.attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):
-            raise CorruptRecord("transactional and control batches are not accepted yet")
+        if h.attributes & BROKER_BITS and not broker:
+            raise CorruptRecord("control and commit batches are written by brokers only")
         if not batch_crc_ok(buf, pos, size):
             raise CorruptRecord(f"batch at byte {pos}: CRC-32C mismatch")
         spans.append(BatchSpan(
@@ -420,13 +439,18 @@ def build_batch(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    flags: int = 0,
 ) -> bytes:
-    """Wrap concatenated record bodies into one batch with base offset 0 and a fresh CRC."""
+    """Wrap concatenated record bodies into one batch with base offset 0 and a fresh CRC.
+
+    ``flags`` are attribute bits beside the codec (``TRANSACTIONAL_BIT``, ``CONTROL_BIT``,
+    ``COMMIT_BIT``).
+    """
     body = compress(codec, records) if codec else records
     tail = (
         struct.pack(
             ">hiqqqhii",
-            codec,
+            codec | flags,
             count - 1,
             base_timestamp,
             max_timestamp,
@@ -491,16 +515,32 @@ def decode_records(
     min_offset: int = 0,
     check_crc: bool = True,
 ) -> list[Record]:
-    """Decode every record of every whole batch in ``buf`` with offset ≥ ``min_offset``."""
+    """Decode every record of every whole batch in ``buf`` with offset ≥ ``min_offset``.
+
+    Half messages (transactional batches) and control batches are skipped: no reader ever
+    sees them.
+    """
     out: list[Record] = []
     mv = memoryview(buf)
     for h, pos in iter_batches(mv, check_crc):
-        if h.next_offset <= min_offset or h.attributes & CONTROL_BIT:
+        if h.next_offset <= min_offset or h.attributes & HIDDEN_BITS:
             continue
         body = mv[pos + HEADER_SIZE : pos + h.size]
         if h.compression:
             body = decompress(h.compression, body)
         _decode_body(bytes(body), h, topic, partition, min_offset, out)
+    return out
+
+
+def decode_batch(buf, h: BatchHeader, pos: int, topic: str = "", partition: int = 0) -> list[Record]:
+    """Every record of the one batch at ``buf[pos:]`` whose header is ``h``, whatever its
+    kind (half messages and control batches included): for the broker's transaction
+    bookkeeping, not for readers."""
+    out: list[Record] = []
+    body = memoryview(buf)[pos + HEADER_SIZE : pos + h.size]
+    if h.compression:
+        body = decompress(h.compression, body)
+    _decode_body(bytes(body), h, topic, partition, 0, out)
     return out
 
 

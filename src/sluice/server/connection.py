@@ -14,6 +14,10 @@ client match them.  Bad input is answered, then the connection is closed:
 Nothing a client sends can crash the broker: handler bugs are logged and answered with
 UNKNOWN_SERVER_ERROR on that request only.
 
+Server push: ``push`` writes a frames.PUSH frame (a messages.PUSHES struct) to the client
+unasked, e.g. a transaction check to a registered producer (broker/transactions.py);
+``on_close`` callbacks run when the connection goes, so state tied to it is dropped.
+
 Flow control: per connection, at most ``max_in_flight`` requests holding at most
 ``max_in_flight_bytes`` of frames are handled at once; past either, and while the
 transport's write buffer is full, the connection stops reading.
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sluice.broker.peer import client_address
+from sluice.broker.peer import client_address, current_connection
 from sluice.errors import (
     BrokerError,
     BrokerShuttingDown,
@@ -59,6 +63,7 @@ class Connection(asyncio.Protocol):
         self._writing_paused = False
         self._closing = False
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._close_callbacks: list = []
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -88,6 +93,27 @@ class Connection(asyncio.Protocol):
         self.server.unregister(self)
         for task in self.tasks:
             task.cancel()
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for cb in callbacks:
+            cb()
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def on_close(self, callback) -> None:
+        """Call ``callback()`` once when the connection is lost (at once if it is)."""
+        if self._closing:
+            callback()
+        else:
+            self._close_callbacks.append(callback)
+
+    def push(self, key: int, version: int, message) -> bool:
+        """Write a server push; False (nothing written) when the connection is going."""
+        if self._closing or self.version is None or self.transport is None or self.transport.is_closing():
+            return False
+        self.transport.writelines(frames.encode_frame(frames.PUSH, key, version, 0, m.encode(message)))
+        return True
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -159,6 +185,7 @@ class Connection(asyncio.Protocol):
 
     async def _handle(self, frame: frames.Frame, handler, request) -> None:
         client_address.set(self.peer)
+        current_connection.set(self)
         try:
             result = await handler(request, frame.attachments)
         except BrokerError as exc:

@@ -1,0 +1,79 @@
+"""``sluice txn …``: transactional messages for an operator.
+
+``list`` shows the unresolved half messages (each partition's leader answers for its own):
+id, age, producer group and the check-backs its leader sent so far.  ``commit`` and
+``rollback`` end one by id (``topic/partition/offset``, as ``list`` prints it), exactly as
+its producer would: ending it again the same way succeeds, the other way fails with
+TRANSACTION_ENDED (exit status 1).
+"""
+
+from __future__ import annotations
+
+import click
+
+from sluice.cli.output import echo_json, iso_ms, table, wants_json
+from sluice.protocol.transactions import format_id
+
+
+def _admin(ctx):
+    from sluice.client.sync import SyncAdmin
+
+    return SyncAdmin(ctx.obj["bootstrap"])
+
+
+@click.group()
+def txn() -> None:
+    """List unresolved transactional (half) messages; commit or roll one back."""
+
+
+@txn.command("list")
+@click.option("-t", "--topic", "topics", multiple=True, help="Only these topics (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (the default when piped).")
+@click.pass_context
+def txn_list(ctx, topics: tuple[str, ...], as_json: bool) -> None:
+    """Unresolved half messages, oldest first: id, topic, age, group, checks so far."""
+    with _admin(ctx) as admin:
+        found = admin.list_transactions(list(topics) or None)
+    if wants_json(as_json):
+        echo_json([
+            {"id": format_id(t.topic, t.partition, t.offset), "topic": t.topic, "partition": t.partition,
+             "offset": t.offset, "group": t.group, "timestamp": t.timestamp, "age_ms": t.age_ms,
+             "checks": t.checks}
+            for t in found
+        ])
+        return
+    table(
+        f"Unresolved transactions: {len(found)}",
+        ["id", "topic", "age", "group", "checks", "stored"],
+        [[format_id(t.topic, t.partition, t.offset), t.topic, f"{t.age_ms / 1000:.1f}s", t.group, t.checks,
+          iso_ms(t.timestamp)] for t in found],
+    )
+
+
+def _end(ctx, txn_id: str, commit: bool, as_json: bool) -> None:
+    with _admin(ctx) as admin:
+        resp = admin.end_transaction(txn_id, commit)
+    if as_json:
+        echo_json({"id": txn_id, "state": resp.state, "offset": resp.offset, "already": resp.already})
+        return
+    what = "committed" if commit else "rolled back"
+    where = f"visible at offset {resp.offset}" if commit else f"marker at offset {resp.offset}"
+    click.echo(f"{txn_id} {'was already ' if resp.already else ''}{what} ({where})")
+
+
+@txn.command("commit")
+@click.argument("txn_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
+    """Commit the half message ID (topic/partition/offset): make it visible, once."""
+    _end(ctx, txn_id, True, as_json)
+
+
+@txn.command("rollback")
+@click.argument("txn_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def txn_rollback(ctx, txn_id: str, as_json: bool) -> None:
+    """Roll back the half message ID (topic/partition/offset): never visible."""
+    _end(ctx, txn_id, False, as_json)

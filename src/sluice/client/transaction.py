@@ -1,0 +1,408 @@
+"""Transactional messages, RocketMQ style (DESIGN §6): ``TransactionProducer``.
+
+``send_in_transaction(topic, value, local_transaction)``:
+
+1. the message is stored as a **half message** in its partition (``acks=all``): durable,
+   replicated, invisible to every reader (protocol/transactions.py);
+2. ``local_transaction(message)`` runs — the application's own transaction (a database
+   write, say) — and returns ``LocalTransactionState.COMMIT``, ``ROLLBACK`` or ``UNKNOWN``;
+3. the producer ends the half message: COMMIT makes it visible in its topic, exactly once;
+   ROLLBACK means never visible; UNKNOWN leaves it to the broker's check-back.
+
+**Check-back**: a producer registers its group on a connection to every broker
+(REGISTER_PRODUCER, renewed after reconnects).  A partition's leader asks a live producer
+of the group about each half message left unresolved longer than the broker's
+``--txn-check-timeout-ms`` (CHECK_TRANSACTION, a server push); the producer calls
+``check_local_transaction(message)`` and ends the half with its answer (UNKNOWN: nothing,
+asked again later).  Any producer of the group answers, including a new instance started
+after the one that sent the half died: the check carries the whole message.
+
+Ending is idempotent: ending a half again the same way succeeds (``already``); the other
+way fails with ``TransactionEnded``.  Ends that fail with a retriable error (the leader
+moved or restarted, a lost connection) are retried until ``retry_timeout_ms``; ending is
+safe to repeat, so a retried commit never makes two copies.
+
+``local_transaction`` and ``check_local_transaction`` may be plain functions or coroutine
+functions.  Plain ``local_transaction`` functions run on the event loop (in the caller's
+thread with ``SyncTransactionProducer``); plain ``check_local_transaction`` functions run
+in a worker thread, so a slow check does not stall the producer.  An exception from
+``local_transaction`` leaves the half message unresolved (for check-back) and propagates;
+one from ``check_local_transaction`` counts as UNKNOWN.
+
+Concurrency: a ``TransactionProducer`` belongs to one event loop; use
+``client.sync.SyncTransactionProducer`` from threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import random
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from sluice import errors
+from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.protocol import messages as m
+from sluice.protocol import transactions as tx
+
+__all__ = [
+    "LocalTransactionState",
+    "TransactionMessage",
+    "TransactionProducer",
+    "TransactionResult",
+    "format_id",
+    "parse_id",
+]
+
+log = logging.getLogger("sluice.client.transaction")
+
+format_id = tx.format_id
+parse_id = tx.parse_id
+_BACKOFF, _BACKOFF_MAX = 0.1, 1.0
+
+
+class LocalTransactionState(enum.Enum):
+    """What the application's local transaction says about a half message."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class TransactionMessage:
+    """The message of a transaction, as ``local_transaction`` and
+    ``check_local_transaction`` get it.  ``txn_id`` is ``topic/partition/offset`` of its
+    half message; ``checks`` is 0 in ``local_transaction``, n in the n-th check."""
+
+    txn_id: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp: int
+    checks: int = 0
+
+
+@dataclass(frozen=True)
+class TransactionResult:
+    """The outcome of ``send_in_transaction``.
+
+    ``state``: ``"committed"`` (visible at ``offset``), ``"rolled_back"`` (never visible;
+    ``offset`` is the rollback marker's) or ``"unknown"`` (left to check-back; ``offset``
+    is -1).  ``local_state`` is what ``local_transaction`` returned.
+    """
+
+    txn_id: str
+    topic: str
+    partition: int
+    half_offset: int
+    state: str
+    offset: int
+    local_state: LocalTransactionState
+
+
+LocalTransaction = Callable[[TransactionMessage], "LocalTransactionState | Awaitable[LocalTransactionState]"]
+
+
+def _state_of(value) -> LocalTransactionState:
+    if isinstance(value, LocalTransactionState):
+        return value
+    try:
+        return LocalTransactionState(value)
+    except ValueError:
+        raise errors.ClientError(
+            f"a local transaction returned {value!r}, not a LocalTransactionState; the half message "
+            "is left to check-back"
+        ) from None
+
+
+class TransactionProducer:
+    """Sends transactional messages for producer group ``group``; see the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        group: str,
+        check_local_transaction: LocalTransaction | None = None,
+        request_timeout_ms: float = 30000,
+        connect_timeout_ms: float = 10000,
+        retry_timeout_ms: float = 30000,
+        register_interval_ms: float = 1000,
+        connection_factory: ConnectionFactory | None = None,
+    ) -> None:
+        if not isinstance(group, str) or not group:
+            raise errors.ConfigError("group must be a non-empty string")
+        if check_local_transaction is not None and not callable(check_local_transaction):
+            raise errors.ConfigError("check_local_transaction must be callable")
+        for name, value in (("request_timeout_ms", request_timeout_ms), ("connect_timeout_ms", connect_timeout_ms),
+                            ("retry_timeout_ms", retry_timeout_ms), ("register_interval_ms", register_interval_ms)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise errors.ConfigError(f"{name} must be a number > 0, got {value!r}")
+        self.group = group
+        self.check_local_transaction = check_local_transaction
+        self.request_timeout = request_timeout_ms / 1000
+        self.retry_timeout = retry_timeout_ms / 1000
+        self.register_interval = register_interval_ms / 1000
+        self._cluster = Cluster(
+            bootstrap, connection_factory=connection_factory,
+            connect_timeout=connect_timeout_ms / 1000, request_timeout=self.request_timeout,
+        )
+        self._registered: weakref.WeakSet = weakref.WeakSet()
+        self._checking: set[str] = set()  # ids whose check runs here now
+        self._tasks: set[asyncio.Task] = set()
+        self._registrar: asyncio.Task | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect, and register the group with every broker (checks may come at once)."""
+        await self._cluster.refresh()
+        await self._register_all()
+        self._registrar = asyncio.get_running_loop().create_task(self._keep_registered(), name="sluice-txn-register")
+
+    async def close(self) -> None:
+        """Stop answering checks and close the connections.  Idempotent."""
+        self._closed = True
+        tasks = [t for t in (self._registrar, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._cluster.close()
+
+    async def __aenter__(self) -> TransactionProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _keep_registered(self) -> None:
+        rounds = 0
+        while True:
+            await asyncio.sleep(self.register_interval)
+            rounds += 1
+            try:
+                if rounds % 5 == 0:  # brokers join and leave: learn them now and then
+                    await self._cluster.refresh()
+                await self._register_all()
+            except asyncio.CancelledError:
+                raise
+            except errors.SluiceError as exc:
+                log.debug("registering group %r: %s", self.group, exc)
+
+    async def _register_all(self) -> None:
+        """Register the group on a connection to every known broker that lacks it."""
+        for node in list(self._cluster.brokers):
+            try:
+                conn = await self._cluster.connection(node)
+                if conn in self._registered:
+                    continue
+                conn.on_push = self._on_push
+                await conn.request(m.RegisterProducerRequest(group=self.group), (), self.request_timeout)
+                self._registered.add(conn)
+            except (errors.ConnectionClosed, errors.RequestTimedOut, errors.BrokerShuttingDown) as exc:
+                self._cluster.node_failed(node)
+                log.debug("cannot register group %r with broker %d: %s", self.group, node, exc)
+
+    # ------------------------------------------------------------------ sending
+
+    async def send_in_transaction(
+        self,
+        topic: str,
+        value: bytes | None,
+        local_transaction: LocalTransaction,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+    ) -> TransactionResult:
+        """Store a half message, run ``local_transaction``, end the transaction with its
+        answer; see the module docstring.  Raises what storing the half raised (nothing
+        to end then; ``maybe_stored`` says whether a half may exist, which check-back then
+        settles), or what ``local_transaction`` raised (the half is left to check-back)."""
+        msg = await self.send_half(topic, value, key=key, headers=headers, partition=partition)
+        result = local_transaction(msg)
+        if inspect.isawaitable(result):
+            result = await result
+        return await self.finish(msg, _state_of(result))
+
+    async def send_half(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+    ) -> TransactionMessage:
+        """Step 1 alone: store the half message (``acks=all``); return its message."""
+        if self._closed:
+            raise errors.ClientClosed("the transaction producer is closed")
+        hdrs = tuple((str(k), v) for k, v in (headers or ()))
+        now = int(time.time() * 1000)
+        batch = tx.half_batch(self.group, key, value, hdrs, now)
+        deadline = time.monotonic() + self.retry_timeout
+        delay = _BACKOFF
+        while True:
+            try:
+                p = await self._partition_for(topic, key, partition)
+                conn = await self._leader(topic, p)
+                req = m.ProduceRequest(
+                    partitions=[m.ProducePartition(topic=topic, partition=p, size=len(batch))],
+                    acks=m.ACKS_ALL, timeout_ms=int(self.request_timeout * 1000),
+                )
+                response, _ = await conn.request(req, (batch,), self.request_timeout + 5)
+                result = response.partitions[0]
+                if result.error:
+                    raise errors.error_for_code(result.error, result.message)
+                offset = result.base_offset
+                return TransactionMessage(
+                    tx.format_id(topic, p, offset), topic, p, offset, key, value, hdrs, now,
+                )
+            except errors.BrokerError as exc:
+                if isinstance(exc, errors.NotLeader):
+                    self._cluster.mark_stale(topic)
+                # Only a refusal that wrote nothing is retried: a retried half after an
+                # unknown outcome could leave two halves of one message.
+                if not (exc.retriable and exc.appended_nothing) or time.monotonic() + delay > deadline:
+                    raise errors.send_failure(exc, maybe_stored=not exc.appended_nothing) from exc
+            except errors.ConnectionClosed as exc:
+                raise errors.send_failure(exc, maybe_stored=True) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def finish(self, msg: TransactionMessage, state: LocalTransactionState) -> TransactionResult:
+        """Step 3 alone: end the half of ``msg`` as ``state`` says (UNKNOWN: nothing)."""
+        if state is LocalTransactionState.UNKNOWN:
+            return TransactionResult(msg.txn_id, msg.topic, msg.partition, msg.offset, "unknown", -1, state)
+        resp = await self.end_transaction(msg.txn_id, commit=state is LocalTransactionState.COMMIT)
+        return TransactionResult(msg.txn_id, msg.topic, msg.partition, msg.offset, resp.state, resp.offset, state)
+
+    async def end_transaction(self, txn_id: str, commit: bool, *, from_check: bool = False) -> m.EndTransactionResponse:
+        """Commit or roll back a half message by id (``topic/partition/offset``), retrying
+        retriable failures until ``retry_timeout_ms``.  ``TransactionEnded`` if it was
+        ended the other way, ``UnknownTransaction`` if there is no such half message."""
+        try:
+            topic, p, offset = tx.parse_id(txn_id)
+        except ValueError as exc:
+            raise errors.ConfigError(str(exc)) from None
+        return await end_transaction(self._cluster, topic, p, offset, commit, self.retry_timeout,
+                                     self.request_timeout, from_check=from_check)
+
+    # ------------------------------------------------------------------ check-back
+
+    def _on_push(self, key: int, _version: int, push) -> None:
+        if key != m.Push.CHECK_TRANSACTION or self._closed or push.group != self.group:
+            return
+        txn_id = tx.format_id(push.topic, push.partition, push.offset)
+        if txn_id in self._checking:
+            return  # the last check of it is still running here
+        self._checking.add(txn_id)
+        task = asyncio.get_running_loop().create_task(self._check(txn_id, push))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _check(self, txn_id: str, push: m.CheckTransaction) -> None:
+        try:
+            check = self.check_local_transaction
+            if check is None:
+                log.warning("%s: checked back, but no check_local_transaction is set", txn_id)
+                return
+            msg = TransactionMessage(
+                txn_id, push.topic, push.partition, push.offset, push.key, push.value,
+                tuple((k, v) for k, v in push.headers), push.timestamp, push.checks,
+            )
+            try:
+                if inspect.iscoroutinefunction(check):
+                    state = _state_of(await check(msg))
+                else:
+                    state = _state_of(await asyncio.to_thread(check, msg))
+            except Exception:  # noqa: BLE001 - the application's failure: asked again later
+                log.exception("%s: check_local_transaction failed; treated as UNKNOWN", txn_id)
+                return
+            if state is LocalTransactionState.UNKNOWN:
+                return
+            try:
+                await self.end_transaction(txn_id, commit=state is LocalTransactionState.COMMIT, from_check=True)
+            except errors.SluiceError as exc:
+                log.warning("%s: ending it after a check failed: %s", txn_id, exc)
+        finally:
+            self._checking.discard(txn_id)
+
+    # ------------------------------------------------------------------ routing
+
+    async def _partition_for(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        info = self._cluster.topic(topic)
+        if info is None:
+            await self._cluster.refresh([topic])
+            info = self._cluster.topic(topic)
+            if info is None:
+                err = self._cluster.unknown.get(topic)
+                raise err if err is not None else errors.UnknownTopic(f"unknown topic {topic!r}")
+        n = info.partitions
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise errors.UnknownPartition(f"topic {topic!r} has partitions 0-{n - 1}, not {partition}")
+            return partition
+        if key is not None:
+            return _crc32c.crc32c(key) % n
+        return random.randrange(n)
+
+    async def _leader(self, topic: str, partition: int):
+        return await leader_connection(self._cluster, topic, partition)
+
+
+async def leader_connection(cluster: Cluster, topic: str, partition: int):
+    """The connection to the leader of ``topic``-``partition`` (metadata asked when unknown)."""
+    leader = cluster.leader(topic, partition)
+    if leader < 0:
+        await cluster.refresh([topic])
+        info = cluster.topic(topic)
+        if info is None:
+            err = cluster.unknown.get(topic)
+            raise err if err is not None else errors.UnknownTopic(f"unknown topic {topic!r}")
+        if not 0 <= partition < info.partitions:
+            raise errors.UnknownPartition(f"topic {topic!r} has partitions 0-{info.partitions - 1}, not {partition}")
+        leader = cluster.leader(topic, partition)
+        if leader < 0:
+            raise errors.NotLeader(f"{topic}-{partition} has no leader now")
+    return await cluster.connection(leader)
+
+
+async def end_transaction(
+    cluster: Cluster, topic: str, partition: int, offset: int, commit: bool,
+    retry_timeout: float, request_timeout: float, *, from_check: bool = False,
+) -> m.EndTransactionResponse:
+    """END_TRANSACTION at the partition's leader, retried on retriable errors (moved
+    leader, lost connection, a broker restarting, a timeout) until ``retry_timeout``.
+    Shared by ``TransactionProducer`` and the admin client (``sluice txn``)."""
+    deadline = time.monotonic() + retry_timeout
+    delay = _BACKOFF
+    req = m.EndTransactionRequest(
+        topic=topic, partition=partition, offset=offset, commit=commit, from_check=from_check,
+        timeout_ms=int(request_timeout * 1000),
+    )
+    while True:
+        try:
+            conn = await leader_connection(cluster, topic, partition)
+            response, _ = await conn.request(req, (), request_timeout + 5)
+            return response
+        except (errors.BrokerError, errors.ConnectionClosed) as exc:
+            if isinstance(exc, errors.NotLeader | errors.ConnectionClosed):
+                cluster.mark_stale(topic)
+            if not exc.retriable or time.monotonic() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _BACKOFF_MAX)

@@ -1,0 +1,123 @@
+"""Transactional messages on the wire and in the log: ids, reserved headers, the batches.
+
+Sans-I/O, shared by the broker (broker/transactions.py) and the client
+(client/transaction.py).  A transaction is one **half message**: a batch its producer
+writes into the target partition with the transactional attribute bit set, invisible to
+every reader.  Its id is where it sits, ``(topic, partition, offset)``, printed
+``topic/partition/offset``.  What ends it is one more batch in the same partition, written
+by the partition's leader:
+
+=========  ===================================  =========================================
+end        batch                                records
+=========  ===================================  =========================================
+commit     attribute bit 6 (``COMMIT_BIT``),    the half's records, each with the header
+           a normal batch: readers see it       ``sluice.txn.id`` = the id: the copy *is*
+                                                the record of the commit (one append)
+rollback   attribute bit 5 (``CONTROL_BIT``),   one record: key ``sluice.txn.rollback``,
+           never shown to readers               value the half's offset (ASCII), headers
+                                                ``sluice.txn.id`` and ``sluice.txn.reason``
+=========  ===================================  =========================================
+
+A half message's records carry ``sluice.txn.group`` (its producer group: who is asked
+when it stays unresolved).  Whoever reads the partition's log from a half message onward
+knows the half's fate; nothing else is needed to rebuild it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sluice.protocol.records import (
+    COMMIT_BIT,
+    CONTROL_BIT,
+    TRANSACTIONAL_BIT,
+    Record,
+    build_batch,
+    encode_record,
+)
+
+GROUP_HEADER = "sluice.txn.group"
+ID_HEADER = "sluice.txn.id"
+REASON_HEADER = "sluice.txn.reason"
+CHECKS_HEADER = "sluice.txn.checks"
+ROLLBACK_KEY = b"sluice.txn.rollback"
+DISCARD_TOPIC = "__txn_discarded"  # half messages given up after max checks, for audit
+# Batch attribute bits that make a batch part of the transaction bookkeeping.
+TXN_BITS = TRANSACTIONAL_BIT | CONTROL_BIT | COMMIT_BIT
+
+
+def format_id(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{partition}/{offset}"
+
+
+def parse_id(text: str) -> tuple[str, int, int]:
+    """``topic/partition/offset`` -> (topic, partition, offset); ``ValueError`` otherwise."""
+    parts = text.rsplit("/", 2)
+    if len(parts) != 3 or not parts[0]:
+        raise ValueError(f"transaction id {text!r} is not topic/partition/offset")
+    try:
+        partition, offset = int(parts[1]), int(parts[2])
+    except ValueError:
+        raise ValueError(f"transaction id {text!r}: partition and offset must be integers") from None
+    if partition < 0 or offset < 0:
+        raise ValueError(f"transaction id {text!r}: partition and offset must be ≥ 0")
+    return parts[0], partition, offset
+
+
+def half_batch(
+    group: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+    timestamp_ms: int,
+) -> bytes:
+    """The batch a producer sends for one half message."""
+    hdrs = [*headers, (GROUP_HEADER, group.encode())]
+    body = encode_record(0, 0, key, value, hdrs)
+    return build_batch(body, 1, timestamp_ms, timestamp_ms, flags=TRANSACTIONAL_BIT)
+
+
+def group_of(record: Record) -> str:
+    for k, v in record.headers:
+        if k == GROUP_HEADER and v is not None:
+            return v.decode(errors="replace")
+    return ""
+
+
+def commit_batch(half_id: str, recs: Sequence[Record]) -> bytes:
+    """The visible copy of a half message's records that commits it."""
+    base = min(r.timestamp for r in recs)
+    body = b"".join(
+        encode_record(i, r.timestamp - base, r.key, r.value, [*r.headers, (ID_HEADER, half_id.encode())])
+        for i, r in enumerate(recs)
+    )
+    return build_batch(body, len(recs), base, max(r.timestamp for r in recs), flags=COMMIT_BIT)
+
+
+def rollback_batch(half_id: str, offset: int, reason: str, now_ms: int) -> bytes:
+    """The control batch that rolls a half message back."""
+    body = encode_record(
+        0, 0, ROLLBACK_KEY, str(offset).encode(),
+        [(ID_HEADER, half_id.encode()), (REASON_HEADER, reason.encode())],
+    )
+    return build_batch(body, 1, now_ms, now_ms, flags=CONTROL_BIT)
+
+
+def resolved_offset(attributes: int, recs: Sequence[Record]) -> int | None:
+    """The half offset a commit or rollback batch ends; None for any other batch."""
+    if not recs:
+        return None
+    if attributes & COMMIT_BIT:
+        for k, v in recs[0].headers:
+            if k == ID_HEADER and v is not None:
+                try:
+                    return parse_id(v.decode())[2]
+                except (ValueError, UnicodeDecodeError):
+                    return None
+        return None
+    if attributes & CONTROL_BIT and recs[0].key == ROLLBACK_KEY and recs[0].value is not None:
+        try:
+            return int(recs[0].value)
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,179 @@
+"""Transactional messages against a real broker: commit, rollback, idempotent ends, refusals,
+check-back, max checks (broker/transactions.py, client/transaction.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from sluice import errors
+from sluice.client.transaction import LocalTransactionState as S
+from sluice.client.transaction import TransactionProducer
+from sluice.protocol.transactions import DISCARD_TOPIC
+from txn_helpers import FAST_CHECKS, list_open, make_topic, read_all
+
+
+async def test_commit_rollback_unknown_and_ends(broker):
+    bs = broker.bootstrap
+    await make_topic(bs)
+    seen = []
+    async with TransactionProducer(bs, group="shop") as p:
+        committed = await p.send_in_transaction(
+            "orders", b"paid", lambda msg: seen.append(msg) or S.COMMIT, key=b"o1", headers=[("h", b"1")]
+        )
+        rolled = await p.send_in_transaction("orders", b"cancelled", lambda msg: S.ROLLBACK)
+
+        async def later(msg):
+            return S.UNKNOWN
+
+        unknown = await p.send_in_transaction("orders", b"pending", later)
+
+        assert seen[0].value == b"paid" and seen[0].key == b"o1" and seen[0].txn_id == committed.txn_id
+        assert committed.state == "committed" and committed.offset > committed.half_offset
+        assert rolled.state == "rolled_back" and unknown.state == "unknown" and unknown.offset == -1
+        assert committed.txn_id == f"orders/0/{committed.half_offset}"
+
+        # ending again the same way: success, and no second copy
+        again = await p.end_transaction(committed.txn_id, commit=True)
+        assert (again.state, again.offset, again.already) == ("committed", committed.offset, True)
+        assert (await p.end_transaction(rolled.txn_id, commit=False)).already
+        # the other way: refused
+        with pytest.raises(errors.TransactionEnded, match="committed"):
+            await p.end_transaction(committed.txn_id, commit=False)
+        with pytest.raises(errors.TransactionEnded, match="rolled back"):
+            await p.end_transaction(rolled.txn_id, commit=True)
+        # not a half message / no such offset / malformed id
+        with pytest.raises(errors.UnknownTransaction):
+            await p.end_transaction(f"orders/0/{committed.offset}", commit=True)
+        with pytest.raises(errors.UnknownTransaction):
+            await p.end_transaction("orders/0/9999", commit=True)
+        with pytest.raises(errors.ConfigError, match="topic/partition/offset"):
+            await p.end_transaction("orders-0-1", commit=True)
+        with pytest.raises(errors.UnknownPartition):
+            await p.end_transaction("orders/7/0", commit=True)
+
+        open_ = await list_open(bs)
+        assert [(t.topic, t.offset, t.group) for t in open_] == [("orders", unknown.half_offset, "shop")]
+
+        # the pending one, committed by hand later, is visible once
+        late = await p.end_transaction(unknown.txn_id, commit=True)
+        assert late.state == "committed" and not late.already
+
+    recs = await read_all(bs, "orders")
+    assert [r.value for r in recs] == [b"paid", b"pending"]
+    assert [r.offset for r in recs] == [committed.offset, late.offset]
+    headers = dict(recs[0].headers)
+    assert headers["h"] == b"1" and headers["sluice.txn.id"] == committed.txn_id.encode()
+    assert recs[0].key == b"o1"
+    assert await list_open(bs) == []
+
+
+async def test_racing_commit_and_rollback_one_wins(broker):
+    """RocketMQ #8158: many ends of one half at once, both ways: one outcome, one copy."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with TransactionProducer(bs, group="race") as p:
+        halves = [await p.send_half("orders", b"v%d" % i) for i in range(10)]
+        jobs = [p.end_transaction(h.txn_id, commit=bool((i + j) % 2)) for h in halves for i in range(3) for j in range(2)]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+    outcomes: dict[str, set] = {}
+    for h, chunk in zip(halves, [results[i : i + 6] for i in range(0, len(results), 6)], strict=True):
+        wins = {r.state for r in chunk if not isinstance(r, BaseException)}
+        refused = [r for r in chunk if isinstance(r, BaseException)]
+        assert len(wins) == 1, (h.txn_id, chunk)
+        assert len(refused) == 3 and all(isinstance(r, errors.TransactionEnded) for r in refused), chunk
+        outcomes[h.txn_id] = wins
+    recs = await read_all(bs, "orders")
+    committed = {h.value for h in halves if outcomes[h.txn_id] == {"committed"}}
+    assert sorted(r.value for r in recs) == sorted(committed)  # each committed one exactly once
+
+
+async def test_check_back_by_a_new_instance(broker_factory):
+    """The producer that sent the half is gone; another instance of the group answers."""
+    b = broker_factory(extra_args=FAST_CHECKS).start()
+    await make_topic(b.bootstrap)
+    first = TransactionProducer(b.bootstrap, group="billing")
+    await first.start()
+    half = await first.send_half("orders", b"invoice", key=b"k")
+    await first.close()  # never ended
+
+    asked = []
+
+    def check(msg):
+        asked.append(msg)
+        return S.COMMIT if msg.value == b"invoice" else S.ROLLBACK
+
+    async with TransactionProducer(b.bootstrap, group="billing", check_local_transaction=check):
+        deadline = time.monotonic() + 15
+        while not await_visible(await read_all(b.bootstrap, "orders", wait=0.2)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    recs = await read_all(b.bootstrap, "orders")
+    assert [r.value for r in recs] == [b"invoice"]
+    assert asked and asked[0].txn_id == half.txn_id and asked[0].key == b"k" and asked[0].checks >= 1
+    assert await list_open(b.bootstrap) == []
+
+
+def await_visible(recs) -> bool:
+    return bool(recs)
+
+
+async def test_max_checks_discards_to_the_audit_topic(broker_factory):
+    b = broker_factory(extra_args=[*FAST_CHECKS, "--txn-max-checks", "2"]).start()
+    await make_topic(b.bootstrap)
+    asked = []
+
+    def check(msg):
+        asked.append(msg.checks)
+        return S.UNKNOWN
+
+    async with TransactionProducer(b.bootstrap, group="undecided", check_local_transaction=check) as p:
+        half = await p.send_half("orders", b"limbo", headers=[("app", b"x")])
+        deadline = time.monotonic() + 20
+        audit = []
+        while not audit and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            try:
+                audit = await read_all(b.bootstrap, DISCARD_TOPIC, wait=0.1)
+            except errors.UnknownTopic:
+                pass
+        with pytest.raises(errors.TransactionEnded, match="rolled back"):
+            await p.end_transaction(half.txn_id, commit=True)
+    assert asked == [1, 2]
+    [rec] = audit
+    h = dict(rec.headers)
+    assert rec.value == b"limbo" and rec.key == half.txn_id.encode()
+    assert h["sluice.txn.id"] == half.txn_id.encode() and h["app"] == b"x"
+    assert b"discarded" in h["sluice.txn.reason"] and h["sluice.txn.checks"] == b"2"
+    assert await read_all(b.bootstrap, "orders") == []
+    assert await list_open(b.bootstrap) == []
+
+
+async def test_cli_list_commit_rollback(broker, cli):
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with TransactionProducer(bs, group="ops") as p:
+        a = await p.send_half("orders", b"a")
+        b = await p.send_half("orders", b"b")
+    out = cli("txn", "list", "--json", bootstrap=bs)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert [(t["id"], t["group"], t["checks"]) for t in listed] == [(a.txn_id, "ops", 0), (b.txn_id, "ops", 0)]
+    assert all(t["age_ms"] >= 0 for t in listed)
+
+    done = cli("txn", "commit", a.txn_id, "--json", bootstrap=bs)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "committed"
+    again = cli("txn", "commit", a.txn_id, bootstrap=bs)
+    assert again.returncode == 0 and b"already committed" in again.stdout
+    assert cli("txn", "rollback", b.txn_id, bootstrap=bs).returncode == 0
+    refused = cli("txn", "commit", b.txn_id, bootstrap=bs)
+    assert refused.returncode == 1 and b"TRANSACTION_ENDED (34)" in refused.stderr
+    unknown = cli("txn", "rollback", "orders/0/999", bootstrap=bs)
+    assert unknown.returncode == 1 and b"UNKNOWN_TRANSACTION (35)" in unknown.stderr
+    bad = cli("txn", "commit", "nonsense", bootstrap=bs)
+    assert bad.returncode != 0 and b"topic/partition/offset" in bad.stderr
+    assert json.loads(cli("txn", "list", bootstrap=bs).stdout) == []
+    assert [r.value for r in await read_all(bs, "orders")] == [b"a"]
