@@ -66,6 +66,8 @@ log = logging.getLogger("sluice.client.transaction")
 format_id = tx.format_id
 parse_id = tx.parse_id
 _BACKOFF, _BACKOFF_MAX = 0.1, 1.0
+SEQ_MOD = 1 << 31  # sequences wrap at 2**31 (storage/producers.py)
+MAX_EPOCH = (1 << 15) - 1
 
 
 class LocalTransactionState(enum.Enum):
@@ -163,6 +165,9 @@ class TransactionProducer:
         self._tasks: set[asyncio.Task] = set()
         self._registrar: asyncio.Task | None = None
         self._closed = False
+        self._identity: tuple[int, int] | None = None  # idempotent producer id, epoch of halves
+        self._sequences: dict[tuple[str, int], int] = {}  # next half's sequence per partition
+        self._sending: dict[tuple[str, int], asyncio.Lock] = {}  # one half in flight per partition
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -247,41 +252,92 @@ class TransactionProducer:
         headers: Sequence[tuple[str, bytes | None]] | None = None,
         partition: int | None = None,
     ) -> TransactionMessage:
-        """Step 1 alone: store the half message (``acks=all``); return its message."""
+        """Step 1 alone: store the half message (``acks=all``); return its message.
+
+        Halves are sent idempotently: this producer's id (INIT_PRODUCER_ID) and a sequence
+        per partition, one half in flight per partition, so a retry after an unknown
+        outcome (a lost connection, a timeout, a leader change) is stored once and answered
+        with the first copy's offset.  A gap the broker reports (a half given up on was
+        never stored) starts a new epoch at sequence 0."""
         if self._closed:
             raise errors.ClientClosed("the transaction producer is closed")
         hdrs = tuple((str(k), v) for k, v in (headers or ()))
         now = int(time.time() * 1000)
-        batch = tx.half_batch(self.group, key, value, hdrs, now)
         deadline = time.monotonic() + self.retry_timeout
-        delay = _BACKOFF
-        while True:
-            try:
-                p = await self._partition_for(topic, key, partition)
-                conn = await self._leader(topic, p)
-                req = m.ProduceRequest(
-                    partitions=[m.ProducePartition(topic=topic, partition=p, size=len(batch))],
-                    acks=m.ACKS_ALL, timeout_ms=int(self.request_timeout * 1000),
-                )
-                response, _ = await conn.request(req, (batch,), self.request_timeout + 5)
-                result = response.partitions[0]
-                if result.error:
-                    raise errors.error_for_code(result.error, result.message)
-                offset = result.base_offset
-                return TransactionMessage(
-                    tx.format_id(topic, p, offset), topic, p, offset, key, value, hdrs, now,
-                )
-            except errors.BrokerError as exc:
-                if isinstance(exc, errors.NotLeader):
-                    self._cluster.mark_stale(topic)
-                # Only a refusal that wrote nothing is retried: a retried half after an
-                # unknown outcome could leave two halves of one message.
-                if not (exc.retriable and exc.appended_nothing) or time.monotonic() + delay > deadline:
-                    raise errors.send_failure(exc, maybe_stored=not exc.appended_nothing) from exc
-            except errors.ConnectionClosed as exc:
-                raise errors.send_failure(exc, maybe_stored=True) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _BACKOFF_MAX)
+        p = await self._partition_for(topic, key, partition)
+        tp = (topic, p)
+        lock = self._sending.setdefault(tp, asyncio.Lock())
+        async with lock:
+            pid, epoch = await self._producer_identity()
+            seq = self._sequences.get(tp, 0)
+            batch = tx.half_batch(self.group, key, value, hdrs, now, (pid, epoch, seq))
+            delay = _BACKOFF
+            maybe_stored = False  # some attempt's outcome is unknown: this half may be stored
+            while True:
+                in_flight = False
+                try:
+                    conn = await self._leader(topic, p)
+                    req = m.ProduceRequestV2(
+                        partitions=[m.ProducePartition(topic=topic, partition=p, size=len(batch))],
+                        acks=m.ACKS_ALL, timeout_ms=int(self.request_timeout * 1000),
+                    )
+                    in_flight = True
+                    response, _ = await conn.request(req, (batch,), self.request_timeout + 5)
+                    in_flight = False
+                    result = response.partitions[0]
+                    if result.error:
+                        raise errors.error_for_code(result.error, result.message)
+                    offset = result.batch_offsets[0] if result.batch_offsets else result.base_offset
+                    if offset < 0:
+                        raise errors.ClientError(f"half message {seq} of {tp} stored too long ago to locate")
+                    self._sequences[tp] = (seq + 1) % SEQ_MOD
+                    return TransactionMessage(
+                        tx.format_id(topic, p, offset), topic, p, offset, key, value, hdrs, now,
+                    )
+                except errors.OutOfOrderSequence:
+                    # an earlier half given up on was never stored: a new epoch, from 0
+                    maybe_stored = False  # nothing of this half under the old epoch either
+                    pid, epoch = self._new_epoch()
+                    seq = 0
+                    batch = tx.half_batch(self.group, key, value, hdrs, now, (pid, epoch, seq))
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    continue
+                except errors.BrokerError as exc:
+                    if isinstance(exc, errors.NotLeader):
+                        self._cluster.mark_stale(topic)
+                    maybe_stored = maybe_stored or (in_flight or not exc.appended_nothing)
+                    if not exc.retriable or time.monotonic() + delay > deadline:
+                        self._give_up(tp, seq, maybe_stored)
+                        raise errors.send_failure(exc, maybe_stored=maybe_stored) from exc
+                except errors.ConnectionClosed as exc:
+                    maybe_stored = maybe_stored or in_flight
+                    if time.monotonic() + delay > deadline:
+                        self._give_up(tp, seq, maybe_stored)
+                        raise errors.send_failure(exc, maybe_stored=maybe_stored) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _producer_identity(self) -> tuple[int, int]:
+        if self._identity is None:
+            resp, _ = await self._cluster.request(m.InitProducerIdRequest(), (), self.request_timeout)
+            errors.raise_for_code(resp.error, resp.message)
+            self._identity = (resp.producer_id, resp.producer_epoch)
+        return self._identity
+
+    def _new_epoch(self) -> tuple[int, int]:
+        pid, epoch = self._identity
+        self._identity = (pid, epoch + 1) if epoch < MAX_EPOCH else None
+        self._sequences.clear()  # every partition starts the new epoch where it likes
+        if self._identity is None:  # epochs exhausted: the next half asks for a new id
+            raise errors.ClientError("producer epochs exhausted; the next half takes a new producer id")
+        return self._identity
+
+    def _give_up(self, tp, seq: int, maybe_stored: bool) -> None:
+        """After a half failed for good: if it may be stored, the next half follows it
+        (a gap, if it was not, starts a new epoch)."""
+        if maybe_stored:
+            self._sequences[tp] = (seq + 1) % SEQ_MOD
 
     async def finish(self, msg: TransactionMessage, state: LocalTransactionState) -> TransactionResult:
         """Step 3 alone: end the half of ``msg`` as ``state`` says (UNKNOWN: nothing)."""

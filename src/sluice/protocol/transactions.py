@@ -70,11 +70,13 @@ def half_batch(
     value: bytes | None,
     headers: Sequence[tuple[str, bytes | None]],
     timestamp_ms: int,
+    producer: tuple[int, int, int] = (-1, -1, -1),
 ) -> bytes:
-    """The batch a producer sends for one half message."""
+    """The batch a producer sends for one half message; ``producer``: its idempotent
+    producer id, epoch and sequence (so that a retried half is stored once)."""
     hdrs = [*headers, (GROUP_HEADER, group.encode())]
     body = encode_record(0, 0, key, value, hdrs)
-    return build_batch(body, 1, timestamp_ms, timestamp_ms, flags=TRANSACTIONAL_BIT)
+    return build_batch(body, 1, timestamp_ms, timestamp_ms, 0, *producer, flags=TRANSACTIONAL_BIT)
 
 
 def group_of(record: Record) -> str:
