@@ -46,3 +46,24 @@ async def test_new_leader_resolves_transactions_of_the_old_one(three_brokers):
             await asyncio.sleep(0.2)
     assert set(asked) == {pending.txn_id}
     assert sorted(r.value for r in await read_all(others, TOPIC)) == [b"in-doubt", b"settled"]
+
+
+async def test_halves_discarded_on_any_broker_reach_the_audit_topic(three_brokers):
+    """max_checks on the leaders of three partitions (spread over the brokers): every half is
+    rolled back and copied to ``__txn_discarded``, whichever broker leads that topic."""
+    cluster = await three_brokers.start(extra_args=[*FAST_CHECKS, "--txn-max-checks", "1"])
+    await cluster.create_topic(TOPIC, partitions=3)
+    leaders = {(await cluster.leader_of(TOPIC, i))[0] for i in range(3)}
+    async with TransactionProducer(cluster.bootstrap, group="nobody-answers") as p:
+        halves = [await p.send_half(TOPIC, b"doubt-%d" % i, partition=i) for i in range(3)]
+
+    async def audited():
+        got = await read_all(cluster.bootstrap, "__txn_discarded", wait=0.3)
+        return got if len(got) >= 3 else None
+
+    copies = await eventually(audited, 60, "three audit copies")
+    assert sorted(r.value for r in copies) == [b"doubt-0", b"doubt-1", b"doubt-2"]
+    assert {dict(r.headers)["sluice.txn.id"].decode() for r in copies} == {h.txn_id for h in halves}
+    assert len(leaders) > 1, "the partitions' leaders were not spread: the test proved less"
+    assert await read_all(cluster.bootstrap, TOPIC, partitions=3, wait=0.3) == []
+    assert await list_open(cluster.bootstrap) == []

@@ -269,6 +269,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             f.stop()
         await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
         self.fetchers.clear()
+        await self.transactions.close()
         await self._close_partitions()
         try:
             await self.checkpoint_high_watermarks()

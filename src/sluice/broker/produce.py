@@ -68,7 +68,7 @@ class ProduceHandler:
             pos += p.size
             try:
                 part = self.partition(p.topic, p.partition)
-                if self.topics[p.topic].internal:
+                if self.topics[p.topic].internal and not req.internal:
                     raise InvalidRequest(f"topic {p.topic} is internal: written by brokers only")
                 max_bytes = part.config.max_message_bytes
                 try:

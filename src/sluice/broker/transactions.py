@@ -45,14 +45,18 @@ import zlib
 from dataclasses import dataclass
 
 from sluice.broker.peer import current_connection
+from sluice.client.transaction import leader_connection
+from sluice.client.transport import Cluster
 from sluice.errors import (
     BrokerError,
+    ConnectionClosed,
     InvalidRequest,
     NotLeader,
     RequestTimedOut,
     TopicAlreadyExists,
     TransactionEnded,
     UnknownTransaction,
+    raise_for_code,
 )
 from sluice.protocol import messages as m
 from sluice.protocol import transactions as tx
@@ -326,6 +330,7 @@ class TransactionManager:
         self._rr = itertools.count()
         self._discarding: set[tuple[str, int, int]] = set()
         self._audit_ready = False
+        self._peers: Cluster | None = None  # a client to the other brokers, for audit copies
 
     # ------------------------------------------------------------------ state
 
@@ -497,11 +502,6 @@ class TransactionManager:
             raise NotLeader(f"{tx.DISCARD_TOPIC} does not exist yet")
         index = zlib.crc32(half_id.encode()) % topic.count
         part = topic.partitions.get(index)
-        if part is None or not part.is_leader:
-            led = [p for p in topic.partitions.values() if p.is_leader]
-            if not led:
-                raise NotLeader(f"no partition of {tx.DISCARD_TOPIC} is led here")
-            part = led[0]
         now = _now_ms()
         body = b"".join(
             encode_record(i, 0, half_id.encode(), r.value, [
@@ -511,9 +511,39 @@ class TransactionManager:
             for i, r in enumerate(recs)
         )
         data = bytearray(build_batch(body, len(recs), now, now))
-        spans = validate_batches(data, max(len(data), part.config.max_message_bytes))
-        await part.append(data, spans, acks_all=True)
-        log.warning("%s %s; copied to %s-%d", half_id, reason, tx.DISCARD_TOPIC, part.index)
+        if part is not None and part.is_leader:
+            spans = validate_batches(data, max(len(data), part.config.max_message_bytes))
+            await part.append(data, spans, acks_all=True)
+        else:
+            await self._audit_at_leader(index, data)
+        log.warning("%s %s; copied to %s-%d", half_id, reason, tx.DISCARD_TOPIC, index)
+
+    async def _audit_at_leader(self, index: int, data: bytes) -> None:
+        """Write an audit copy to the broker that leads ``__txn_discarded``-``index``: a
+        produce flagged ``internal`` (brokers only), through a client of this broker's own."""
+        if self._peers is None:
+            addresses = [f"{b.host}:{b.port}" for b in self.broker.live_brokers.values()]
+            if not addresses:
+                raise NotLeader("no live broker known to write the audit copy to")
+            self._peers = Cluster(addresses, request_timeout=AUDIT_TIMEOUT_S)
+        conn = await leader_connection(self._peers, tx.DISCARD_TOPIC, index)
+        req = m.ProduceRequest(
+            partitions=[m.ProducePartition(topic=tx.DISCARD_TOPIC, partition=index, size=len(data))],
+            acks=m.ACKS_ALL, timeout_ms=int(AUDIT_TIMEOUT_S * 1000), internal=True,
+        )
+        try:
+            resp, _ = await conn.request(req, (bytes(data),), AUDIT_TIMEOUT_S + 5)
+        except (NotLeader, ConnectionClosed):
+            self._peers.mark_stale(tx.DISCARD_TOPIC)
+            raise
+        result = resp.partitions[0]
+        if result.error:
+            self._peers.mark_stale(tx.DISCARD_TOPIC)
+            raise_for_code(result.error, result.message)
+
+    async def close(self) -> None:
+        if self._peers is not None:
+            await self._peers.close()
 
     async def ensure_audit_topic(self) -> None:
         """Create ``__txn_discarded`` (one partition, internal) once ``__groups`` exists:
@@ -528,6 +558,9 @@ class TransactionManager:
             except TopicAlreadyExists:
                 pass
         self._audit_ready = True
+
+
+AUDIT_TIMEOUT_S = 30.0
 
 
 def _now_ms() -> int:

@@ -229,6 +229,9 @@ class ProduceRequest(Struct):
     partitions: list[ProducePartition]
     acks: int = ACKS_LEADER
     timeout_ms: int = 30_000
+    # a broker writing to an internal topic another broker leads (an audit copy of a
+    # discarded transaction); clients leave it false, and internal topics refuse them
+    internal: bool = False
 
 
 class ProducePartitionResult(Struct):
