@@ -26,6 +26,8 @@ from sluice.bench import workloads as w
 ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1"]
 SPARK = ["S1", "S2"]  # need the spark extra; run with --workload S1, S2 or spark
 CLUSTER = ["R3", "F1"]  # 3 brokers + etcd (bench/cluster.py); run with --workload R3, F1 or cluster
+# what idempotence costs: P1-1KiB (idempotent, the default) beside the same without it
+IDEMPOTENCE = ["P1-1KiB", "P1-1KiB-plain"]
 
 
 class CpuMeter:
@@ -112,6 +114,8 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
         return await w.run_publish(bootstrap, name, 100, 200_000, w.PAGE_CACHE, meter)
     if name == "P1-1KiB":
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter)
+    if name == "P1-1KiB-plain":
+        return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter, enable_idempotence=False)
     if name == "P2-1KiB":
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.FSYNC_ALWAYS, meter)
     if name == "C1":
@@ -125,8 +129,8 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
     from sluice.server.app import install_uvloop
 
     loop_name = install_uvloop()
-    groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER}
-    every = ALL + SPARK + CLUSTER
+    groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER, "idempotence": IDEMPOTENCE}
+    every = ALL + SPARK + CLUSTER + IDEMPOTENCE[1:]
     names = groups.get(workload.lower()) or [n for n in every if n.lower() == workload.lower()]
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
     if names and all(n in CLUSTER for n in names):

@@ -126,10 +126,10 @@ def _producer(bootstrap: str, **kw) -> Producer:
     return Producer(bootstrap, acks="leader", linger_ms=0, batch_size=1 << 20, **kw)
 
 
-async def run_publish(bootstrap: str, name: str, size: int, count: int, config: dict, meter) -> Row:
+async def run_publish(bootstrap: str, name: str, size: int, count: int, config: dict, meter, **producer_kw) -> Row:
     await reset_topic(bootstrap, config)
     payloads = [os.urandom(size) for _ in range(count)]
-    producer = _producer(bootstrap)
+    producer = _producer(bootstrap, **producer_kw)
     await producer.start()
     try:
         await producer.send_many(TOPIC, payloads[:1], partition=0)  # warm metadata + connection
@@ -147,7 +147,8 @@ async def run_publish(bootstrap: str, name: str, size: int, count: int, config: 
         raise RuntimeError(f"{acked} acked and {stored} stored of {count} sent")
     row = Row(name, acked, acked * size, seconds)
     durability = "fsync before ack (flush.messages=1)" if config is FSYNC_ALWAYS else "page-cache ack (flush.messages=0, flush.ms=1000)"
-    row.notes += [durability, f"client: Producer.send_many, {CHUNK} records per call, ≤{WINDOW} unacked", cpu]
+    idempotent = "idempotent" if producer_kw.get("enable_idempotence", True) else "not idempotent"
+    row.notes += [durability, f"client: Producer.send_many ({idempotent}), {CHUNK} records per call, ≤{WINDOW} unacked", cpu]
     if stopped:
         row.notes.append("STOPPED at the 60s cap")
     return row
