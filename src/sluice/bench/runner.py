@@ -28,6 +28,7 @@ SPARK = ["S1", "S2"]  # need the spark extra; run with --workload S1, S2 or spar
 CLUSTER = ["R3", "F1"]  # 3 brokers + etcd (bench/cluster.py); run with --workload R3, F1 or cluster
 # what idempotence costs: P1-1KiB (idempotent, the default) beside the same without it
 IDEMPOTENCE = ["P1-1KiB", "P1-1KiB-plain"]
+TRANSACTIONS = ["TX-1KiB"]  # transactional messages (bench/transactions.py)
 
 
 class CpuMeter:
@@ -118,6 +119,10 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter, enable_idempotence=False)
     if name == "P2-1KiB":
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.FSYNC_ALWAYS, meter)
+    if name == "TX-1KiB":
+        from sluice.bench.transactions import run_tx
+
+        return await run_tx(bootstrap, meter)
     if name == "C1":
         return await w.run_c1(bootstrap, meter)
     if name == "L1":
@@ -130,7 +135,7 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
 
     loop_name = install_uvloop()
     groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER, "idempotence": IDEMPOTENCE}
-    every = ALL + SPARK + CLUSTER + IDEMPOTENCE[1:]
+    every = ALL + SPARK + CLUSTER + IDEMPOTENCE[1:] + TRANSACTIONS
     names = groups.get(workload.lower()) or [n for n in every if n.lower() == workload.lower()]
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
     if names and all(n in CLUSTER for n in names):

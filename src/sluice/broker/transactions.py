@@ -292,7 +292,7 @@ class PartitionTransactions:
             raise
         state = m.TXN_COMMITTED if commit else m.TXN_ROLLED_BACK
         self._ended(offset, state, result.base_offset)
-        log.info("%s %s at offset %d", half_id, state.replace("_", " "), result.base_offset)
+        log.debug("%s %s at offset %d", half_id, state.replace("_", " "), result.base_offset)
         return state, result.base_offset, False
 
     async def _lookup(self, offset: int) -> tuple[str, int] | None:
@@ -467,7 +467,7 @@ class TransactionManager:
         )
         conn = conns[next(self._rr) % len(conns)]
         conn.push(m.Push.CHECK_TRANSACTION, 1, push)
-        log.info("%s: check %d of %d sent to a producer of group %r",
+        log.debug("%s: check %d of %d sent to a producer of group %r",
                  st.txn_id(h.offset), h.checks, self.max_checks, h.group)
 
     def _discard(self, st: PartitionTransactions, h: Half) -> None:
