@@ -248,7 +248,7 @@ def test_assign_offsets_byte_table():
         + body
     )
     assert buf == expected
-    assert validate_batches(buf, BIG) == [records.BatchSpan(0, len(buf), 2, BASE_TS + 99)]
+    assert validate_batches(buf, BIG) == [records.BatchSpan(0, len(buf), 2, BASE_TS + 99, attributes=records.TIMESTAMP_TYPE_BIT)]
 
 
 def test_crc32c_is_castagnoli():

@@ -87,6 +87,7 @@ from sluice.storage.cleaner import (
     plan_cleaning,
 )
 from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
+from sluice.protocol.transactions import TXN_BITS
 from sluice.storage.producers import Duplicate, Staging, write_snapshot
 from sluice.storage.segment import Segment
 
@@ -409,6 +410,8 @@ class Partition(Leadership):
                             b.producer_id, b.producer_epoch, b.base_sequence, b.base_offset,
                             b.next_offset, b.next_offset - b.base_offset, b.max_timestamp,
                         )
+                    if b.attributes & TXN_BITS:
+                        staging.record_txn(b.attributes, b.base_offset, req.data, b.pos)
                 offset = req.spans[-1].next_offset
                 buffers.append(req.data)
                 offsets.append([])
@@ -424,6 +427,8 @@ class Partition(Leadership):
                             s.producer_id, s.producer_epoch, s.base_sequence, offset,
                             offset + s.count, s.count, ts,
                         )
+                    if s.attributes & TXN_BITS:
+                        staging.record_txn(s.attributes, offset, req.data, s.pos)
                     offset += s.count
                 assign_offsets(req.data, req.spans, base, self.leader_epoch, append_time)
                 if not epochs:
@@ -789,7 +794,11 @@ class Partition(Leadership):
             self.log.producers.expire(now_ms, self.config.producer_id_expiration_ms)
         if self._truncating or self._cleaning is not None or self.config.cleanup_policy == "compact":
             return []
-        return self.log.expired_segments(now_ms, -1 if self.is_leader else self.leader_log_start)
+        expired = self.log.expired_segments(now_ms, -1 if self.is_leader else self.leader_log_start)
+        if expired:  # half messages retention deleted are no longer open
+            halves, start = self.log.producers.open_halves, self.log_start_offset
+            halves.difference_update([o for o in halves if o < start])
+        return expired
 
     # ------------------------------------------------------------------ compaction
 

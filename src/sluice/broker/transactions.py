@@ -149,10 +149,16 @@ class PartitionTransactions:
         self.open: dict[int, Half] = {}
         self.ended: dict[int, tuple[str, int]] = {}  # half offset -> (state, offset of its end)
         self.ending: dict[int, tuple[bool, asyncio.Task]] = {}  # half offset -> (commit, task)
-        self.scanned_to = part.log.log_start_offset
+        # the log below its oldest open half holds nothing this state needs (halves ended
+        # there are looked up when asked: ``_lookup``); the partition's writer keeps that set
+        self.scanned_to = self._scan_start()
         self.dirty = True  # the log may hold transaction batches above scanned_to
         self.inflight = 0  # transactional appends not completed yet
         self._scan_lock = asyncio.Lock()
+
+    def _scan_start(self) -> int:
+        plog = self.part.log
+        return min(plog.producers.open_halves, default=plog.log_end_offset)
 
     @property
     def current(self) -> bool:
@@ -178,7 +184,7 @@ class PartitionTransactions:
             if end < self.scanned_to:  # a cut tail (a failed fsync): start over
                 self.open.clear()
                 self.ended.clear()
-                self.scanned_to, self.dirty = plog.log_start_offset, True
+                self.scanned_to, self.dirty = self._scan_start(), True
             if not self.dirty and not self.inflight:
                 self.scanned_to = end  # nothing transactional was appended meanwhile
                 return

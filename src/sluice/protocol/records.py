@@ -154,6 +154,7 @@ class BatchSpan(NamedTuple):
     producer_id: int = -1  # -1: not from an idempotent producer
     producer_epoch: int = -1
     base_sequence: int = -1
+    attributes: int = 0
 
 
 def batch_attributes(buf, pos: int = 0) -> int:
@@ -201,7 +202,8 @@ def validate_batches(buf, max_batch_bytes: int, broker: bool = False) -> list[Ba
         if not batch_crc_ok(buf, pos, size):
             raise CorruptRecord(f"batch at byte {pos}: CRC-32C mismatch")
         spans.append(BatchSpan(
-            pos, size, h.records_count, h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence
+            pos, size, h.records_count, h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence,
+            h.attributes,
         ))
         pos += size
     return spans
@@ -227,6 +229,7 @@ class ReplicaBatch(NamedTuple):
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    attributes: int = 0
 
 
 MAX_REPLICA_BATCH_BYTES = 64 * 1024 * 1024  # no leader accepts a larger batch
@@ -263,7 +266,7 @@ def validate_replica_batches(buf, max_batch_bytes: int = MAX_REPLICA_BATCH_BYTES
         pid = -1 if h.attributes & CONTROL_BIT else h.producer_id
         out.append(ReplicaBatch(
             pos, size, h.base_offset, h.next_offset, h.max_timestamp, h.leader_epoch,
-            pid, h.producer_epoch, h.base_sequence,
+            pid, h.producer_epoch, h.base_sequence, h.attributes,
         ))
         pos += size
     return out

@@ -26,6 +26,11 @@ there.  Snapshots are written when a segment rolls and when the log closes; the 
 outlives the batches it came from.  Producers idle longer than ``producer.id.expiration.ms``
 (by their last batch's timestamp) are dropped (``expire``).
 
+The same fold keeps the offsets of the partition's **open half messages** (transactional
+messages not yet committed or rolled back: protocol/transactions.py), so that a new leader
+reads its log for transaction state from the oldest open half on, not from its start
+(``open_halves``; broker/transactions.py).
+
 Concurrency: a ``ProducerTable`` belongs to its partition's writer (event loop); the I/O
 functions (``rebuild``, ``write_snapshot``, ...) run in worker threads on tables no one else
 is using, or on encoded snapshot bytes.
@@ -40,8 +45,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from sluice.errors import OutOfOrderSequence, ProducerFenced
-from sluice.protocol.records import CONTROL_BIT, crc32c
+from sluice.errors import CorruptRecord, OutOfOrderSequence, ProducerFenced
+from sluice.protocol import transactions as tx
+from sluice.protocol.records import CONTROL_BIT, TRANSACTIONAL_BIT, crc32c, decode_batch, parse_header
 from sluice.storage.checkpoint import write_atomic
 
 log = logging.getLogger("sluice.storage")
@@ -51,7 +57,7 @@ HALF_SPACE = 1 << 30  # "behind" and "ahead" are told apart within half the sequ
 WINDOW = 5  # batches remembered per producer: as many as a producer keeps in flight
 KEEP_SNAPSHOTS = 3
 SNAPSHOT_SUFFIX = ".producers"
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2  # 2: with the open half messages
 
 
 def seq_add(seq: int, n: int) -> int:
@@ -131,9 +137,12 @@ def check_batch(
 class ProducerTable:
     """The producer state of one partition's log below ``offset`` (see the module docstring)."""
 
-    def __init__(self, offset: int = 0, producers: dict[int, ProducerEntry] | None = None) -> None:
+    def __init__(
+        self, offset: int = 0, producers: dict[int, ProducerEntry] | None = None, halves: set[int] | None = None
+    ) -> None:
         self.offset = offset
         self.producers: dict[int, ProducerEntry] = producers if producers is not None else {}
+        self.open_halves: set[int] = halves if halves is not None else set()
 
     def __len__(self) -> int:
         return len(self.producers)
@@ -151,6 +160,15 @@ class ProducerTable:
             entry.add(epoch, batch, timestamp)
         if next_offset > self.offset:
             self.offset = next_offset
+
+    def observe_txn(self, attributes: int, base_offset: int, batch, pos: int = 0) -> None:
+        """Fold in a stored batch that is part of the transaction bookkeeping (``attributes``
+        has one of ``tx.TXN_BITS``; ``batch[pos:]`` holds it whole): a half opens, a commit
+        or rollback ends its half."""
+        change = txn_change(attributes, base_offset, batch, pos)
+        if change is not None:
+            opened, half = change
+            (self.open_halves.add if opened else self.open_halves.discard)(half)
 
     def begin(self) -> Staging:
         """A staging area to check one write group's batches against this table and each
@@ -172,6 +190,7 @@ class ProducerTable:
             _SNAPSHOT_VERSION,
             self.offset,
             [[pid, e.epoch, e.last_timestamp, [list(b) for b in e.batches]] for pid, e in self.producers.items()],
+            sorted(self.open_halves),
         ])
         return crc32c(body).to_bytes(4, "big") + body
 
@@ -181,27 +200,28 @@ class ProducerTable:
         if len(data) < 4 or int.from_bytes(data[:4], "big") != crc32c(data[4:]):
             raise ValueError("producer snapshot CRC mismatch")
         try:
-            version, offset, rows = msgspec.msgpack.decode(data[4:])
+            version, offset, rows, halves = msgspec.msgpack.decode(data[4:])
             if version != _SNAPSHOT_VERSION:
                 raise ValueError(f"unknown producer snapshot version {version}")
             producers = {
                 pid: ProducerEntry(epoch, [StoredBatch(*b) for b in batches], ts)
                 for pid, epoch, ts, batches in rows
             }
-        except (msgspec.DecodeError, TypeError) as exc:
+        except (msgspec.DecodeError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed producer snapshot: {exc}") from exc
-        return cls(offset, producers)
+        return cls(offset, producers, set(halves))
 
 
 class Staging:
     """Checks and records of one write group, applied to the table only by ``commit`` (so
     that a failed write leaves the state where the log is)."""
 
-    __slots__ = ("table", "entries")
+    __slots__ = ("table", "entries", "halves")
 
     def __init__(self, table: ProducerTable) -> None:
         self.table = table
         self.entries: dict[int, ProducerEntry] = {}
+        self.halves: list[tuple[bool, int]] = []  # (opened, half offset), in log order
 
     def _entry(self, producer_id: int) -> ProducerEntry | None:
         entry = self.entries.get(producer_id)
@@ -220,9 +240,33 @@ class Staging:
             entry = self.entries[producer_id] = stored.copy() if stored else ProducerEntry(epoch, [], timestamp)
         entry.add(epoch, StoredBatch(base_seq, seq_add(base_seq, count - 1), base_offset, next_offset), timestamp)
 
+    def record_txn(self, attributes: int, base_offset: int, batch, pos: int) -> None:
+        change = txn_change(attributes, base_offset, batch, pos)
+        if change is not None:
+            self.halves.append(change)
+
     def commit(self, next_offset: int) -> None:
-        self.table.producers.update(self.entries)
-        self.table.offset = max(self.table.offset, next_offset)
+        table = self.table
+        table.producers.update(self.entries)
+        for opened, half in self.halves:
+            (table.open_halves.add if opened else table.open_halves.discard)(half)
+        table.offset = max(table.offset, next_offset)
+
+
+def txn_change(attributes: int, base_offset: int, batch, pos: int) -> tuple[bool, int] | None:
+    """(True, offset) for a half message at ``base_offset``, (False, half offset) for a
+    commit or rollback batch (its first record names the half), None for anything else."""
+    if attributes & TRANSACTIONAL_BIT:
+        return True, base_offset
+    if not attributes & tx.TXN_BITS:
+        return None
+    try:
+        h = parse_header(batch, pos)
+        half = tx.resolved_offset(attributes, decode_batch(batch, h, pos))
+    except (CorruptRecord, ValueError) as exc:
+        log.warning("transaction batch at offset %d cannot be read: %s", base_offset, exc)
+        return None
+    return None if half is None else (False, half)
 
 
 # ---------------------------------------------------------------------- files (worker thread)
@@ -287,12 +331,17 @@ def rebuild(plog) -> ProducerTable:
         pos = seg.locate(frm, seg.size) if seg.base_offset < frm else 0
         if pos is None:
             continue
-        for h, _ in seg.headers_from(pos, seg.size):
-            if h.producer_id >= 0 and not h.attributes & CONTROL_BIT and h.next_offset > frm:
+        for h, at in seg.headers_from(pos, seg.size):
+            if h.next_offset <= frm:
+                continue
+            if h.attributes & tx.TXN_BITS:
+                table.observe_txn(h.attributes, h.base_offset, seg.read(at, h.size))
+            if h.producer_id >= 0 and not h.attributes & CONTROL_BIT:
                 # offsets, not records: a compacted batch keeps its span but not its records
                 table.observe(
                     h.producer_id, h.producer_epoch, h.base_sequence, h.base_offset,
                     h.next_offset, h.next_offset - h.base_offset, h.max_timestamp,
                 )
     table.offset = end
+    table.open_halves = {o for o in table.open_halves if start <= o < end}  # retention took the rest
     return table
