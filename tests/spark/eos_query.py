@@ -5,7 +5,8 @@
 Spark runs ``local[2,3]`` (a failed task is retried, up to 3 attempts), with Arrow batches of
 100 rows, so a task hands its rows to the sink in many batches.  A Python UDF on the way
 counts each task's rows and, at row ``FAULT_AT`` of a task's first attempt, waits until some
-of the query's output is stored in TARGET, then injects the fault:
+of the query's output is stored in TARGET (up to 60 s; without it, no fault and no MARKER),
+then injects the fault:
 
 - ``fail-once``: touches MARKER and raises: Spark retries the task, which sends its rows
   again;
@@ -57,7 +58,9 @@ def main() -> None:
         seen[task] = n = seen.get(task, 0) + 1
         if mode != "plain" and n == FAULT_AT and ctx.attemptNumber() == 0:
             deadline = time.monotonic() + 60
-            while stored_in_target() == 0 and time.monotonic() < deadline:
+            while stored_in_target() == 0:
+                if time.monotonic() > deadline:
+                    return value  # no output reached the target: no fault (the test fails)
                 time.sleep(0.05)
             Path(marker).touch()
             if mode == "fail-once":

@@ -28,7 +28,9 @@ def _fill(bootstrap: str, source: str, target: str) -> list[bytes]:
     with SyncAdmin(bootstrap) as admin:
         admin.create_topic(source, 2)
         admin.create_topic(target, 3)
-    values = [b"v-%05d" % i for i in range(2 * N)]
+    # rows of 1 KiB: Spark's Python workers buffer their output 64 KiB at a time, so the
+    # fault row comes after some output reached the sink
+    values = [b"v-%05d-" % i + b"x" * 1024 for i in range(2 * N)]
     with SyncProducer(bootstrap) as p:
         futs = [p.send(source, v, key=b"k%d" % (i % 7) if i % 3 else None, partition=i % 2) for i, v in enumerate(values)]
         p.flush()
