@@ -76,6 +76,8 @@ class TopicConfig:
     min_cleanable_dirty_percent: int = 50
     # elect a replica that is not in sync when no in-sync one is alive (may lose acked data)
     unclean_leader_election_enable: str = "false"
+    # an idempotent producer idle this long is forgotten (its retries then store copies)
+    producer_id_expiration_ms: int = DAY_MS
 
     KEYS = {
         "retention.ms": _Key("retention_ms", -1, _CENTURY_MS),
@@ -96,6 +98,7 @@ class TopicConfig:
         "delete.retention.ms": _Key("delete_retention_ms", 0, _CENTURY_MS),
         "min.cleanable.dirty.percent": _Key("min_cleanable_dirty_percent", 0, 100),
         "unclean.leader.election.enable": _Key("unclean_leader_election_enable", 0, choices=("false", "true")),
+        "producer.id.expiration.ms": _Key("producer_id_expiration_ms", 1000, _CENTURY_MS),
     }
 
     @classmethod

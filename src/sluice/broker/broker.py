@@ -123,6 +123,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self._started_at = time.monotonic()
         self._expired: list = []  # segments out of their logs whose files are still to delete
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
+        self._producer_ids = (0, -1)  # the next id to hand out, the last reserved (produce.py)
+        self._producer_ids_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -416,5 +418,6 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             m.Api.REPLICA_FETCH: self.replica_fetch,
             m.Api.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             m.Api.ELECT_LEADERS: self.elect_leaders,
+            m.Api.INIT_PRODUCER_ID: self.init_producer_id,
         }
 

@@ -67,6 +67,8 @@ from sluice.errors import (
     NotLeader,
     OffsetNotAvailable,
     OffsetOutOfRange,
+    OutOfOrderSequence,
+    ProducerFenced,
     UnknownServerError,
     UnknownTopic,
     storage_error_from_os,
@@ -85,6 +87,7 @@ from sluice.storage.cleaner import (
     plan_cleaning,
 )
 from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
+from sluice.storage.producers import Duplicate, Staging, write_snapshot
 from sluice.storage.segment import Segment
 
 log = logging.getLogger("sluice.broker")
@@ -102,6 +105,9 @@ class _Append:
     size: int = 0
     acks_all: bool = False  # the future completes when the high watermark passes the batches
     replica: bool = False  # a follower's copy: offsets, epochs and timestamps are the leader's
+    # set by the writer when some batches are duplicates: per batch of the request, in
+    # order, its Duplicate or None (new; ``spans`` then holds only the new ones)
+    dups: list[Duplicate | None] | None = None
 
 
 @dataclass
@@ -115,6 +121,9 @@ class _Truncate:
 class AppendResult:
     base_offset: int
     append_time: int  # -1 with CreateTime
+    # each batch's base offset, in request order (a duplicate's is its original's, or -1
+    # when too old to be remembered); empty for a follower's copy
+    batch_offsets: tuple[int, ...] = ()
 
 
 class Partition(Leadership):
@@ -371,32 +380,60 @@ class Partition(Leadership):
         epoch = self.leader_epoch  # stamped on the batches of a leader group
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None
-        total = sum(req.size for req in group)
+        staging = plog.producers.begin()
+        if not group[0].replica:
+            group = self._deduplicate(group, staging, offset)
+            if not any(req.spans for req in group):  # duplicates of earlier groups only
+                self._answer_duplicates(group)
+                return
+        total = sum(s.size for req in group for s in req.spans) if any(r.dups for r in group) else sum(
+            req.size for req in group
+        )
         count = sum(s.count for req in group if not req.replica for s in req.spans)
         if group[0].replica:
             count = group[-1].spans[-1].next_offset - offset
         rolled = plog.prepare_append(total, count, now_ms)
+        snapshot = plog.producers.encode() if rolled is not None else None  # the state below `first`
         segment = plog.active
         buffers, metas, ends = [], [], []
         epochs = []
+        offsets: list[list[int]] = []
         for req in group:
             if req.replica:
                 for b in req.spans:
                     metas.append((b.base_offset, b.next_offset, b.max_timestamp, b.size))
                     if not epochs or b.leader_epoch > epochs[-1][0]:
                         epochs.append((b.leader_epoch, b.base_offset))
+                    if b.producer_id >= 0:
+                        staging.record(
+                            b.producer_id, b.producer_epoch, b.base_sequence, b.base_offset,
+                            b.next_offset, b.next_offset - b.base_offset, b.max_timestamp,
+                        )
                 offset = req.spans[-1].next_offset
+                buffers.append(req.data)
+                offsets.append([])
             else:
                 base = offset
+                mine = []
                 for s in req.spans:
                     ts = append_time if append_time is not None else s.max_timestamp
                     metas.append((offset, offset + s.count, ts, s.size))
+                    mine.append(offset)
+                    if s.producer_id >= 0:
+                        staging.record(
+                            s.producer_id, s.producer_epoch, s.base_sequence, offset,
+                            offset + s.count, s.count, ts,
+                        )
                     offset += s.count
                 assign_offsets(req.data, req.spans, base, self.leader_epoch, append_time)
                 if not epochs:
                     epochs.append((self.leader_epoch, base))
+                if req.dups:
+                    buffers.extend(memoryview(req.data)[s.pos : s.pos + s.size] for s in req.spans)
+                else:
+                    buffers.append(req.data)
+                offsets.append(mine)
             ends.append(offset)
-            buffers.append(req.data)
         sync = cfg.flush_messages == 1  # "always": the fsync is part of the acknowledgement
         # A leader with followers publishes the group before its fsync, so that they copy
         # it while the fsync runs: the high watermark still waits for the fsync
@@ -405,7 +442,8 @@ class Partition(Leadership):
         try:
             if (sync and not early) or rolled is not None or total > INLINE_WRITE_BYTES:
                 await loop.run_in_executor(
-                    self._write_executor, self._write_blocking, rolled, segment, buffers, total, sync and not early
+                    self._write_executor, self._write_blocking, rolled, segment, buffers, total,
+                    sync and not early, snapshot, first,
                 )
             else:
                 # A small write to the page cache costs microseconds; a thread hop costs more.
@@ -414,6 +452,7 @@ class Partition(Leadership):
             self._failed(group, exc)
             return
         plog.appended(segment, metas, offset, epochs)
+        staging.commit(offset)  # only now: the producer state never runs ahead of the log
         if early:
             self._notify_replicas()
             try:
@@ -435,8 +474,14 @@ class Partition(Leadership):
         # follower takes from the new leader, over a tail that is truncated away
         deposed = not group[0].replica and (not self.is_leader or self.leader_epoch != epoch)
         start = first
-        for req, end in zip(group, ends, strict=True):
+        for req, end, mine in zip(group, ends, offsets, strict=True):
             result = AppendResult(start, -1 if req.replica else result_time)
+            if req.dups:  # a request mixing duplicates with new batches
+                mine = iter(mine)
+                batch_offsets = tuple(d.base_offset if d else next(mine) for d in req.dups)
+                result = AppendResult(batch_offsets[0], result_time, batch_offsets)
+            elif not req.replica:
+                result = AppendResult(start, result_time, tuple(mine))
             if req.future.done():
                 pass
             elif deposed:
@@ -445,6 +490,8 @@ class Partition(Leadership):
                     f"offsets {start}..{end - 1} were written in epoch {epoch}"
                 ))
             elif req.acks_all:
+                if req.dups:  # a duplicate is answered once its original is replicated too
+                    end = max([end] + [d.end for d in req.dups if d])
                 self._acks.wait(req.future, end, result, plog.high_watermark)
             else:
                 req.future.set_result(result)
@@ -454,6 +501,70 @@ class Partition(Leadership):
             self._marks.append((offset, self._appended_bytes))
             self._log_end_moved()
             self._notify_replicas()
+
+    def _deduplicate(self, group: list[_Append], staging: Staging, offset: int) -> list[_Append]:
+        """The writer's idempotence check of a leader group (storage/producers.py), before
+        anything is written: returns the requests still to answer, with ``spans`` cut down
+        to their new batches and ``dups`` set where some batch is a duplicate.
+
+        Batches are checked in order against the stored state and against the group's
+        earlier batches (``staging`` records them provisionally, with the offsets they are
+        about to get), so two copies of one batch in one group are caught too.  A request
+        with a fenced or out-of-order batch fails whole, nothing of it written.  The
+        provisional records are dropped at the end: the writer records each batch again
+        once its group is written.
+        """
+        out = []
+        accepted: list[tuple[BatchSpan, int]] = []  # new idempotent batches so far, with offsets
+        for req in group:
+            spans = req.spans
+            if all(s.producer_id < 0 for s in spans):
+                out.append(req)
+                offset += sum(s.count for s in spans)
+                continue
+            checked: list[Duplicate | None] = []
+            start, mine = offset, []
+            try:
+                for s in spans:
+                    dup = None
+                    if s.producer_id >= 0:
+                        dup = staging.check(s.producer_id, s.producer_epoch, s.base_sequence, s.count)
+                        if dup is None:
+                            staging.record(
+                                s.producer_id, s.producer_epoch, s.base_sequence, offset, offset + s.count, s.count, 0
+                            )
+                            mine.append((s, offset))
+                    if dup is None:
+                        offset += s.count
+                    checked.append(dup)
+            except (OutOfOrderSequence, ProducerFenced) as exc:
+                offset = start
+                staging.entries.clear()  # replay what stays: the refused request is gone
+                for a, at in accepted:
+                    staging.record(a.producer_id, a.producer_epoch, a.base_sequence, at, at + a.count, a.count, 0)
+                if not req.future.done():
+                    req.future.set_exception(exc)
+                continue
+            accepted.extend(mine)
+            if any(checked):
+                req.dups = checked
+                req.spans = [s for s, d in zip(spans, checked, strict=True) if d is None]
+            out.append(req)
+        staging.entries.clear()
+        return out
+
+    def _answer_duplicates(self, group: list[_Append]) -> None:
+        """Answer requests of duplicates only, in a group with nothing new to write: at
+        once, or with ``acks_all`` once the high watermark passes the originals."""
+        for req in group:
+            offsets = tuple(d.base_offset for d in req.dups)
+            result = AppendResult(offsets[0], -1, offsets)
+            if req.future.done():
+                continue
+            if req.acks_all:
+                self._acks.wait(req.future, max(d.end for d in req.dups), result, self.log.high_watermark)
+            else:
+                req.future.set_result(result)
 
     def _failed(self, group: list[_Append], exc: OSError) -> None:
         err = storage_error_from_os(exc, f"append to {self.topic}-{self.index}")
@@ -480,9 +591,11 @@ class Partition(Leadership):
         return kept
 
     def _write_blocking(
-        self, rolled: Segment | None, segment: Segment, buffers: list, total: int, sync: bool
+        self, rolled: Segment | None, segment: Segment, buffers: list, total: int, sync: bool,
+        snapshot: bytes | None = None, snapshot_offset: int = 0,
     ) -> None:
-        """Worker thread: finish a rolled segment, write the group, fsync if asked.
+        """Worker thread: finish a rolled segment (and snapshot the producer state at its
+        end), write the group, fsync if asked.
 
         On a failed fsync the group's bytes are cut again: an unsynced write whose fsync
         failed may be lost by the kernel, so it must not stay visible as if written.
@@ -491,6 +604,8 @@ class Partition(Leadership):
             rolled.flush()
             rolled.seal()
             self.log.write_recovery_point(segment.base_offset)
+            if snapshot is not None:
+                write_snapshot(self.log.directory, snapshot_offset, snapshot)
         segment.write(buffers, total)
         if sync:
             try:
@@ -668,7 +783,10 @@ class Partition(Leadership):
     def take_expired(self, now_ms: int) -> list[Segment]:
         """Segments retention removes from the log (none while a truncation or a cleaning
         runs, none with ``cleanup.policy=compact``).  A follower also lets go of what its
-        leader no longer has, so replicas' log starts do not drift apart."""
+        leader no longer has, so replicas' log starts do not drift apart.  Idempotent
+        producers idle past ``producer.id.expiration.ms`` are forgotten here too."""
+        if not self._truncating:
+            self.log.producers.expire(now_ms, self.config.producer_id_expiration_ms)
         if self._truncating or self._cleaning is not None or self.config.cleanup_policy == "compact":
             return []
         return self.log.expired_segments(now_ms, -1 if self.is_leader else self.leader_log_start)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from sluice.broker.topics import error_fields
 from sluice.errors import (
     BrokerError,
@@ -20,7 +22,26 @@ from sluice.protocol import messages as m
 from sluice.protocol.records import BatchTooLarge, validate_batches
 
 
+# ids handed out by brokers stay below this; ids from it up are the callers' own (a Spark
+# sink derives its tasks' identities), so the two never meet
+DERIVED_PRODUCER_IDS = 1 << 62
+PRODUCER_ID_BLOCK = 1000  # ids a broker reserves from the metadata store at a time
+
+
 class ProduceHandler:
+    async def init_producer_id(self, req: m.InitProducerIdRequest, _att):
+        """A producer id no other producer of the cluster was or will be given, epoch 0:
+        taken from a block this broker reserved in the metadata store (blocks never overlap,
+        across brokers and restarts; an id unused when the broker stops is skipped)."""
+        async with self._producer_ids_lock:
+            nxt, last = self._producer_ids
+            if nxt > last:
+                nxt, last = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
+            if last >= DERIVED_PRODUCER_IDS:
+                raise InvalidRequest("the cluster's producer ids are exhausted")
+            self._producer_ids = (nxt + 1, last)
+        return m.InitProducerIdResponse(producer_id=nxt, producer_epoch=0), ()
+
     async def produce(self, req: m.ProduceRequest, att: memoryview):
         """Validate each partition's batches, queue them on its writer, await the acks.
 
@@ -29,7 +50,10 @@ class ProduceHandler:
         in-sync replica has them, within ``timeout_ms`` (else ``REQUEST_TIMED_OUT``, the
         records may be stored).  Refusals come at once: ``NOT_ENOUGH_REPLICAS``,
         ``BROKER_BUSY`` (see broker/partition.py); ``INVALID_REQUEST`` for an internal
-        topic (only brokers write those).
+        topic (only brokers write those).  Batches of idempotent producers are checked by
+        the partition's writer (storage/producers.py): a duplicate is answered with its
+        original offset, ``OUT_OF_ORDER_SEQUENCE`` / ``PRODUCER_FENCED`` write nothing of the
+        partition's part.  Version 2 answers each batch's base offset (``batch_offsets``).
         """
         if req.acks not in (m.ACKS_NONE, m.ACKS_LEADER, m.ACKS_ALL):
             raise InvalidRequest(f"acks must be 0 (none), 1 (leader) or -1 (all), not {req.acks}")
@@ -77,22 +101,29 @@ class ProduceHandler:
                 for _, fut in pending:
                     fut.cancel()
                 raise
+        v2 = isinstance(req, m.ProduceRequestV2)
+        result_type = m.ProducePartitionResultV2 if v2 else m.ProducePartitionResult
+        if v2:  # refusals made above as version 1 results
+            results = [r if r is None else result_type(**msgspec.structs.asdict(r)) for r in results]
         for i, fut in pending:
             p = req.partitions[i]
             part = self.topics.get(p.topic)
             if not fut.done():
                 fut.add_done_callback(_consume_exception)
                 late = RequestTimedOut(f"write not completed within {req.timeout_ms} ms")
-                results[i] = m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(late))
+                results[i] = result_type(topic=p.topic, partition=p.partition, **error_fields(late))
             elif fut.exception() is not None:
-                results[i] = m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(fut.exception()))
+                results[i] = result_type(topic=p.topic, partition=p.partition, **error_fields(fut.exception()))
             else:
                 r = fut.result()
                 start = part.partitions[p.partition].log_start_offset if part else -1
-                results[i] = m.ProducePartitionResult(
+                extra = {"batch_offsets": list(r.batch_offsets)} if v2 else {}
+                results[i] = result_type(
                     topic=p.topic, partition=p.partition, base_offset=r.base_offset,
-                    log_append_time=r.append_time, log_start_offset=start,
+                    log_append_time=r.append_time, log_start_offset=start, **extra,
                 )
+        if v2:
+            return m.ProduceResponseV2(partitions=results), ()
         return m.ProduceResponse(partitions=results), ()
 
 def _consume_exception(fut: asyncio.Future) -> None:

@@ -207,6 +207,9 @@ class ReplicaBatch(NamedTuple):
     next_offset: int
     max_timestamp: int
     leader_epoch: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
 
 MAX_REPLICA_BATCH_BYTES = 64 * 1024 * 1024  # no leader accepts a larger batch
@@ -240,7 +243,11 @@ def validate_replica_batches(buf, max_batch_bytes: int = MAX_REPLICA_BATCH_BYTES
             )
         if not batch_crc_ok(buf, pos, size):
             raise CorruptRecord(f"batch at offset {h.base_offset}: CRC-32C mismatch")
-        out.append(ReplicaBatch(pos, size, h.base_offset, h.next_offset, h.max_timestamp, h.leader_epoch))
+        pid = -1 if h.attributes & CONTROL_BIT else h.producer_id
+        out.append(ReplicaBatch(
+            pos, size, h.base_offset, h.next_offset, h.max_timestamp, h.leader_epoch,
+            pid, h.producer_epoch, h.base_sequence,
+        ))
         pos += size
     return out
 

@@ -118,7 +118,8 @@ class ReadOptions:
 @dataclass(frozen=True)
 class WriteOptions:
     """``bootstrap``; ``topic``, the topic of every row (else each row's ``topic`` column);
-    and the producer settings ``acks``, ``compression``, ``lingerMs``, ``batchSize``."""
+    ``exactlyOnce`` (default true: see spark/sink.py); and the producer settings ``acks``,
+    ``compression``, ``lingerMs`` (at-least-once only), ``batchSize``."""
 
     bootstrap: str
     topic: str | None = None
@@ -126,11 +127,12 @@ class WriteOptions:
     compression: str = "none"
     linger_ms: int = 5
     batch_size: int = 262144
+    exactly_once: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
         opts = _lower(options)
-        _reject_unknown(opts, {"bootstrap", "topic", "acks", "compression", "lingerms", "batchsize"})
+        _reject_unknown(opts, {"bootstrap", "topic", "acks", "compression", "lingerms", "batchsize", "exactlyonce"})
         topic = opts.get("topic")
         if topic is not None and not topic.strip():
             raise ConfigError("topic must not be empty")
@@ -141,6 +143,7 @@ class WriteOptions:
             compression=opts.get("compression", "none"),
             linger_ms=_int(opts, "lingerms", 5, minimum=0),
             batch_size=_int(opts, "batchsize", 262144, minimum=1),
+            exactly_once=_bool(opts, "exactlyonce", True),
         )
         from sluice.client.producer import Producer
 

@@ -10,17 +10,31 @@ the ``partition`` column to let the producer choose, e.g. for a topic with fewer
 Each Spark task sends its rows with its own producer, an Arrow batch at a time, and
 returns only once every record is acknowledged; a failed send fails the task.
 
-Delivery is **at-least-once**: a task Spark retries, or a micro-batch a restarted query
-runs again, sends its rows again.  The way to exactly-once (next step, with the idempotent
-producer): the producer identity of each task derives from (query id, batch id, partition
-id), so a rerun of the same micro-batch partition reuses the identity and sequence numbers
-and the broker drops the duplicates.
+**Exactly once** (the default; ``exactlyOnce=false`` gives at-least-once): each task's
+producer identity derives from (query id, micro-batch id, partition id) in a stream, or
+(write id, partition id) for a batch write, where the write id is drawn once on the driver.
+A task Spark retries, or the micro-batch a restarted query runs again from its checkpoint,
+repeats the same identity and — since the rows and their batching are the same — the same
+sequence numbers, and the broker drops every batch it stored already
+(storage/producers.py).  What makes the batching the same: records go to partitions by key
+hash, by the ``partition`` column, or for keyless rows round-robin by position (never a
+random sticky partition), and producer batches close only when full or at the end of each
+Arrow batch (never by linger time).  The input must be deterministic, as Spark's own
+exactly-once sinks need: the same partition of the same micro-batch yields the same rows in
+the same order (true of Sluice's and file sources).  A rerun of a *batch* write job is a new
+write and sends again.  Open batches hold memory until their Arrow batch ends: a task
+writing to more partitions than ``buffer_memory / batchSize`` (256 by default) waits for
+memory forever; lower ``batchSize`` for such fan-outs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import uuid
 from dataclasses import dataclass
+
+import crc32c as _crc32c
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -81,19 +95,65 @@ def check_schema(schema: StructType, opts: WriteOptions) -> None:
         )
 
 
+DERIVED_IDS = 1 << 62  # producer ids from here up are derived by callers (broker/produce.py)
+KEYLESS_RUN = 1000  # keyless rows sent to one partition before the next takes over
+NO_LINGER_CLOSE_MS = 3_600_000  # batches close when full or at an Arrow batch's end
+
+
+def task_producer_id(*parts: object) -> int:
+    """The producer id of a task identified by ``parts``: the same parts give the same id,
+    in the range the broker leaves to derived identities."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return DERIVED_IDS | (int.from_bytes(digest, "big") & (DERIVED_IDS - 1))
+
+
+class PositionPartitioner:
+    """Key hash (CRC-32C, as the producer's default) for keyed records; for keyless ones,
+    runs of ``KEYLESS_RUN`` records per partition in turn from ``start``: a function of the
+    records' order alone, so a rerun places every record where the first run did."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.keyless = 0
+
+    def __call__(self, key: bytes | None, partitions: int) -> int:
+        if key is not None:
+            return _crc32c.crc32c(key) % partitions
+        run = self.keyless // KEYLESS_RUN
+        self.keyless += 1
+        return (self.start + run) % partitions
+
+
 class _Sender:
     def __init__(self, opts: WriteOptions, schema: StructType) -> None:
         """On the driver, when the write is planned: check the columns, and that the
-        ``topic`` option names a topic that exists (``UnknownTopic`` now, not in every task)."""
+        ``topic`` option names a topic that exists (``UnknownTopic`` now, not in every task).
+        Draws the write id of a batch write."""
         check_schema(schema, opts)
         self.opts = opts
+        self.write_id = uuid.uuid4().hex
         if opts.topic is not None:
             with SyncAdmin(opts.bootstrap) as admin:
                 admin.describe_topic(opts.topic)
 
+    def _identity(self, context) -> tuple:
+        """What names this task's output across its reruns (see the module docstring)."""
+        return (self.write_id, context.partitionId())
+
     def write(self, iterator) -> Written:
         """Send every row of the task's Arrow batches; return once all are acknowledged."""
-        producer = SyncProducer(self.opts.bootstrap, **self.opts.producer_config())
+        config = self.opts.producer_config()
+        exactly_once = self.opts.exactly_once
+        if exactly_once:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            identity = self._identity(context)
+            config.update(
+                producer_id=task_producer_id(*identity), producer_epoch=0,
+                partitioner=PositionPartitioner(context.partitionId()), linger_ms=NO_LINGER_CLOSE_MS,
+            )
+        producer = SyncProducer(self.opts.bootstrap, **config)
         try:
             pending = []
             total = 0
@@ -102,6 +162,8 @@ class _Sender:
                 if msgs:
                     pending.append(producer.send_batch(msgs))
                     total += len(msgs)
+                    if exactly_once:
+                        producer.flush()  # close this Arrow batch's producer batches
                 while pending and pending[0].done():
                     pending.pop(0).result()  # fail early on an error
             for fut in pending:
@@ -134,7 +196,8 @@ def _messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple]:
 
 
 class BatchWriter(_Sender, DataSourceArrowWriter):
-    """``df.write.format("sluice")``: at-least-once (see the module docstring)."""
+    """``df.write.format("sluice")``: a retried task sends nothing twice (see the module
+    docstring)."""
 
     def commit(self, messages) -> None:
         log.info("wrote %d records to sluice", sum(m.records for m in messages if m))
@@ -145,7 +208,15 @@ class BatchWriter(_Sender, DataSourceArrowWriter):
 
 
 class StreamWriter(_Sender, DataSourceStreamArrowWriter):
-    """``df.writeStream.format("sluice")``: at-least-once (see the module docstring)."""
+    """``df.writeStream.format("sluice")``: exactly once across task retries and query
+    restarts (see the module docstring)."""
+
+    def _identity(self, context) -> tuple:
+        query = context.getLocalProperty("sql.streaming.queryId")
+        batch = context.getLocalProperty("streaming.sql.batchId")
+        if not query or batch is None:
+            raise errors.ClientError("no streaming query id or micro-batch id in the task's context")
+        return (query, batch, context.partitionId())
 
     def commit(self, messages, batchId: int) -> None:
         log.info("micro-batch %d: wrote %d records", batchId, sum(m.records for m in messages if m))

@@ -8,6 +8,8 @@ Directory layout of a partition::
         00000000000000000000.timeindex   sparse time index (derived)
         recovery-point                   offset below which every segment was fsynced
         cleaner-offset-checkpoint        offset below which the log was compacted (a hint)
+        00000000000000001234.producers   producer state below that offset (a snapshot:
+                                         storage/producers.py)
 
 With ``cleanup.policy=compact`` the log cleaner (storage/cleaner.py) rewrites closed segments
 below the high watermark: offsets keep their values, so a cleaned log has gaps between
@@ -40,7 +42,9 @@ A segment is ``sealed`` once nothing will write it again (opened closed, or roll
 its indexes saved by the writer); only sealed segments are cleaned.
 
 The leader-epoch cache (``epochs``, storage/epochs.py) is rebuilt from batch headers by
-``open`` and kept in step by ``appended``, ``truncate_to`` and retention.
+``open`` and kept in step by ``appended``, ``truncate_to`` and retention.  So is the
+idempotent producers' state (``producers``, storage/producers.py), from its newest snapshot
+on: the partition's writer keeps it in step with what it appends.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from sluice.protocol.records import HEADER_SIZE, LOG_OVERHEAD, parse_header
 from sluice.storage.checkpoint import fsync_dir, write_atomic
 from sluice.storage.cleaner import read_cleaner_checkpoint, recover_cleaning
 from sluice.storage.epochs import LeaderEpochCache
+from sluice.storage.producers import ProducerTable, delete_snapshots_from, rebuild, write_snapshot
 from sluice.storage.segment import Cut, Segment, SegmentClosed
 
 log = logging.getLogger("sluice.storage")
@@ -126,6 +131,7 @@ class PartitionLog:
         self.view = LogView((), (), _ZERO, _ZERO, 0)
         self.cuts: list[Cut] = []
         self.epochs = LeaderEpochCache()
+        self.producers = ProducerTable()  # idempotent producers' state (storage/producers.py)
         self.cleaned_up_to = 0  # the log cleaner's first dirty offset (storage/cleaner.py)
 
     # ------------------------------------------------------------------ opening
@@ -188,6 +194,8 @@ class PartitionLog:
                 self.epochs.assign(epoch, start)
         self.log_end = self.high_watermark_position = self._end_position()
         self._publish()
+        delete_snapshots_from(directory, self.log_end.offset)
+        self.producers = rebuild(self)
         if high_watermark is not None and high_watermark < self.log_end.offset:
             self.high_watermark_position = self.position_of(max(high_watermark, self.log_start_offset))
             self._publish()
@@ -499,6 +507,8 @@ class PartitionLog:
             fsync_dir(self.directory)
             # a recovery point above the cut would spare rewritten segments the check
             self.write_recovery_point(self.active.base_offset)
+        delete_snapshots_from(self.directory, end.offset)
+        self.producers = rebuild(self)
 
     def reset_to(self, offset: int) -> None:
         """Drop the whole log and start it empty at ``offset``, above its log end (a
@@ -521,6 +531,8 @@ class PartitionLog:
         self.log_end = end
         self.cleaned_up_to = offset
         self.epochs = LeaderEpochCache()
+        delete_snapshots_from(self.directory, -1)
+        self.producers = ProducerTable(offset)
         self._publish()
         fsync_dir(self.directory)
         self.write_recovery_point(offset)
@@ -530,12 +542,14 @@ class PartitionLog:
         self.active.flush()
 
     def close(self) -> None:
-        """Save the indexes, record the recovery point and close every file."""
+        """Save the indexes, record the recovery point, snapshot the producer state and
+        close every file."""
         try:
             self.active.flush()
             for seg in self.segments:
                 seg.save_indexes()
             self.write_recovery_point(self.active.base_offset)
+            write_snapshot(self.directory, self.log_end.offset, self.producers.encode())
         finally:
             for seg in self.segments:
                 seg.close()
