@@ -3,9 +3,17 @@
 ``FakeBroker.factory`` is passed as ``connection_factory``; ``FakeConnection.request`` answers
 protocol structs directly (no sockets, no frames) and stores produced batches per partition
 so tests can read records back with ``records.decode_records``.  Hooks: ``hold`` parks
-produce requests until released, ``produce_errors`` answers the next produces with codes,
+produce requests until released, ``produce_errors`` answers the next produce parts with codes (0: handled as usual),
 ``delays`` slows a request type down, ``raises`` makes the connection raise the given
-exceptions for the next requests of a type.  A fetch above the end answers
+exceptions for the next requests of a type, ``lose_responses`` handles the next produce
+requests and then breaks the connection instead of answering (the write was stored).
+
+Idempotent producers get the broker's contract (DESIGN §4): ``INIT_PRODUCER_ID`` hands out
+ids from 1000; per (producer id, partition) the epoch and the last 5 batches are kept; a
+batch is written when its base sequence is the next one, answered as a duplicate with its
+original offset (or -1 when wholly before the last 5), refused with OUT_OF_ORDER_SEQUENCE
+otherwise, or PRODUCER_FENCED for an older epoch; a partition's part of a request is
+checked as a whole.  ``producers`` exposes that state to tests.  A fetch above the end answers
 OFFSET_OUT_OF_RANGE, like the real broker.  Like a real broker it has the internal topic
 ``__groups`` (one partition, led by it), so group requests find their coordinator here.
 """
@@ -13,10 +21,47 @@ OFFSET_OUT_OF_RANGE, like the real broker.  Like a real broker it has the intern
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from sluice import errors
 from sluice.protocol import messages, records
 from sluice.protocol.coordinator import GROUPS_TOPIC
+
+SEQ_MOD = 1 << 31
+
+
+class ProducerState:
+    """One producer's state on one partition: epoch, next sequence, last 5 batches."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.next_seq: int | None = None
+        self.batches: deque[tuple[int, int, int]] = deque(maxlen=5)  # (first, last, offset)
+
+    def copy(self) -> ProducerState:
+        out = ProducerState(self.epoch)
+        out.next_seq = self.next_seq
+        out.batches = deque(self.batches, maxlen=5)
+        return out
+
+
+def _check(state: ProducerState | None, span) -> tuple[str, int, ProducerState]:
+    """(outcome, offset of a duplicate, state after) for one idempotent batch."""
+    first = span.base_sequence
+    last = (first + span.count - 1) % SEQ_MOD
+    if state is None or span.producer_epoch > state.epoch:
+        return "write", -1, ProducerState(span.producer_epoch)
+    if span.producer_epoch < state.epoch:
+        return "fenced", -1, state
+    for f, lst, off in state.batches:
+        if (f, lst) == (first, last):
+            return "dup", off, state
+    if state.next_seq is None or first == state.next_seq:
+        return "write", -1, state
+    oldest = state.batches[0][0] if state.batches else state.next_seq
+    if 0 < (oldest - last) % SEQ_MOD <= 1 << 30 and 0 < (oldest - first) % SEQ_MOD <= 1 << 30:
+        return "dup", -1, state
+    return "out_of_order", -1, state
 
 
 class FakeBroker:
@@ -34,6 +79,9 @@ class FakeBroker:
         self.delays: dict[type, float] = {}  # request type -> seconds before answering
         self.raises: dict[type, list[BaseException]] = {}  # request type -> next exceptions
         self.requests: list = []  # every request, in arrival order
+        self.producers: dict[tuple[int, tuple[str, int]], ProducerState] = {}
+        self.next_producer_id = 1000
+        self.lose_responses = 0  # produce requests handled, then answered by a broken connection
 
     async def factory(self, host: str, port: int) -> FakeConnection:
         conn = FakeConnection(self)
@@ -52,6 +100,42 @@ class FakeBroker:
         for batch in self.logs.get((topic, partition), []):
             out += records.decode_records(batch, topic, partition)
         return out
+
+    def produce_part(self, tp: tuple[str, int], chunk: bytes) -> tuple[int, list[int]]:
+        """Check one partition's part as a whole and write it: (error code, batch offsets)."""
+        spans = records.validate_batches(bytearray(chunk), self.max_message_bytes)
+        staged: dict[int, ProducerState | None] = {}
+        plan = []
+        for span in spans:
+            if span.producer_id < 0:
+                plan.append(("write", -1, span))
+                continue
+            key = (span.producer_id, tp)
+            state = staged[span.producer_id] if span.producer_id in staged else self.producers.get(key)
+            outcome, offset, state = _check(state, span)
+            if outcome == "fenced":
+                return errors.ProducerFenced.code, []
+            if outcome == "out_of_order":
+                return errors.OutOfOrderSequence.code, []
+            if outcome == "write":
+                state = state.copy()
+                state.next_seq = (span.base_sequence + span.count) % SEQ_MOD
+            staged[span.producer_id] = state
+            plan.append((outcome, offset, span))
+        offsets = []
+        for outcome, offset, span in plan:
+            if outcome == "dup":
+                offsets.append(offset)
+                continue
+            base = self.append(tp, chunk[span.pos : span.pos + span.size])
+            offsets.append(base)
+            if span.producer_id >= 0:
+                state = staged[span.producer_id]
+                first = span.base_sequence
+                state.batches.append((first, (first + span.count - 1) % SEQ_MOD, base))
+        for pid, state in staged.items():
+            self.producers[(pid, tp)] = state
+        return 0, offsets
 
     def append(self, tp: tuple[str, int], data: bytes) -> int:
         buf = bytearray(data)
@@ -93,7 +177,13 @@ class FakeBroker:
                 controller_id=0,
                 topics=topics,
             ), memoryview(b"")
-        if kind is messages.ProduceRequest:
+        if kind is messages.InitProducerIdRequest:
+            self.next_producer_id += 1
+            return messages.InitProducerIdResponse(
+                producer_id=self.next_producer_id - 1, producer_epoch=0
+            ), memoryview(b"")
+        if kind in (messages.ProduceRequest, messages.ProduceRequestV2):
+            v2 = kind is messages.ProduceRequestV2
             self.produce_requests.append(req)
             if self.hold:
                 fut = asyncio.get_running_loop().create_future()
@@ -105,21 +195,24 @@ class FakeBroker:
                 tp = (p.topic, p.partition)
                 chunk = data[pos : pos + p.size]
                 pos += p.size
-                if self.produce_errors:
-                    code = self.produce_errors.pop(0)
-                    results.append(
-                        messages.ProducePartitionResult(
-                            topic=p.topic, partition=p.partition, error=code
-                        )
-                    )
+                result = messages.ProducePartitionResultV2 if v2 else messages.ProducePartitionResult
+                if self.produce_errors and (code := self.produce_errors.pop(0)):  # 0: as usual
+                    results.append(result(topic=p.topic, partition=p.partition, error=code))
                     continue
-                base = self.append(tp, chunk)
-                results.append(
-                    messages.ProducePartitionResult(
-                        topic=p.topic, partition=p.partition, base_offset=base
-                    )
-                )
-            return messages.ProduceResponse(partitions=results), memoryview(b"")
+                code, offsets = self.produce_part(tp, chunk)
+                if code:
+                    results.append(result(topic=p.topic, partition=p.partition, error=code))
+                elif v2:
+                    results.append(result(
+                        topic=p.topic, partition=p.partition, base_offset=offsets[0], batch_offsets=offsets
+                    ))
+                else:
+                    results.append(result(topic=p.topic, partition=p.partition, base_offset=offsets[0]))
+            if self.lose_responses:
+                self.lose_responses -= 1
+                raise errors.ConnectionClosed("fake connection broke before the answer")
+            response = messages.ProduceResponseV2 if v2 else messages.ProduceResponse
+            return response(partitions=results), memoryview(b"")
         if kind is messages.FetchRequest:
             results, parts = [], []
             for p in req.partitions:
@@ -193,6 +286,9 @@ class FakeConnection:
             raise errors.ConnectionClosed("fake connection closed")
         try:
             resp, data = await asyncio.wait_for(self.broker.handle(req, attachments), timeout)
+        except errors.ConnectionClosed:
+            self.closed = True
+            raise
         except TimeoutError:
             self.closed = True  # like Connection: a timed-out request closes its connection
             raise errors.RequestTimedOut("fake request timed out") from None

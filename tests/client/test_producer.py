@@ -261,10 +261,10 @@ async def test_unknown_topic_appears_later():
         assert meta.offset == 0
 
 
-async def test_one_request_in_flight_per_partition():
+async def test_one_request_in_flight_per_partition_without_idempotence():
     broker = FakeBroker({"t": 1})
     broker.hold = True
-    async with make(broker, linger_ms=0, batch_size=100) as p:
+    async with make(broker, linger_ms=0, batch_size=100, enable_idempotence=False) as p:
         futs = [await p.send("t", b"x" * 50, partition=0)]
         await asyncio.sleep(0.01)  # the first batch is now in flight (held)
         futs += [await p.send("t", b"x" * 50, partition=0) for _ in range(9)]
@@ -274,6 +274,7 @@ async def test_one_request_in_flight_per_partition():
         await asyncio.gather(*futs)
         # everything queued behind the first request went in one more request
         assert len(broker.produce_requests) == 2
+    assert all(h.producer_id == -1 for blob in broker.logs[("t", 0)] for h, _ in records.iter_batches(blob))
 
 
 async def test_send_after_close_and_before_start():
@@ -507,7 +508,7 @@ async def test_unexpected_error_in_a_request_fails_its_batches():
     """B3: a non-Sluice exception while sending never orphans a batch."""
     broker = FakeBroker({"t": 1})
     async with make(broker, linger_ms=0) as p:
-        broker.raises[messages.ProduceRequest] = [RuntimeError("bug")]
+        broker.raises[messages.ProduceRequestV2] = [RuntimeError("bug")]
         fut = await p.send("t", b"v")
         with pytest.raises(errors.ClientError, match="bug") as info:
             await asyncio.wait_for(fut, 2)

@@ -123,3 +123,20 @@ def test_send_each_gives_one_outcome_per_message_in_order():
     assert third.partition == 1
     assert [(r.key, r.value) for r in broker.records("t", first.partition)][first.offset] == (b"k", b"a")
     assert sorted(r.value for p in (0, 1) for r in broker.records("t", p)) == [b"a", b"b"]
+
+
+def test_sync_producer_takes_the_idempotence_settings():
+    broker = FakeBroker({"t": 1})
+    with pytest.raises(errors.ConfigError, match="producer_id"):
+        SyncProducer("fake:1", connection_factory=broker.factory, producer_id=5, producer_epoch=0).flush()
+    with SyncProducer("fake:1", connection_factory=broker.factory, producer_id=(1 << 62) + 9,
+                      producer_epoch=4, max_in_flight_per_partition=2) as p:
+        assert p.send("t", b"v").result(5).offset == 0
+        assert p.send_many("t", [b"a", b"b"]).result(5) == (0, 1)
+    from sluice.protocol import records
+
+    (blob1, blob2) = broker.logs[("t", 0)]
+    hs = [h for blob in (blob1, blob2) for h, _ in records.iter_batches(blob)]
+    assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h in hs] == [
+        ((1 << 62) + 9, 4, 0), ((1 << 62) + 9, 4, 1)
+    ]

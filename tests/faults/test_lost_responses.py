@@ -1,6 +1,7 @@
 """A failed send says whether its records may have been stored: responses lost on the way
 back (a fault-injecting proxy between producer and a real broker) and brokers that cannot be
-reached."""
+reached.  A retried send of the idempotent producer is stored once; without idempotence,
+at least once."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from sluice.errors import ConnectionClosed, DeliveryTimeout
 from sluice.protocol.messages import Api
 
 
-async def _stored(bootstrap: str, topic: str) -> Counter:
-    """How many times each value is in partition 0."""
+async def _stored(bootstrap: str, topic: str, offsets: dict | None = None) -> Counter:
+    """How many times each value is in partition 0 (and, into ``offsets``, its offsets)."""
     admin = Admin(bootstrap)
     try:
         end = (await admin.describe_topic(topic)).partitions[0].high_watermark
@@ -32,6 +33,8 @@ async def _stored(bootstrap: str, topic: str) -> Counter:
         while consumer.position((topic, 0)) < end:
             for rec in await consumer.getmany(timeout_ms=2000):
                 got[rec.value] += 1
+                if offsets is not None:
+                    offsets.setdefault(rec.value, []).append(rec.offset)
     finally:
         await consumer.close()
     return got
@@ -58,11 +61,17 @@ async def _scenario(broker, proxy_port: int) -> None:
             assert info.value.maybe_stored is True
             assert "may have been stored" in str(info.value)
 
-        # 2. with retries the send succeeds; the lost first attempt was stored too
+        # 2. with retries the send succeeds: stored once, at the offset of the first attempt
         async with Producer(proxy.address, linger_ms=0) as producer:
             proxy.lose_responses(Api.PRODUCE)
             meta = await (await producer.send("lost", b"retried", partition=0))
             assert meta.offset >= 0 and proxy.lost == 2
+
+        # 2b. without idempotence the retry stores a second copy
+        async with Producer(proxy.address, linger_ms=0, enable_idempotence=False) as producer:
+            proxy.lose_responses(Api.PRODUCE)
+            await (await producer.send("lost", b"at-least-once", partition=0))
+            assert proxy.lost == 3
 
         # 3. the broker cannot be reached at all: never sent, so certainly not stored
         async with Producer(proxy.address, linger_ms=0, delivery_timeout_ms=1000) as producer:
@@ -79,11 +88,13 @@ async def _scenario(broker, proxy_port: int) -> None:
             assert info.value.maybe_stored is False
             assert "not stored" in str(info.value)
             proxy.refuse = False
-        stored = await _stored(proxy.address, "lost")  # clients are told the proxy's address
+        offsets: dict = {}
+        stored = await _stored(proxy.address, "lost", offsets)  # clients are told the proxy's address
     finally:
         await proxy.close()
     assert stored[b"one-attempt"] == 1
-    assert stored[b"retried"] == 2  # at-least-once until the idempotent producer
+    assert stored[b"retried"] == 1 and offsets[b"retried"] == [meta.offset]
+    assert stored[b"at-least-once"] == 2
     assert stored[b"never-sent"] == 0
 
 

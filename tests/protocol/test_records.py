@@ -719,3 +719,15 @@ def test_mutated_records_in_a_sealed_batch(recs, edits):
     for pos, value in edits:
         buf[61 + pos % (len(buf) - 61)] = value
     decode_or_corrupt(seal(buf))
+
+
+@pytest.mark.parametrize("codec", [records.NO_COMPRESSION, records.LZ4, records.ZSTD])
+@pytest.mark.parametrize("pid, epoch, seq", [(7, 0, 0), ((1 << 63) - 1, 32767, (1 << 31) - 1), (1 << 62, 3, 12345)])
+def test_stamp_producer_equals_building_with_the_fields(codec, pid, epoch, seq):
+    body = b"".join(records.encode_record(i, i, None, b"v%d" % i) for i in range(5))
+    plain = records.build_batch(body, 5, 1000, 1004, codec)
+    stamped = records.stamp_producer(plain, pid, epoch, seq)
+    assert stamped == records.build_batch(body, 5, 1000, 1004, codec, pid, epoch, seq)
+    span = records.validate_batches(bytearray(stamped), 1 << 20)[0]  # the CRC holds
+    assert (span.producer_id, span.producer_epoch, span.base_sequence) == (pid, epoch, seq)
+    assert records.stamp_producer(stamped, -1, -1, -1) == plain

@@ -137,7 +137,7 @@ class Bulk:
             return
         res = self.results
         first = res[0][0]
-        if first < 0:
+        if all(base < 0 for base, _ in res):  # acks="none", or only old duplicates
             self.future.set_result((self.partition, -1))
             return
         expected = first
@@ -150,7 +150,7 @@ class Bulk:
             return
         offsets: list[int] = []
         for base, count in res:
-            offsets.extend(range(base, base + count))
+            offsets.extend(range(base, base + count) if base >= 0 else [-1] * count)
         self.future.set_result(offsets)
 
     def fail(self, exc: BaseException) -> None:
@@ -166,13 +166,22 @@ class Batch:
 
     Outcome bookkeeping for a failed send (``errors.send_failure``): ``in_flight`` is true
     while an attempt has been written to a connection and not answered; ``maybe_stored``
-    becomes true once any attempt's fate is unknown, and never goes back.
+    becomes true once any attempt's fate is unknown, and goes back only when the broker
+    proves that no attempt was stored (an idempotent batch answered OUT_OF_ORDER_SEQUENCE,
+    see client/sequences.py).
+
+    Idempotence: ``producer_id``, ``producer_epoch`` and ``sequence`` (the base sequence)
+    are -1 until the sender drains the batch for the first time, then fixed for every retry
+    unless the partition is renumbered (``stamp``); ``drain_no`` numbers the partition's
+    batches in the order they were first drained (-1 before): retries are resent in that
+    order.
     """
 
     __slots__ = (
         "topic", "partition", "parts", "futures", "timestamps", "count", "size", "base_ts",
         "max_ts", "deadline", "linger_at", "reserved", "bulk", "bulk_index", "data",
         "attempts", "last_error", "in_flight", "maybe_stored", "_done",
+        "producer_id", "producer_epoch", "sequence", "drain_no",
     )  # fmt: skip
 
     def __init__(self, topic: str, partition: int, base_ts: int, deadline: float) -> None:
@@ -195,6 +204,7 @@ class Batch:
         self.in_flight = False
         self.maybe_stored = False
         self._done: asyncio.Future | None = None
+        self.producer_id = self.producer_epoch = self.sequence = self.drain_no = -1
 
     def append(self, rec: bytes, fut: asyncio.Future, ts: int, reserved: int) -> None:
         self.parts.append(rec)
@@ -207,13 +217,30 @@ class Batch:
             self.max_ts = ts
 
     def build(self, codec: int) -> bytes:
-        """The batch's bytes (built, and compressed, once; kept for retries)."""
+        """The batch's bytes (built, and compressed, once; kept for retries), with the
+        producer fields it has now."""
         if self.data is None:
             self.data = records.build_batch(
-                b"".join(self.parts), self.count, self.base_ts, self.max_ts, codec
+                b"".join(self.parts), self.count, self.base_ts, self.max_ts, codec,
+                self.producer_id, self.producer_epoch, self.sequence,
             )
             self.parts = None
         return self.data
+
+    def wire_size(self, codec: int) -> int:
+        """Bytes the batch takes in a request; builds it only when compressed (the size is
+        not known before)."""
+        if self.data is not None:
+            return len(self.data)
+        if codec == records.NO_COMPRESSION:
+            return records.HEADER_SIZE + self.size
+        return len(self.build(codec))
+
+    def stamp(self, producer_id: int, producer_epoch: int, sequence: int) -> None:
+        """Give the batch its idempotent identity; a batch built already is patched."""
+        self.producer_id, self.producer_epoch, self.sequence = producer_id, producer_epoch, sequence
+        if self.data is not None:
+            self.data = records.stamp_producer(self.data, producer_id, producer_epoch, sequence)
 
     def resolve(self, base_offset: int, append_time: int, meta=None) -> None:
         if self.bulk is not None:
@@ -284,6 +311,8 @@ class Accumulator:
         self.queues: dict[tuple[str, int], deque[Batch]] = {}
         self.incomplete: dict[Batch, None] = {}  # insertion-ordered set
         self.on_ready: Callable[[], None] = lambda: None
+        # called once per batch at its end, with the error that failed it or None
+        self.on_end: Callable[[Batch, BaseException | None], None] = lambda b, exc: None
 
     def topics(self) -> set[str]:
         return {tp[0] for tp in self.open} | {tp[0] for tp, q in self.queues.items() if q}
@@ -354,6 +383,7 @@ class Accumulator:
             if exc is not None:
                 b.settle(known=False)
                 b.fail(errors.send_failure(exc, b.maybe_stored))
+            self.on_end(b, exc)
             release(b)
             b.set_done()
 

@@ -1,11 +1,19 @@
-"""The asyncio producer: accumulator, partitioner, sender (DESIGN §4).
+"""The asyncio producer: settings, partitioner, accumulator front end (DESIGN §4).
 
-Records are appended to an open batch per partition (the accumulator); a batch closes when
-it reaches ``batch_size`` or ``linger_ms`` after it opened.  One sender task drains closed
-batches into ``ProduceRequest`` frames, many partitions per request, and keeps **at most one
-request in flight per partition**: that alone keeps per-partition order across retries
-(failed batches go back to the front of their queue).  Every batch has one deadline,
-creation + ``delivery_timeout_ms``, that bounds accumulator time, flight and retries.
+Records are appended to an open batch per partition (client/accumulator.py); a batch closes
+when it reaches ``batch_size`` or ``linger_ms`` after it opened.  One sender task
+(client/sender.py) drains closed batches into produce requests, many partitions per
+request, retries and completes them, keeping each partition's order across retries.  Every
+batch has one deadline, creation + ``delivery_timeout_ms``, that bounds accumulator time,
+flight and retries.
+
+**Idempotence** (``enable_idempotence``, on by default): the producer gets a producer id
+from a broker (``INIT_PRODUCER_ID``) and stamps each batch with it, an epoch and a
+per-partition sequence (client/sequences.py); the broker stores each batch once however
+often it is retried, answering a retried batch with the offset of its first copy.  So a
+send that succeeds was stored exactly once, in send order, and up to five batches per
+partition can be in flight at once.  Callers that derive their own identity (the Spark sink)
+pass ``producer_id`` and ``producer_epoch``; a newer epoch of one id fences the older.
 
 The bulk path, ``send_many``, encodes keyless records with ``records.encode_keyless_records``
 and splits them into batches with C-level helpers (``accumulate``, ``bisect``): no Python work
@@ -18,11 +26,9 @@ not thread-safe (use ``client.sync.SyncProducer`` from threads).
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat
 from operator import add
@@ -30,8 +36,10 @@ from operator import add
 import crc32c as _crc32c
 
 from sluice import errors
-from sluice.client.accumulator import Accumulator, Batch, Bulk, MemoryPool, RecordMetadata
+from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
 from sluice.client.ordering import InOrderCallbacks
+from sluice.client.sender import Sender, backoff_delay
+from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages, records
 
@@ -45,8 +53,6 @@ _BULK_OVERHEAD = 16
 # Bytes a record can grow by between its size in a batch of its own (deltas 0) and its size
 # in any batch: timestamp delta (up to 10 bytes, not 1), offset delta, length varint.
 _DELTA_SLACK = 16
-
-log = logging.getLogger(__name__)
 
 
 def _zz_len(n: int) -> int:
@@ -78,10 +84,6 @@ def _record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
     return _zz_len(body) + body
 
 
-def _deadline(batch: Batch) -> float:
-    return batch.deadline
-
-
 def default_partitioner(key: bytes, partitions: int) -> int:
     """Partition of a keyed record: CRC-32C of the key modulo the partition count."""
     return _crc32c.crc32c(key) % partitions
@@ -98,6 +100,11 @@ class Producer:
     ``send`` returns (once the record is buffered) a future that resolves to a
     ``RecordMetadata`` when the broker acknowledges it, or fails with the broker's error,
     ``DeliveryTimeout`` or ``ClientClosed``.  ``close()`` flushes first.
+
+    With idempotence a record's offset is -1 when the broker answered its batch as a
+    duplicate of one stored too long ago to remember where (stored once, offset unknown;
+    it takes more than 5 batches of the partition in flight, which the producer never
+    sends, or a broker that forgot).
     """
 
     def __init__(
@@ -122,6 +129,10 @@ class Producer:
         connect_timeout_ms: float = 10000,
         metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
+        enable_idempotence: bool | None = None,
+        max_in_flight_per_partition: int | None = None,
+        producer_id: int | None = None,
+        producer_epoch: int | None = None,
     ) -> None:
         """``acks``: ``"all"`` (the default, as Kafka's since 3.0): a send is acknowledged
         once every in-sync replica has it (the partition's high watermark passed it);
@@ -129,7 +140,20 @@ class Producer:
         ``"all"`` and ``"leader"`` answer at the same moment.
 
         ``metadata_max_age_ms``: how often metadata of the topics sent to is refreshed,
-        which picks up new partitions and changed size limits."""
+        which picks up new partitions and changed size limits.
+
+        ``enable_idempotence``: on unless ``acks="none"`` (which cannot be idempotent: the
+        producer would never hear of a gap).  Off, batches carry no producer id, a retry
+        after a lost answer may store a batch twice, and a partition has one request in
+        flight.  ``max_in_flight_per_partition``: with idempotence, how many of a
+        partition's batches may be in flight at once (1 to 5, default 5); without, only 1.
+
+        ``producer_id`` and ``producer_epoch`` (both or neither; implies idempotence): an
+        identity the caller derives itself, ``producer_id`` in [2**62, 2**63) (brokers hand
+        out ids below), ``producer_epoch`` in 0..32767.  A batch of an older epoch of that id
+        than one a partition stored fails with ``ProducerFenced``, and so does every later
+        send of this producer.  Such a producer never renumbers: after a batch of it failed
+        for good, later sends to that partition fail with ``OutOfOrderSequence``."""
         if acks not in _ACKS:
             raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")
         if compression not in records.COMPRESSION_CODES:
@@ -157,6 +181,29 @@ class Producer:
             raise errors.ConfigError("batch_size must not exceed buffer_memory")
         if partitioner is not None and not callable(partitioner):
             raise errors.ConfigError("partitioner must be a callable (key, partitions) -> int")
+        if (producer_id is None) != (producer_epoch is None):
+            raise errors.ConfigError("producer_id and producer_epoch go together")
+        if producer_id is not None:
+            check_identity(producer_id, producer_epoch)
+        if enable_idempotence is None:
+            enable_idempotence = acks != "none"
+        elif not isinstance(enable_idempotence, bool):
+            raise errors.ConfigError(f"enable_idempotence must be a bool, got {enable_idempotence!r}")
+        if enable_idempotence and acks == "none":
+            raise errors.ConfigError('enable_idempotence needs acks="leader" or "all", not "none"')
+        if producer_id is not None and not enable_idempotence:
+            raise errors.ConfigError("producer_id needs enable_idempotence")
+        top = MAX_IN_FLIGHT_BATCHES if enable_idempotence else 1
+        if max_in_flight_per_partition is None:
+            max_in_flight_per_partition = top
+        if (
+            not isinstance(max_in_flight_per_partition, int) or isinstance(max_in_flight_per_partition, bool)
+            or not 1 <= max_in_flight_per_partition <= top
+        ):
+            raise errors.ConfigError(
+                f"max_in_flight_per_partition must be an int in 1..{top}"
+                f"{'' if enable_idempotence else ' without idempotence'}, got {max_in_flight_per_partition!r}"
+            )
         self.acks = _ACKS[acks]
         self.batch_size = int(batch_size)
         self.linger = linger_ms / 1000
@@ -172,7 +219,9 @@ class Producer:
         self.max_request_size = int(max_request_size)
         self.partitioner = partitioner
         self.metadata_max_age = metadata_max_age_ms / 1000
-        self._metadata_at = 0.0  # monotonic time of the last metadata refresh
+        self.enable_idempotence = enable_idempotence
+        self.max_in_flight_per_partition = max_in_flight_per_partition
+        self.producer_identity = None if producer_id is None else (producer_id, producer_epoch)
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -182,14 +231,8 @@ class Producer:
         self._memory = MemoryPool(int(buffer_memory))
         self._acc = Accumulator(self.linger, self.delivery_timeout)
         self._sticky: dict[str, int] = {}
-        self._inflight_tps: set[tuple[str, int]] = set()
-        self._inflight_nodes: dict[int, int] = {}
-        self._retry_at: dict[tuple[str, int], float] = {}
-        self._failures: dict[tuple[str, int], int] = {}  # consecutive failed attempts
-        self._requests: set[asyncio.Task] = set()
-        self._sender: asyncio.Task | None = None
-        self._refresh_task: asyncio.Task | None = None
-        self._waiter: asyncio.Future | None = None
+        self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
+        self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing = 0
         self._closing = False
@@ -202,13 +245,13 @@ class Producer:
         """Connect to the bootstrap brokers and start the sender task."""
         if self._closing:
             raise errors.ClientClosed("producer is closed")
-        if self._sender is not None:
+        if self._started:
             return
         self._loop = asyncio.get_running_loop()
-        self._acc.on_ready = self._wake
         await self._cluster.refresh([])
-        self._metadata_at = time.monotonic()
-        self._sender = self._loop.create_task(self._run_sender(), name="sluice-producer-sender")
+        self._sender.metadata_at = time.monotonic()
+        self._started = True
+        self._sender.start(self._loop)
 
     async def close(self) -> None:
         """Flush everything buffered, wait for acks, then stop.  Idempotent.
@@ -225,7 +268,7 @@ class Producer:
         self._closing = True
         self._memory.fail_waiters(errors.ClientClosed("producer closed while the send waited for memory"))
         try:
-            if self._sender is not None:
+            if self._started:
                 await self.flush()
         finally:
             if not self._closed:
@@ -236,10 +279,11 @@ class Producer:
         """Synchronously fail every record not acknowledged yet and stop every task; the
         awaitable rest of the shutdown runs in ``self._closer``."""
         self._closed = self._closing = True
-        self._acc.fail_all(exc, self._release)  # open and queued batches
+        release = self._sender.release
+        self._acc.fail_all(exc, release)  # open and queued batches
         for b in list(self._acc.incomplete):  # in flight: the answer will not be awaited
-            self._acc.finish(b, exc, self._release)
-        tasks = [t for t in (self._sender, self._refresh_task, *self._requests) if t is not None]
+            self._acc.finish(b, exc, release)
+        tasks = self._sender.tasks()
         for t in tasks:
             t.cancel()
         self._closer = asyncio.get_running_loop().create_task(self._finish_close(tasks))
@@ -258,8 +302,15 @@ class Producer:
     def _check_open(self) -> None:
         if self._closing or self._closed:
             raise errors.ClientClosed("producer is closed")
-        if self._sender is None:
+        if not self._started:
             raise errors.ClientError("producer not started: await start() first")
+        fenced = self._sender.fenced
+        if fenced is not None:
+            raise errors.annotated(fenced, "(this producer was fenced; nothing was buffered)")
+
+    def _forced(self) -> bool:
+        """Close lingering batches at once (a flush or close is waiting)?"""
+        return self._flushing > 0 or self._closing
 
     # ------------------------------------------------------------------ metadata
 
@@ -290,7 +341,7 @@ class Producer:
             last = self._cluster.unknown.get(topic, last)
             if last is not None and not last.retriable:
                 raise last
-            delay = self._backoff_delay(attempt)
+            delay = backoff_delay(self.backoff, self.backoff_max, attempt)
             attempt += 1
             if isinstance(last, errors.UnknownTopic):
                 wait = min(wait, self.unknown_topic_wait)
@@ -332,20 +383,6 @@ class Producer:
         if info.max_message_bytes > 0:
             limit = min(limit, info.max_message_bytes)
         return limit
-
-    def _request_refresh(self) -> None:
-        if self._refresh_task is None or self._refresh_task.done():
-            self._refresh_task = self._loop.create_task(self._refresh())
-
-    async def _refresh(self) -> None:
-        topics = set(self._cluster.topics) | self._acc.topics()
-        try:
-            await self._cluster.refresh(sorted(topics))
-        except errors.SluiceError:
-            await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
-        finally:
-            self._metadata_at = time.monotonic()  # a failed refresh is not repeated at once either
-            self._wake()
 
     # ------------------------------------------------------------------ partitioning
 
@@ -560,311 +597,15 @@ class Producer:
     async def flush(self) -> None:
         """Send everything buffered now (ignoring linger) and wait until all of it is acked
         or failed.  Does not raise for failed records: their futures carry the errors."""
-        if self._sender is None:
+        if not self._started:
             return
         pending = list(self._acc.incomplete)
         if not pending:
             return
         self._flushing += 1
-        self._wake()
+        self._sender.wake()
         try:
             for batch in pending:
                 await batch.wait_done(self._loop)
         finally:
             self._flushing -= 1
-
-    # ------------------------------------------------------------------ memory
-
-    def _release(self, batch: Batch) -> None:
-        self._memory.release(batch.reserved)
-
-    # ------------------------------------------------------------------ sender task
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def _run_sender(self) -> None:
-        loop = self._loop
-        acc = self._acc
-        while True:
-            now = time.monotonic()
-            acc.expire(now, self._release)
-            wake_at = acc.close_lingered(now, force=self._flushing > 0 or self._closing)
-            wake_at = self._dispatch(now, wake_at)
-            wake_at = self._refresh_when_old(now, wake_at)
-            self._waiter = loop.create_future()
-            handle = None
-            if wake_at is not None:
-                handle = loop.call_at(
-                    loop.time() + max(0.0, wake_at - time.monotonic()), self._wake
-                )
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-                if handle is not None:
-                    handle.cancel()
-
-    def _refresh_when_old(self, now: float, wake_at: float | None) -> float | None:
-        """Refresh metadata ``metadata_max_age_ms`` after the last refresh (new partitions,
-        changed limits) if any topic is known; return the next wake-up time."""
-        if not self._cluster.topics:
-            return wake_at
-        due = self._metadata_at + self.metadata_max_age
-        if now >= due:
-            self._request_refresh()
-            due = now + self.metadata_max_age
-        return due if wake_at is None else min(wake_at, due)
-
-    def _dispatch(self, now: float, wake_at: float | None) -> float | None:
-        """Turn ready batches into requests, within the per-partition and per-connection
-        in-flight limits; return the next time something becomes due."""
-        by_node: dict[int, list[tuple[str, int]]] = {}
-        need_refresh = False
-        cluster = self._cluster
-        for tp, q in self._acc.queues.items():
-            if not q:
-                continue
-            if tp in self._inflight_tps:  # waits for its request; expire() at its deadline
-                deadline = q[0].deadline
-                wake_at = deadline if wake_at is None else min(wake_at, deadline)
-                continue
-            retry_at = self._retry_at.get(tp)
-            if retry_at is not None:
-                if retry_at > now:
-                    due = min(retry_at, q[0].deadline)  # expire() fails the head at its deadline
-                    wake_at = due if wake_at is None else min(wake_at, due)
-                    continue
-                del self._retry_at[tp]
-            node = cluster.leader(*tp)
-            if node < 0:
-                need_refresh = True
-                for b in q:
-                    b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp}")
-                deadline = q[0].deadline
-                wake_at = deadline if wake_at is None else min(wake_at, deadline)
-                continue
-            by_node.setdefault(node, []).append(tp)
-        if need_refresh:
-            self._request_refresh()
-        for node, tps in by_node.items():
-            while tps and self._inflight_nodes.get(node, 0) < self.max_in_flight:
-                req_batches = self._take_request(tps)
-                self._inflight_nodes[node] = self._inflight_nodes.get(node, 0) + 1
-                task = self._loop.create_task(self._send_request(node, req_batches))
-                self._requests.add(task)
-                task.add_done_callback(self._requests.discard)
-        return wake_at
-
-    def _take_request(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], list[Batch]]:
-        """Pop the queued batches of as many partitions as fit in ``max_request_size``
-        (the first batch always goes, whatever its size); mark those partitions in flight."""
-        out: dict[tuple[str, int], list[Batch]] = {}
-        total = 0
-        queues = self._acc.queues
-        codec, cap = self.codec, self.max_request_size
-        while tps:
-            tp = tps[0]
-            q = queues[tp]
-            taken: list[Batch] = []
-            while q:
-                size = len(q[0].build(codec))
-                if total and total + size > cap:
-                    break
-                taken.append(q.popleft())
-                total += size
-            if taken:
-                out[tp] = taken
-                self._inflight_tps.add(tp)
-            if q:
-                if taken:
-                    tps.pop(0)  # the rest waits for this partition's request to finish
-                break  # the request is full
-            tps.pop(0)
-        return out
-
-    async def _send_request(self, node: int, batches: dict[tuple[str, int], list[Batch]]) -> None:
-        """One produce request: every batch it holds ends acknowledged, failed or requeued,
-        whatever is raised (a bug, a foreign error, cancellation by ``close``)."""
-        flat = [b for bs in batches.values() for b in bs]
-        try:
-            try:
-                response = await self._exchange(node, batches, flat)
-            except BaseException:
-                for b in flat:
-                    b.settle(known=False)  # written or not, no answer was read
-                raise
-            if response is None:  # acks=none: written is all we will know
-                for b in flat:
-                    b.settle(known=False)
-                    self._complete(b, -1, -1)
-            else:
-                self._on_response(batches, response)
-        except asyncio.CancelledError:
-            # only close() cancels requests, and it has failed these batches already
-            self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
-            raise
-        except errors.SluiceError as exc:
-            if isinstance(exc, errors.ConnectionClosed | errors.RequestTimedOut):
-                self._cluster.node_failed(node)  # metadata is asked elsewhere first
-            self._on_request_error(batches, exc)
-        except OSError as exc:
-            self._cluster.node_failed(node)
-            self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
-        except Exception as exc:
-            log.exception("produce request to broker %s failed unexpectedly", node)
-            self._abandon(batches, exc)
-        finally:
-            self._inflight_nodes[node] -= 1
-            for tp in batches:
-                self._inflight_tps.discard(tp)
-            self._wake()
-
-    async def _exchange(self, node: int, batches: dict[tuple[str, int], list[Batch]], flat):
-        """Send one request and return its response (None with ``acks="none"``).
-
-        The request itself is bounded by ``connect_timeout_ms`` and ``request_timeout_ms``
-        alone (a timeout closes its connection, see ``Connection.request``), never shrunk by
-        the batches' deadlines (the broker is told the earliest of them, as the request's
-        ``timeout_ms``, so that it answers by then): a batch whose delivery deadline passes meanwhile fails on
-        its own (its records may have been stored) while the request runs on, and its
-        partition stays in flight until the request ends, so no second copy is sent beside it.
-        """
-        partitions = []
-        attachments = []
-        for (topic, partition), bs in batches.items():
-            size = 0
-            for b in bs:
-                attachments.append(b.data)
-                size += len(b.data)
-            partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
-        # The broker holds acks=all writes no longer than the batches' delivery deadline
-        # (seed 000: each waiting write carries its own deadline, nothing waits past it).
-        now = time.monotonic()
-        wait = min(self.request_timeout, min(b.deadline for b in flat) - now)
-        request = messages.ProduceRequest(
-            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(wait * 1000))
-        )
-        task = self._loop.create_task(self._deliver(node, request, attachments, flat))
-        by_deadline = sorted(flat, key=_deadline)
-        i = 0
-        try:
-            while True:
-                now = time.monotonic()
-                while i < len(by_deadline) and by_deadline[i].deadline <= now:
-                    b = by_deadline[i]
-                    self._acc.finish(b, b.timeout_error(self.delivery_timeout), self._release)
-                    i += 1
-                timeout = by_deadline[i].deadline - now if i < len(by_deadline) else None
-                await asyncio.wait((task,), timeout=timeout)
-                if task.done():
-                    return task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-
-    async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
-        """Connect and write (marking ``flat`` in flight only once the bytes go out), then
-        await the answer."""
-        conn = await self._cluster.connection(node)
-        if self.acks == messages.ACKS_NONE:
-            await conn.drain()
-        if conn.closed:
-            raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
-        for b in flat:
-            b.in_flight = True
-        if self.acks == messages.ACKS_NONE:
-            conn.send_noreply(request, attachments)
-            return None
-        response, _ = await conn.request(request, attachments, self.request_timeout, check=False)
-        return response
-
-    def _on_response(self, batches, response: messages.ProduceResponse) -> None:
-        if response.error:  # the whole request was answered with one error
-            exc = errors.error_for_code(response.error, response.message)
-            for tp, bs in batches.items():
-                self._on_partition_error(tp, bs, exc)
-            return
-        results = {(r.topic, r.partition): r for r in response.partitions}
-        for tp, bs in batches.items():
-            r = results.get(tp)
-            if r is None:
-                exc = errors.UnknownServerError(f"no result for {tp} in the produce response")
-                self._on_partition_error(tp, bs, exc)
-            elif r.error:
-                self._on_partition_error(tp, bs, errors.error_for_code(r.error, r.message))
-            else:
-                self._failures.pop(tp, None)
-                offset = r.base_offset
-                for b in bs:
-                    b.settle(known=True)
-                    self._complete(b, offset, r.log_append_time)
-                    offset += b.count
-
-    def _on_partition_error(self, tp, bs: list[Batch], exc: errors.BrokerError) -> None:
-        for b in bs:
-            b.settle(known=exc.appended_nothing)
-        if exc.retriable:
-            self._retry(tp, bs, exc)
-        else:
-            self._fail_batches(bs, exc)
-
-    def _abandon(self, batches, exc: BaseException) -> None:
-        """Fail every batch of ``batches`` still unfinished and not requeued."""
-        for tp, bs in batches.items():
-            q = self._acc.queues.get(tp, ())
-            for b in bs:
-                if b in self._acc.incomplete and b not in q:
-                    self._acc.finish(b, exc, self._release)
-
-    def _on_request_error(self, batches, exc: errors.SluiceError) -> None:
-        retriable = exc.retriable or isinstance(exc, errors.ConnectionClosed)
-        for tp, bs in batches.items():
-            if retriable:
-                self._retry(tp, bs, exc)
-            else:
-                self._fail_batches(bs, exc)
-
-    def _retry(self, tp, bs: list[Batch], exc: Exception) -> None:
-        """Requeue the unfinished batches of ``bs`` at the front of their partition (order
-        kept) after a backoff that grows with the partition's consecutive failures up to
-        ``retry_backoff_max_ms``, whatever the deadlines; ``expire`` fails what reaches its
-        deadline meanwhile."""
-        now = time.monotonic()
-        if isinstance(exc, errors.NotLeader | errors.RequestTimedOut):
-            # A leader that does not answer in time may have been replaced while it
-            # stalled: the retry waits for fresh metadata rather than going back to it.
-            self._cluster.mark_stale(tp[0])
-        if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed | errors.RequestTimedOut):
-            self._request_refresh()
-        failures = self._failures[tp] = self._failures.get(tp, 0) + 1
-        incomplete = self._acc.incomplete
-        keep = []
-        for b in bs:
-            if b not in incomplete:
-                continue  # failed at its deadline while in flight
-            b.last_error = exc
-            b.attempts += 1
-            if b.deadline <= now:
-                self._acc.finish(b, b.timeout_error(self.delivery_timeout), self._release)
-            elif self.retries is not None and b.attempts > self.retries:
-                self._acc.finish(b, exc, self._release)
-            else:
-                keep.append(b)
-        if keep:
-            self._acc.queues.setdefault(tp, deque()).extendleft(reversed(keep))
-            self._retry_at[tp] = now + self._backoff_delay(failures - 1)
-
-    def _backoff_delay(self, attempt: int) -> float:
-        delay = min(self.backoff * (2 ** min(attempt, 30)), self.backoff_max)
-        return delay * random.uniform(0.8, 1.2) if delay else 0.0
-
-    def _fail_batches(self, bs: list[Batch], exc: Exception) -> None:
-        for b in bs:
-            self._acc.finish(b, exc, self._release)
-
-    def _complete(self, batch: Batch, base_offset: int, append_time: int) -> None:
-        batch.resolve(base_offset, append_time, RecordMetadata)
-        self._acc.finish(batch, None, self._release)

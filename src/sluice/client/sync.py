@@ -155,7 +155,13 @@ class _SyncBase:
 
 class SyncProducer(_SyncBase):
     """Blocking ``Producer``: ``send`` blocks until buffered and returns a
-    ``concurrent.futures.Future`` of the ``RecordMetadata``."""
+    ``concurrent.futures.Future`` of the ``RecordMetadata``.
+
+    Takes every ``Producer`` setting, among them the idempotence ones:
+    ``enable_idempotence``, ``max_in_flight_per_partition``, and an explicit identity
+    ``producer_id`` / ``producer_epoch`` (checked when the producer is created on first
+    use).  A pickled facade carries its identity: each unpickled copy writes as the same
+    producer, so give each writer its own id or epoch."""
 
     _client_cls = Producer
     _thread_name = "sluice-producer"

@@ -55,6 +55,7 @@ LOG_OVERHEAD = 12  # base offset + batch length: the bytes batch_length does not
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
 MAX_TIMESTAMP_OFFSET = 35
+PRODUCER_ID_OFFSET = 43  # producer_id, producer_epoch, base_sequence: 14 bytes from here
 MAGIC = 2
 
 COMPRESSION_MASK = 0x07
@@ -80,6 +81,7 @@ _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _H16 = struct.Struct(">h")
+_PRODUCER = struct.Struct(">qhi")
 
 crc32c = _crc32c.crc32c
 
@@ -466,6 +468,17 @@ def build_batch(
     )
     crc = crc32c(tail)
     return struct.pack(">qiibI", 0, len(tail) + 9, -1, MAGIC, crc) + tail
+
+
+def stamp_producer(batch: bytes, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    """A copy of one built batch with new producer id, epoch and base sequence, and its CRC
+    recomputed (one C call): how an idempotent producer renumbers a batch it built already.
+    The records, compressed or not, are untouched.  Raises ``struct.error`` for a value
+    outside its field (int64, int16, int32)."""
+    buf = bytearray(batch)
+    _PRODUCER.pack_into(buf, PRODUCER_ID_OFFSET, producer_id, producer_epoch, base_sequence)
+    _U32.pack_into(buf, CRC_OFFSET, crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]))
+    return bytes(buf)
 
 
 # --------------------------------------------------------------------------- decoding

@@ -1,0 +1,606 @@
+"""The producer's sender: one task that turns queued batches into produce requests, reads
+the answers, retries and completes (DESIGN §4).  The producer (client/producer.py) owns the
+settings, the accumulator and the metadata cache; this module decides what is sent when.
+
+**Requests.**  Batches of many partitions go in one ``ProduceRequestV2`` per broker, within
+``max_request_size`` (the first batch always goes) and ``max_in_flight`` requests per
+connection.  The answer lists each batch's base offset (``batch_offsets``); records are
+completed from it, never by adding counts.
+
+**Per partition.**  Without idempotence a partition has one request in flight, holding any
+number of its batches: that alone keeps its order across retries.  With idempotence (the
+default) up to ``max_in_flight_per_partition`` (at most 5) of its *batches* are in flight at
+once, in one or more requests: the broker remembers the last 5 batches per producer and
+partition, so every retried batch is answered with its original offset.  Batches get their
+sequence when first drained (client/sequences.py); a retried batch keeps it, goes back to its
+queue in drain order, ahead of every later batch, and is resent only once nothing of its
+partition is in flight (Kafka's KIP-5494 rule: after a failure the partition runs one
+request at a time until it is back in sequence).  So does the first request of an identity:
+a partition that does not know the producer accepts any sequence, and a second request must
+not overtake a first one that fails.
+
+**Outcomes.**  OUT_OF_ORDER_SEQUENCE is retried when an earlier batch is still outstanding,
+renumbers the partition when the client made the gap itself (sequences.py), and fails the
+part otherwise.  PRODUCER_FENCED fails every batch and every later send.  A batch whose
+delivery deadline passes fails at once, in flight or not; its partition stays in flight
+until the request ends, so no second copy is sent beside it.
+
+Concurrency: everything here runs on the producer's loop; only the sender task and the
+request tasks it starts call into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+from sluice import errors
+from sluice.client.accumulator import Accumulator, Batch, MemoryPool, RecordMetadata
+from sluice.client.sequences import GAP, MAX_EPOCH, RETRY, PartitionSequences
+from sluice.client.transport import Cluster
+from sluice.protocol import messages
+
+log = logging.getLogger("sluice.client.producer")
+
+TP = tuple[str, int]
+
+
+def backoff_delay(base: float, maximum: float, attempt: int) -> float:
+    """``base * 2**attempt`` capped at ``maximum``, with +-20 % jitter."""
+    delay = min(base * (2 ** min(attempt, 30)), maximum)
+    return delay * random.uniform(0.8, 1.2) if delay else 0.0
+
+
+def _deadline(batch: Batch) -> float:
+    return batch.deadline
+
+
+def _earliest(wake_at: float | None, t: float) -> float:
+    return t if wake_at is None or t < wake_at else wake_at
+
+
+class Sender:
+    """The sender task of one ``Producer`` and the state of its requests.
+
+    ``producer`` supplies the settings (read once here) and ``forced()`` (flush or close in
+    progress: lingering batches close at once).  ``identity`` is an explicit ``(producer id,
+    epoch)`` or None to ask the broker for one (``INIT_PRODUCER_ID``) when idempotent.
+    """
+
+    def __init__(
+        self,
+        producer,
+        cluster: Cluster,
+        acc: Accumulator,
+        memory: MemoryPool,
+        forced: Callable[[], bool],
+    ) -> None:
+        self.acks = producer.acks
+        self.codec = producer.codec
+        self.max_in_flight = producer.max_in_flight
+        self.per_partition = producer.max_in_flight_per_partition
+        self.idempotent = producer.enable_idempotence
+        self.retries = producer.retries
+        self.backoff = producer.backoff
+        self.backoff_max = producer.backoff_max
+        self.delivery_timeout = producer.delivery_timeout
+        self.request_timeout = producer.request_timeout
+        self.max_request_size = producer.max_request_size
+        self.metadata_max_age = producer.metadata_max_age
+        self.metadata_at = 0.0  # monotonic time of the last metadata refresh
+        self._cluster = cluster
+        self._acc = acc
+        self._memory = memory
+        self._forced = forced
+        identity = producer.producer_identity
+        self._explicit = identity is not None
+        self._producer_id, self._producer_epoch = identity or (None, None)
+        self._identity_error: errors.SluiceError | None = None
+        self.fenced: errors.ProducerFenced | None = None
+        self._seqs: dict[TP, PartitionSequences] = {}
+        self._inflight: dict[TP, int] = {}  # batches in flight per partition
+        self._inflight_nodes: dict[int, int] = {}
+        self._retry_at: dict[TP, float] = {}
+        self._failures: dict[TP, int] = {}  # consecutive failed attempts
+        self._requests: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+        self._refresh_task: asyncio.Task | None = None
+        self._init_task: asyncio.Task | None = None
+        self._waiter: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        acc.on_ready = self.wake
+        acc.on_end = self._batch_ended
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        if self.idempotent and not self._explicit:
+            self._need_identity()  # ready by the first send, usually
+        self._task = loop.create_task(self._run(), name="sluice-producer-sender")
+
+    def tasks(self) -> list[asyncio.Task]:
+        """Every task still to cancel on close."""
+        return [t for t in (self._task, self._refresh_task, self._init_task, *self._requests) if t is not None]
+
+    def release(self, batch: Batch) -> None:
+        self._memory.release(batch.reserved)
+
+    def wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _run(self) -> None:
+        loop = self._loop
+        acc = self._acc
+        while True:
+            now = time.monotonic()
+            acc.expire(now, self.release)
+            wake_at = acc.close_lingered(now, force=self._forced())
+            wake_at = self._dispatch(now, wake_at)
+            wake_at = self._refresh_when_old(now, wake_at)
+            self._waiter = loop.create_future()
+            handle = None
+            if wake_at is not None:
+                handle = loop.call_at(loop.time() + max(0.0, wake_at - time.monotonic()), self.wake)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if handle is not None:
+                    handle.cancel()
+
+    # ------------------------------------------------------------------ metadata
+
+    def _refresh_when_old(self, now: float, wake_at: float | None) -> float | None:
+        """Refresh metadata ``metadata_max_age_ms`` after the last refresh (new partitions,
+        changed limits) if any topic is known; return the next wake-up time."""
+        if not self._cluster.topics:
+            return wake_at
+        due = self.metadata_at + self.metadata_max_age
+        if now >= due:
+            self.request_refresh()
+            due = now + self.metadata_max_age
+        return _earliest(wake_at, due)
+
+    def request_refresh(self) -> None:
+        if self._refresh_task is None or self._refresh_task.done():
+            self._refresh_task = self._loop.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        topics = set(self._cluster.topics) | self._acc.topics()
+        try:
+            await self._cluster.refresh(sorted(topics))
+        except errors.SluiceError:
+            await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
+        finally:
+            self.metadata_at = time.monotonic()  # a failed refresh is not repeated at once either
+            self.wake()
+
+    # ------------------------------------------------------------------ producer identity
+
+    def _need_identity(self) -> None:
+        if self._init_task is None or self._init_task.done():
+            self._init_task = self._loop.create_task(self._init_producer_id())
+
+    async def _init_producer_id(self) -> None:
+        """Ask any broker for a producer id (``INIT_PRODUCER_ID``), retrying retriable errors
+        with backoff; a non-retriable one is kept in ``_identity_error`` (the queued batches
+        fail with it)."""
+        attempt = 0
+        while True:
+            try:
+                response, _ = await self._cluster.request(messages.InitProducerIdRequest())
+                if not 0 <= response.producer_id < 1 << 62 or not 0 <= response.producer_epoch <= MAX_EPOCH:
+                    raise errors.UnknownServerError(
+                        f"INIT_PRODUCER_ID answered id {response.producer_id} epoch {response.producer_epoch}"
+                    )
+                self._producer_id, self._producer_epoch = response.producer_id, response.producer_epoch
+                self._identity_error = None
+                return
+            except errors.SluiceError as exc:
+                self._identity_error = exc
+                if not exc.retriable:
+                    return
+            finally:
+                self.wake()
+            await asyncio.sleep(backoff_delay(self.backoff, self.backoff_max, attempt))
+            attempt += 1
+
+    def _sequences(self, tp: TP) -> PartitionSequences | None:
+        """The partition's sequence state; None while no producer id is known yet."""
+        st = self._seqs.get(tp)
+        if st is None and self._producer_id is not None:
+            st = self._seqs[tp] = PartitionSequences(self._producer_id, self._producer_epoch, self._explicit)
+        return st
+
+    def _renumber(self, tp: TP, st: PartitionSequences, q: deque[Batch]) -> bool:
+        """Continue ``tp`` under a new identity (nothing of it in flight); False while a
+        fresh producer id is awaited."""
+        if st.epoch < MAX_EPOCH:
+            st.renumber(q)
+        elif self._producer_id is not None and self._producer_id != st.producer_id:
+            st.reset_identity(self._producer_id, self._producer_epoch, q)
+        else:
+            self._producer_id = None  # past the last epoch: a fresh id for this partition
+            self._need_identity()
+            return False
+        log.info("%s[%d]: sequence gap left by a failed batch; continuing as producer %d epoch %d "
+                 "from sequence 0", tp[0], tp[1], st.producer_id, st.epoch)
+        return True
+
+    def _batch_ended(self, b: Batch, exc: BaseException | None) -> None:
+        if exc is not None and b.drain_no >= 0:
+            st = self._seqs.get((b.topic, b.partition))
+            if st is not None:
+                st.failed(b)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _ready(self, tp: TP, q: deque[Batch]) -> bool:
+        """May ``tp`` have one more request in flight now (its queue being non-empty)?"""
+        busy = self._inflight.get(tp, 0)
+        if not self.idempotent:
+            return not busy
+        st = self._seqs.get(tp)
+        if st is None or st.renumber_pending:
+            return False
+        if q[0].drain_no >= 0 or not st.acked:  # a retry, or the identity's first request
+            return not busy
+        return busy < self.per_partition
+
+    def _hold(self, tp: TP, q: deque[Batch]) -> bool:
+        """Idempotence's preconditions for sending ``tp``: True when it must wait (or its
+        batches were failed: fenced, or no producer id can be had)."""
+        exc = self.fenced
+        if exc is None and self._producer_id is None and tp not in self._seqs:
+            self._need_identity()
+            err = self._identity_error
+            if err is not None and not err.retriable:
+                exc = err
+            else:
+                for b in q:
+                    b.last_error = err or b.last_error
+                return True
+        if exc is not None:
+            while q:
+                self._acc.finish(q.popleft(), exc, self.release)
+            return True
+        st = self._sequences(tp)
+        if st.renumber_pending:
+            if self._inflight.get(tp, 0) or not self._renumber(tp, st, q):
+                return True
+        return False
+
+    def _dispatch(self, now: float, wake_at: float | None) -> float | None:
+        """Turn ready batches into requests, within the per-partition and per-connection
+        in-flight limits; return the next time something becomes due."""
+        by_node: dict[int, list[TP]] = {}
+        need_refresh = False
+        cluster = self._cluster
+        for tp, q in self._acc.queues.items():
+            if not q:
+                continue
+            if (self.idempotent and self._hold(tp, q)) or not q or not self._ready(tp, q):
+                if q:  # waits; expire() fails the head at its deadline
+                    wake_at = _earliest(wake_at, q[0].deadline)
+                continue
+            retry_at = self._retry_at.get(tp)
+            if retry_at is not None:
+                if retry_at > now:
+                    wake_at = _earliest(wake_at, min(retry_at, q[0].deadline))
+                    continue
+                del self._retry_at[tp]
+            node = cluster.leader(*tp)
+            if node < 0:
+                need_refresh = True
+                for b in q:
+                    b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp}")
+                wake_at = _earliest(wake_at, q[0].deadline)
+                continue
+            by_node.setdefault(node, []).append(tp)
+        if need_refresh:
+            self.request_refresh()
+        for node, tps in by_node.items():
+            while tps and self._inflight_nodes.get(node, 0) < self.max_in_flight:
+                req_batches = self._take_request(tps)
+                if not req_batches:
+                    break
+                self._inflight_nodes[node] = self._inflight_nodes.get(node, 0) + 1
+                task = self._loop.create_task(self._send_request(node, req_batches))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+        return wake_at
+
+    def _take_request(self, tps: list[TP]) -> dict[TP, list[Batch]]:
+        """Pop batches of as many partitions of ``tps`` as fit in ``max_request_size`` (the
+        first batch always goes) and mark them in flight.  A partition stays first in
+        ``tps`` when the request filled up and it may send another request."""
+        out: dict[TP, list[Batch]] = {}
+        room = self.max_request_size
+        queues = self._acc.queues
+        while tps:
+            tp = tps[0]
+            q = queues[tp]
+            taken, room, full = self._take_batches(tp, q, room, first=not out)
+            if taken:
+                out[tp] = taken
+                self._inflight[tp] = self._inflight.get(tp, 0) + len(taken)
+            if full and q and self._ready(tp, q):
+                break  # the request is full; this partition heads the next one
+            tps.pop(0)
+            if full:
+                break
+        return out
+
+    def _take_batches(self, tp: TP, q: deque[Batch], room: int, first: bool) -> tuple[list[Batch], int, bool]:
+        """Batches of ``tp`` for one request, stamped with their sequences when idempotent:
+        at most the partition's in-flight budget, with consecutive drain numbers (a failed
+        batch between two starts a new request part).  Returns (batches, room left, whether
+        the request is full)."""
+        codec = self.codec
+        taken: list[Batch] = []
+        if not self.idempotent:
+            while q:
+                size = q[0].wire_size(codec)
+                if size > room and (taken or not first):
+                    return taken, room, True
+                b = q.popleft()
+                b.build(codec)
+                taken.append(b)
+                room -= size
+            return taken, room, False
+        st = self._seqs[tp]
+        limit = self.per_partition - self._inflight.get(tp, 0)
+        while q and len(taken) < limit:
+            b = q[0]
+            if taken and not st.follows(taken[-1], b):
+                break
+            size = b.wire_size(codec)
+            if size > room and (taken or not first):
+                return taken, room, True
+            q.popleft()
+            if b.drain_no < 0:
+                st.assign(b)
+            b.build(codec)
+            taken.append(b)
+            room -= size
+        return taken, room, False
+
+    # ------------------------------------------------------------------ requests
+
+    async def _send_request(self, node: int, batches: dict[TP, list[Batch]]) -> None:
+        """One produce request: every batch it holds ends acknowledged, failed or requeued,
+        whatever is raised (a bug, a foreign error, cancellation by ``close``)."""
+        flat = [b for bs in batches.values() for b in bs]
+        try:
+            try:
+                response = await self._exchange(node, batches, flat)
+            except BaseException:
+                for b in flat:
+                    b.settle(known=False)  # written or not, no answer was read
+                raise
+            if response is None:  # acks=none: written is all we will know
+                for b in flat:
+                    b.settle(known=False)
+                    self._complete(b, -1, -1)
+            else:
+                self._on_response(batches, response)
+        except asyncio.CancelledError:
+            # only close() cancels requests, and it has failed these batches already
+            self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
+            raise
+        except errors.SluiceError as exc:
+            if isinstance(exc, errors.ConnectionClosed | errors.RequestTimedOut):
+                self._cluster.node_failed(node)  # metadata is asked elsewhere first
+            self._on_request_error(batches, exc)
+        except OSError as exc:
+            self._cluster.node_failed(node)
+            self._on_request_error(batches, errors.ConnectionClosed(str(exc)))
+        except Exception as exc:
+            log.exception("produce request to broker %s failed unexpectedly", node)
+            self._abandon(batches, exc)
+        finally:
+            self._inflight_nodes[node] -= 1
+            for tp, bs in batches.items():
+                self._inflight[tp] -= len(bs)
+            self.wake()
+
+    async def _exchange(self, node: int, batches: dict[TP, list[Batch]], flat: list[Batch]):
+        """Send one request and return its response (None with ``acks="none"``).
+
+        The request itself is bounded by ``connect_timeout_ms`` and ``request_timeout_ms``
+        alone (a timeout closes its connection, see ``Connection.request``), never shrunk by
+        the batches' deadlines (the broker is told the earliest of them, as the request's
+        ``timeout_ms``, so that it answers by then): a batch whose delivery deadline passes
+        meanwhile fails on its own (its records may have been stored) while the request runs
+        on, and its partition stays in flight until the request ends.
+        """
+        partitions = []
+        attachments = []
+        for (topic, partition), bs in batches.items():
+            size = 0
+            for b in bs:
+                attachments.append(b.data)
+                size += len(b.data)
+            partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
+        # The broker holds acks=all writes no longer than the batches' delivery deadline
+        # (seed 000: each waiting write carries its own deadline, nothing waits past it).
+        now = time.monotonic()
+        wait = min(self.request_timeout, min(b.deadline for b in flat) - now)
+        request = messages.ProduceRequestV2(
+            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(wait * 1000))
+        )
+        task = self._loop.create_task(self._deliver(node, request, attachments, flat))
+        by_deadline = sorted(flat, key=_deadline)
+        i = 0
+        try:
+            while True:
+                now = time.monotonic()
+                while i < len(by_deadline) and by_deadline[i].deadline <= now:
+                    b = by_deadline[i]
+                    self._acc.finish(b, b.timeout_error(self.delivery_timeout), self.release)
+                    i += 1
+                timeout = by_deadline[i].deadline - now if i < len(by_deadline) else None
+                await asyncio.wait((task,), timeout=timeout)
+                if task.done():
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
+        """Connect and write (marking ``flat`` in flight only once the bytes go out), then
+        await the answer."""
+        conn = await self._cluster.connection(node)
+        if self.acks == messages.ACKS_NONE:
+            await conn.drain()
+        if conn.closed:
+            raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
+        for b in flat:
+            b.in_flight = True
+        if self.acks == messages.ACKS_NONE:
+            conn.send_noreply(request, attachments)
+            return None
+        response, _ = await conn.request(request, attachments, self.request_timeout, check=False)
+        return response
+
+    # ------------------------------------------------------------------ answers
+
+    def _on_response(self, batches: dict[TP, list[Batch]], response: messages.ProduceResponseV2) -> None:
+        if response.error:  # the whole request was answered with one error
+            exc = errors.error_for_code(response.error, response.message)
+            for tp, bs in batches.items():
+                self._on_partition_error(tp, bs, exc)
+            return
+        results = {(r.topic, r.partition): r for r in response.partitions}
+        for tp, bs in batches.items():
+            r = results.get(tp)
+            if r is None:
+                exc = errors.UnknownServerError(f"no result for {tp} in the produce response")
+                self._on_partition_error(tp, bs, exc)
+            elif r.error:
+                self._on_partition_error(tp, bs, errors.error_for_code(r.error, r.message))
+            elif len(r.batch_offsets) != len(bs):
+                exc = errors.UnknownServerError(
+                    f"{len(r.batch_offsets)} batch offsets answered for {len(bs)} batches of {tp}"
+                )
+                self._on_partition_error(tp, bs, exc)
+            else:
+                self._failures.pop(tp, None)
+                st = self._seqs.get(tp)
+                for b, offset in zip(bs, r.batch_offsets, strict=True):
+                    b.settle(known=True)
+                    if st is not None:
+                        st.acknowledged(b)
+                    self._complete(b, offset, r.log_append_time)
+
+    def _on_partition_error(self, tp: TP, bs: list[Batch], exc: errors.BrokerError) -> None:
+        for b in bs:
+            b.settle(known=exc.appended_nothing)
+        if isinstance(exc, errors.OutOfOrderSequence) and tp in self._seqs:
+            self._on_out_of_order(tp, bs, exc)
+        elif isinstance(exc, errors.ProducerFenced):
+            self._fence(exc)
+            self._fail_batches(bs, exc)
+        elif exc.retriable:
+            self._retry(tp, bs, exc)
+        else:
+            self._fail_batches(bs, exc)
+
+    def _on_out_of_order(self, tp: TP, bs: list[Batch], exc: errors.OutOfOrderSequence) -> None:
+        """The broker has none of ``bs`` (client/sequences.py): retry them behind an earlier
+        outstanding batch, renumber the partition after a gap the client made, or fail."""
+        st = self._seqs[tp]
+        for b in bs:
+            b.maybe_stored = False
+        kind = st.classify(bs[0])
+        if kind == RETRY:
+            self._retry(tp, bs, exc, counted=False)
+        elif st.explicit:
+            note = "a batch before it failed, and an explicit producer identity is never renumbered"
+            self._fail_batches(bs, errors.annotated(exc, f"({note})") if kind == GAP else exc)
+        elif kind == GAP:
+            st.renumber_pending = True
+            self._retry(tp, bs, exc, counted=False)
+        else:  # LOST: acknowledged batches are gone; these fail, later ones go on
+            st.renumber_pending = True
+            self._fail_batches(bs, exc)
+
+    def _fence(self, exc: errors.ProducerFenced) -> None:
+        """A newer epoch of this producer wrote: every queued batch and later send fails."""
+        if self.fenced is None:
+            self.fenced = exc
+            log.warning("producer fenced: %s", exc)
+            for q in self._acc.queues.values():
+                while q:
+                    self._acc.finish(q.popleft(), exc, self.release)
+
+    def _abandon(self, batches: dict[TP, list[Batch]], exc: BaseException) -> None:
+        """Fail every batch of ``batches`` still unfinished and not requeued."""
+        for tp, bs in batches.items():
+            q = self._acc.queues.get(tp, ())
+            for b in bs:
+                if b in self._acc.incomplete and b not in q:
+                    self._acc.finish(b, exc, self.release)
+
+    def _on_request_error(self, batches: dict[TP, list[Batch]], exc: errors.SluiceError) -> None:
+        retriable = exc.retriable or isinstance(exc, errors.ConnectionClosed)
+        for tp, bs in batches.items():
+            if retriable:
+                self._retry(tp, bs, exc)
+            else:
+                self._fail_batches(bs, exc)
+
+    def _retry(self, tp: TP, bs: list[Batch], exc: Exception, counted: bool = True) -> None:
+        """Requeue the unfinished batches of ``bs`` at the front of their partition, merged
+        in drain order with retries queued already (ahead of every batch not drained yet).
+
+        A ``counted`` retry (a failed attempt) waits a backoff that grows with the
+        partition's consecutive failures up to ``retry_backoff_max_ms``, whatever the
+        deadlines, and counts toward ``retries``; ``expire`` fails what reaches its deadline
+        meanwhile.  An uncounted one (a batch that only follows an earlier retry) does not."""
+        now = time.monotonic()
+        if isinstance(exc, errors.NotLeader | errors.RequestTimedOut):
+            # A leader that does not answer in time may have been replaced while it
+            # stalled: the retry waits for fresh metadata rather than going back to it.
+            self._cluster.mark_stale(tp[0])
+        if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed | errors.RequestTimedOut):
+            self.request_refresh()
+        incomplete = self._acc.incomplete
+        keep = []
+        for b in bs:
+            if b not in incomplete:
+                continue  # failed at its deadline while in flight
+            if counted:
+                b.last_error = exc
+                b.attempts += 1
+            if b.deadline <= now:
+                self._acc.finish(b, b.timeout_error(self.delivery_timeout), self.release)
+            elif counted and self.retries is not None and b.attempts > self.retries:
+                self._acc.finish(b, exc, self.release)
+            else:
+                keep.append(b)
+        if not keep:
+            return
+        q = self._acc.queues.setdefault(tp, deque())
+        while q and q[0].drain_no >= 0:
+            keep.append(q.popleft())
+        keep.sort(key=lambda b: b.drain_no)  # stable: without idempotence all are -1
+        q.extendleft(reversed(keep))
+        if counted:
+            failures = self._failures[tp] = self._failures.get(tp, 0) + 1
+            self._retry_at[tp] = now + backoff_delay(self.backoff, self.backoff_max, failures - 1)
+
+    def _fail_batches(self, bs: list[Batch], exc: Exception) -> None:
+        for b in bs:
+            self._acc.finish(b, exc, self.release)
+
+    def _complete(self, batch: Batch, base_offset: int, append_time: int) -> None:
+        batch.resolve(base_offset, append_time, RecordMetadata)
+        self._acc.finish(batch, None, self.release)
