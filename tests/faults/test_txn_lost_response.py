@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 from proxy import FaultyProxy
-from txn_helpers import list_open, make_topic, read_all
 
 from brokers import free_port
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
 from sluice.protocol.messages import Api
+from txn_helpers import list_open, make_topic, read_all
 
 
 async def _scenario(broker, proxy_port: int) -> None:

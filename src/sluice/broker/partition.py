@@ -79,6 +79,7 @@ from sluice.protocol.records import (
     assign_offsets,
     validate_replica_batches,
 )
+from sluice.protocol.transactions import TXN_BITS
 from sluice.storage.cleaner import (
     CleanedSegment,
     clean_segments,
@@ -87,7 +88,6 @@ from sluice.storage.cleaner import (
     plan_cleaning,
 )
 from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
-from sluice.protocol.transactions import TXN_BITS
 from sluice.storage.producers import Duplicate, Staging, write_snapshot
 from sluice.storage.segment import Segment
 

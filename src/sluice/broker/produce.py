@@ -21,7 +21,6 @@ from sluice.errors import (
 from sluice.protocol import messages as m
 from sluice.protocol.records import BatchTooLarge, validate_batches
 
-
 # ids handed out by brokers stay below this; ids from it up are the callers' own (a Spark
 # sink derives its tasks' identities), so the two never meet
 DERIVED_PRODUCER_IDS = 1 << 62

@@ -35,7 +35,6 @@ import uuid
 from dataclasses import dataclass
 
 import crc32c as _crc32c
-
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,

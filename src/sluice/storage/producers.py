@@ -47,7 +47,13 @@ import msgspec
 
 from sluice.errors import CorruptRecord, OutOfOrderSequence, ProducerFenced
 from sluice.protocol import transactions as tx
-from sluice.protocol.records import CONTROL_BIT, TRANSACTIONAL_BIT, crc32c, decode_batch, parse_header
+from sluice.protocol.records import (
+    CONTROL_BIT,
+    TRANSACTIONAL_BIT,
+    crc32c,
+    decode_batch,
+    parse_header,
+)
 from sluice.storage.checkpoint import write_atomic
 
 log = logging.getLogger("sluice.storage")
