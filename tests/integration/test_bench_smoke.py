@@ -8,6 +8,7 @@ import pytest
 
 from sluice.bench import workloads as w
 from sluice.bench.runner import CpuMeter
+from sluice.bench.transactions import run_tx
 
 
 @pytest.mark.timeout(120)
@@ -17,6 +18,12 @@ def test_every_workload_runs_and_checks_its_counts(broker):
     assert p1.msgs == 3000 and p1.bytes == 300_000 and "server_cpu=" in p1.notes[-1]
     p2 = asyncio.run(w.run_publish(broker.bootstrap, "P2-1KiB", 1024, 2000, w.FSYNC_ALWAYS, meter))
     assert p2.msgs == 2000
+    plain = asyncio.run(w.run_publish(
+        broker.bootstrap, "P1-1KiB-plain", 1024, 2000, w.PAGE_CACHE, meter, enable_idempotence=False
+    ))
+    assert plain.msgs == 2000 and "not idempotent" in " ".join(plain.notes)
+    tx = asyncio.run(run_tx(broker.bootstrap, meter, seconds=0.5))
+    assert tx.msgs > 0 and tx.p99_ms >= tx.p50_ms
     c1 = asyncio.run(w.run_c1(broker.bootstrap, meter, count=5000))
     assert c1.msgs == 5000 and c1.bytes == 5000 * 1024
     l1 = asyncio.run(w.run_l1(broker.bootstrap, meter, rate=500, seconds=1.0))

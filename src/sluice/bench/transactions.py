@@ -22,7 +22,7 @@ CONCURRENCY = 32
 PARTITIONS = 8  # a producer keeps one half in flight per partition
 
 
-async def run_tx(bootstrap: str, meter, size: int = 1024) -> Row:
+async def run_tx(bootstrap: str, meter, size: int = 1024, seconds: float = SECONDS) -> Row:
     await reset_topic(bootstrap, PAGE_CACHE, partitions=PARTITIONS)
     payload = os.urandom(size)
     latencies: list[float] = []
@@ -31,7 +31,7 @@ async def run_tx(bootstrap: str, meter, size: int = 1024) -> Row:
         await producer.send_in_transaction(TOPIC, payload, lambda msg: commit)  # warm up
         meter.start()
         start = time.perf_counter()
-        deadline = start + SECONDS
+        deadline = start + seconds
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
