@@ -25,7 +25,7 @@ from replicated import (
 from sluice.errors import DiskFull
 
 TOPIC = "events"
-MAX_COPIES = 3  # producers are not idempotent: see test_cluster_faults.py
+MAX_COPIES = 1  # producers are idempotent: see test_cluster_faults.py
 DELIVERY_TIMEOUT_MS = 8000
 
 
