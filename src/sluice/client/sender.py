@@ -14,10 +14,10 @@ once, in one or more requests: the broker remembers the last 5 batches per produ
 partition, so every retried batch is answered with its original offset.  Batches get their
 sequence when first drained (client/sequences.py); a retried batch keeps it, goes back to its
 queue in drain order, ahead of every later batch, and is resent only once nothing of its
-partition is in flight (Kafka's KIP-5494 rule: after a failure the partition runs one
-request at a time until it is back in sequence).  So does the first request of an identity:
-a partition that does not know the producer accepts any sequence, and a second request must
-not overtake a first one that fails.
+partition is in flight (as Kafka's producer does since KAFKA-5494: after a failure the
+partition runs one request at a time until it is back in sequence).  So does the first
+request of an identity: a partition that does not know the producer accepts any sequence,
+and a second request must not overtake a first one that fails.
 
 **Outcomes.**  OUT_OF_ORDER_SEQUENCE is retried when an earlier batch is still outstanding,
 renumbers the partition when the client made the gap itself (sequences.py), and fails the
