@@ -33,6 +33,29 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def freeze(pid: int, group: bool = False) -> None:
+    """SIGSTOP ``pid`` (its process group with ``group``) and return once every thread of
+    ``pid`` has stopped: the signal stops a thread running on another core only a moment
+    later, and a request sent in that moment would still be answered."""
+    (os.killpg if group else os.kill)(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while not _all_threads_stopped(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within 5 s of SIGSTOP"
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is in state T (stopped), as /proc tells."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        states.append(stat.rsplit(")", 1)[1].split()[0])
+    return all(st in ("T", "t") for st in states)
+
+
 class BrokerProcess:
     def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str] | None = None) -> None:
         self.data_dir = data_dir

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from brokers import free_ports
+from brokers import free_ports, freeze
 
 
 def etcd_binary() -> str:
@@ -81,7 +81,9 @@ class EtcdProcess:
             self.proc.wait(10)
 
     def pause(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        """SIGSTOP, returning once every thread of etcd has stopped (``brokers.freeze``)."""
+        freeze(self.proc.pid, group=True)
 
     def resume(self) -> None:
         os.killpg(self.proc.pid, signal.SIGCONT)
+

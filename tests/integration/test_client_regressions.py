@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from brokers import freeze
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncConsumer
 
@@ -22,7 +23,7 @@ async def create(bootstrap: str, name: str, partitions: int = 1) -> None:
 @contextlib.contextmanager
 def frozen(broker):
     """SIGSTOP the broker: connections stay open, nothing is answered."""
-    os.kill(broker.proc.pid, signal.SIGSTOP)
+    freeze(broker.proc.pid)
     try:
         yield
     finally:
