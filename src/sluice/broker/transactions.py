@@ -337,6 +337,8 @@ class TransactionManager:
         self._discarding: set[tuple[str, int, int]] = set()
         self._audit_ready = False
         self._peers: Cluster | None = None  # a client to the other brokers, for audit copies
+        self.closing = False
+        self._discard_tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ state
 
@@ -482,7 +484,10 @@ class TransactionManager:
             return
         self._discarding.add(key)
         task = asyncio.get_running_loop().create_task(self._discard_half(st, h))
-        task.add_done_callback(lambda t: (self._discarding.discard(key), t.cancelled() or t.exception()))
+        self._discard_tasks.add(task)
+        task.add_done_callback(lambda t: (
+            self._discarding.discard(key), self._discard_tasks.discard(t), t.cancelled() or t.exception()
+        ))
 
     async def _discard_half(self, st: PartitionTransactions, h: Half) -> None:
         """Roll back a half its producers never resolved, then copy it to the audit topic."""
@@ -497,10 +502,20 @@ class TransactionManager:
             return
         loop = asyncio.get_running_loop()
         recs = await loop.run_in_executor(self.broker.read_executor, read_half, st.part.log, h.offset)
-        try:
-            await self._audit(half_id, recs, reason, h)
-        except Exception as exc:  # noqa: BLE001 - the rollback marker keeps the decision and reason
-            log.error("%s: rolled back (%s) but its audit copy was not written: %s", half_id, reason, exc)
+        # the audit copy is retried (its partition's leader may be moving) for a while; the
+        # rollback marker keeps the decision and the reason whatever happens
+        deadline, delay = time.monotonic() + AUDIT_RETRY_S, 0.1
+        while True:
+            try:
+                await self._audit(half_id, recs, reason, h)
+                return
+            except Exception as exc:  # noqa: BLE001 - retried, then reported
+                if self.closing or time.monotonic() + delay > deadline:
+                    log.error("%s: rolled back (%s) but its audit copy was not written: %s", half_id, reason, exc)
+                    return
+                log.info("%s: audit copy not written yet (%s); retrying", half_id, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def _audit(self, half_id: str, recs, reason: str, h: Half) -> None:
         topic = self.broker.topics.get(tx.DISCARD_TOPIC)
@@ -548,6 +563,13 @@ class TransactionManager:
             raise_for_code(result.error, result.message)
 
     async def close(self) -> None:
+        """Stop discarding (a half given up on is discarded again by the next leader) and
+        close the client to the other brokers."""
+        self.closing = True
+        tasks = list(self._discard_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._peers is not None:
             await self._peers.close()
 
@@ -566,7 +588,8 @@ class TransactionManager:
         self._audit_ready = True
 
 
-AUDIT_TIMEOUT_S = 30.0
+AUDIT_TIMEOUT_S = 30.0  # one audit write
+AUDIT_RETRY_S = 120.0  # all attempts of one audit copy
 
 
 def _now_ms() -> int:
