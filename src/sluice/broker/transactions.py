@@ -563,8 +563,9 @@ class TransactionManager:
             raise_for_code(result.error, result.message)
 
     async def close(self) -> None:
-        """Stop discarding (a half given up on is discarded again by the next leader) and
-        close the client to the other brokers."""
+        """Stop discarding and close the client to the other brokers.  A discard stopped
+        before its rollback is done again by the next leader; one stopped after it has no
+        audit copy (its rollback marker keeps the reason)."""
         self.closing = True
         tasks = list(self._discard_tasks)
         for task in tasks:
