@@ -10,6 +10,7 @@ import time
 import pytest
 
 from sluice import errors
+from sluice.client import Admin, Consumer
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
 from sluice.protocol.transactions import DISCARD_TOPIC
@@ -69,6 +70,42 @@ async def test_commit_rollback_unknown_and_ends(broker):
     assert headers["h"] == b"1" and headers["sluice.txn.id"] == committed.txn_id.encode()
     assert recs[0].key == b"o1"
     assert await list_open(bs) == []
+
+
+async def test_positions_and_commits_pass_hidden_batches_at_the_end(broker, cli):
+    """A partition ending in batches no reader sees (a half message, a rollback marker):
+    a consumer's position, and so a group's commit and ``--exit-at-end``, reach its end."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with TransactionProducer(bs, group="shop") as p:
+        await p.send_in_transaction("orders", b"paid", lambda msg: S.COMMIT)
+        await p.send_in_transaction("orders", b"cancelled", lambda msg: S.ROLLBACK)
+        await p.send_in_transaction("orders", b"pending", lambda msg: S.UNKNOWN)
+    admin = Admin(bs)
+    await admin.start()
+    try:
+        end = (await admin.list_offsets("orders"))[0]
+    finally:
+        await admin.close()
+    assert end == 5  # half, commit copy, half, rollback marker, half
+
+    c = Consumer(bs, group="g", auto_offset_reset="earliest", fetch_max_wait_ms=50)
+    await c.start()
+    try:
+        c.assign([("orders", 0)])
+        got = []
+        deadline = time.monotonic() + 30
+        while c.position(("orders", 0)) != end:
+            assert time.monotonic() < deadline, (got, c.position(("orders", 0)))
+            got += await c.getmany(timeout_ms=100)
+        assert [r.value for r in got] == [b"paid"]
+        await c.commit()
+        assert (await c.committed(("orders", 0))) == end
+    finally:
+        await c.close()
+
+    res = cli("consume", "orders", "--from", "earliest", "--exit-at-end", bootstrap=bs, timeout=30)
+    assert res.returncode == 0 and res.stdout == b"paid\n", res
 
 
 async def test_racing_commit_and_rollback_one_wins(broker):

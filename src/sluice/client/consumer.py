@@ -126,6 +126,9 @@ class Consumer:
         self._positions: dict[TP, int | None] = {}  # None: to initialise / reset
         self._out_of_range: set[TP] = set()  # position None because the broker said so
         self._fetch_offsets: dict[TP, int] = {}
+        # (at, to): once the position is ``at`` it is ``to``: the batches in between show
+        # nothing (half messages, control markers, records compacted away)
+        self._skips: dict[TP, tuple[int, int]] = {}
         self._epochs: dict[TP, int] = {}  # bumped by seek: drops in-flight results
         self._buffer: deque[list[records.Record]] = deque()
         self._head = 0  # records of _buffer[0] already taken
@@ -226,6 +229,7 @@ class Consumer:
 
     def _purge(self, tp: TP) -> None:
         """Drop buffered records of ``tp`` (after a seek or unassignment)."""
+        self._skips.pop(tp, None)
         if self._buffer:
             t, p = tp
             first = self._buffer[0]
@@ -246,10 +250,19 @@ class Consumer:
     # ------------------------------------------------------------------ positions
 
     def position(self, tp: TP) -> int | None:
-        """Next offset the application will get for ``tp`` (None until initialised)."""
+        """Next offset the application will get for ``tp`` (None until initialised).
+
+        Past batches that show nothing (half messages, rollback markers, records compacted
+        away) once every record before them was handed out: at the end of a partition
+        whose last batches are hidden, the position is its end, not the offset after its
+        last visible record."""
         if tp not in self._positions:
             raise errors.ConfigError(f"{tp} is not assigned")
-        return self._positions[tp]
+        return self._skipped(tp, self._positions[tp])
+
+    def _skipped(self, tp: TP, position: int | None) -> int | None:
+        skip = self._skips.get(tp)
+        return skip[1] if skip is not None and position == skip[0] else position
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Make ``offset`` the next offset read from (topic, partition)."""
@@ -611,8 +624,13 @@ class Consumer:
             if recs:
                 self._buffer.append(recs)
                 self._fetch_offsets[tp] = max(recs[-1].offset + 1, end or 0)
+                if end is not None and end > recs[-1].offset + 1:
+                    self._skips[tp] = (recs[-1].offset + 1, end)
             elif end is not None:
                 self._fetch_offsets[tp] = max(start, end)
+                if end > start:  # nothing to show: the position moves on without a record
+                    skip = self._skips.get(tp)
+                    self._skips[tp] = (skip[0] if skip is not None and skip[1] == start else start, end)
             else:
                 self._error = errors.ProtocolError(
                     f"fetch of {tp} at offset {start} returned {r.size} bytes without a whole batch"
@@ -674,7 +692,7 @@ class Consumer:
         if not self._started:
             await self.start()
         if offsets is None:
-            offsets = {tp: off for tp, off in self._positions.items() if off is not None}
+            offsets = {tp: self._skipped(tp, off) for tp, off in self._positions.items() if off is not None}
         self._to_commit.update(offsets)
         self._commit_seq += 1
         mine = self._commit_seq
