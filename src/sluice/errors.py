@@ -62,7 +62,11 @@
         ├── ProducerFenced               code 33  a newer epoch of the producer id wrote already
         ├── TransactionEnded             code 34  the half message was ended the other way
         │                                         already (commit after rollback or the reverse)
-        └── UnknownTransaction           code 35  no half message at that transaction id
+        ├── UnknownTransaction           code 35  no half message at that transaction id
+        ├── UnknownSubscription          code 36  the topic's partition has no subscription of
+        │                                         that name (never created, or deleted)
+        ├── SubscriptionAlreadyExists    code 37
+        └── InvalidSubscription          code 38  a bad subscription name or setting
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -415,6 +419,21 @@ class TransactionEnded(BrokerError):
 class UnknownTransaction(BrokerError):
     """The transaction id names no half message of that partition: a wrong offset, an
     ordinary message, or a half message that retention already deleted."""
+
+
+@_code(36, "UNKNOWN_SUBSCRIPTION")
+class UnknownSubscription(BrokerError):
+    """No subscription of that name on the partition: never created, or deleted."""
+
+
+@_code(37, "SUBSCRIPTION_ALREADY_EXISTS")
+class SubscriptionAlreadyExists(BrokerError):
+    pass
+
+
+@_code(38, "INVALID_SUBSCRIPTION")
+class InvalidSubscription(BrokerError):
+    """A subscription name or setting out of its range; the message says which."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

@@ -46,6 +46,12 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy:
         return st.dictionaries(strategy_for(t.key_type), strategy_for(t.value_type), max_size=3)
     if isinstance(t, mi.UnionType):
         return st.one_of([strategy_for(x) for x in t.types])
+    if isinstance(t, mi.LiteralType):
+        return st.sampled_from(t.values)
+    if isinstance(t, mi.FloatType):
+        return st.floats(allow_nan=False, allow_infinity=False)
+    if isinstance(t, mi.TupleType):
+        return st.tuples(*(strategy_for(x) for x in t.item_types))
     raise NotImplementedError(f"no strategy for msgspec type {t!r}: extend strategy_for")
 
 
@@ -55,7 +61,11 @@ def minimal(t: mi.Type):
         return t.cls(**{f.name: minimal(f.type) for f in t.fields if f.required})
     if isinstance(t, mi.UnionType):
         return minimal(t.types[0])
-    simple = {mi.IntType: 0, mi.StrType: "", mi.BoolType: False, mi.NoneType: None}
+    if isinstance(t, mi.LiteralType):
+        return t.values[0]
+    if isinstance(t, mi.TupleType):
+        return tuple(minimal(x) for x in t.item_types)
+    simple = {mi.IntType: 0, mi.StrType: "", mi.BoolType: False, mi.NoneType: None, mi.FloatType: 0.0}
     if type(t) in simple:
         return simple[type(t)]
     return {mi.ListType: [], mi.DictType: {}, mi.BytesType: b""}[type(t)]
@@ -285,8 +295,14 @@ def test_api_keys_are_stable():
         "END_TRANSACTION": 19,
         "REGISTER_PRODUCER": 20,
         "LIST_TRANSACTIONS": 21,
+        "SUBSCRIBE": 22,
+        "ACK": 23,
+        "CREATE_SUBSCRIPTION": 24,
+        "DELETE_SUBSCRIPTION": 25,
+        "DESCRIBE_SUBSCRIPTIONS": 26,
+        "SEEK_SUBSCRIPTION": 27,
     }
-    assert {p.name: int(p) for p in messages.Push} == {"CHECK_TRANSACTION": 1}
+    assert {p.name: int(p) for p in messages.Push} == {"CHECK_TRANSACTION": 1, "DELIVER": 2, "SUBSCRIPTION_ENDED": 3}
 
 
 def test_push_round_trip():

@@ -15,6 +15,8 @@ Data directory::
     <data>/logs/__txn_discarded-0/  half messages given up after their checks (audit copies;
                                    broker/transactions.py); transactions themselves live in
                                    their data partitions
+    subscriptions: no files; their cursors are control batches in the data partitions
+                                   (broker/subscriptions.py, protocol/subscriptions.py)
     <data>/groups.migrated/        group offset files of older brokers, kept after their
                                    import into __groups (broker/group_migration.py)
 
@@ -50,6 +52,7 @@ from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
+from sluice.broker.subscriptions import SubscriptionManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
 from sluice.broker.transactions import TransactionManager
 from sluice.broker.wait import wait_event
@@ -130,6 +133,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self._producer_ids = (0, -1)  # the next id to hand out, the last reserved (produce.py)
         self._producer_ids_lock = asyncio.Lock()
         self.transactions = TransactionManager(self)  # half messages (broker/transactions.py)
+        self.subscriptions = SubscriptionManager(self)  # broker/subscriptions.py
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -237,7 +241,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
 
     def _leadership_changed(self, part: Partition) -> None:
         """A partition held here began or stopped leading: the coordinator follows its
-        ``__groups`` partitions."""
+        ``__groups`` partitions; the subscriptions of a partition no longer led stop."""
+        self.subscriptions.leadership_changed(part)
         if part.topic != GROUPS_TOPIC or self.groups is None:
             return
         if part.is_leader:
@@ -269,6 +274,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             f.stop()
         await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
         self.fetchers.clear()
+        await self.subscriptions.close()
         await self.transactions.close()
         await self._close_partitions()
         try:
@@ -426,5 +432,6 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             m.Api.ELECT_LEADERS: self.elect_leaders,
             m.Api.INIT_PRODUCER_ID: self.init_producer_id,
             **self.transactions.handlers(),
+            **self.subscriptions.handlers(),
         }
 

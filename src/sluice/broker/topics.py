@@ -277,6 +277,7 @@ class TopicAdmin:
         if topic is None:
             return
         parts = list(topic.partitions.values())
+        await self.subscriptions.forget_topic(name)
         for p in parts:
             self._unfollow(p)
         await asyncio.gather(*(p.abort() for p in parts), return_exceptions=True)

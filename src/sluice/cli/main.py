@@ -329,6 +329,9 @@ def _quiet_stdout() -> None:
               help="Consumer group: start from its committed offsets and commit as messages are printed; "
                    "the starting positions are committed at once, even if nothing is read.")
 @click.option("--partition", type=PARTITION, default=None, help="Only this partition.")
+@click.option("--sub", "subscription", default=None, metavar="NAME",
+              help="Read through subscription NAME (created from --from, default earliest, when missing), "
+                   "acking each message once printed.")
 @click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
 @click.option("-e", "--exit-at-end", is_flag=True,
@@ -347,7 +350,7 @@ def _quiet_stdout() -> None:
 @click.option("--delimiter", type=Escaped(allow_empty=True), default="\\n", show_default=True,
               help="Written after each message in text and raw mode (escapes: \\n \\t \\r \\0 \\xHH).")
 @click.pass_context
-def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, exit_at_end,
+def consume(ctx, topic_name, start, group, partition, subscription, max_messages, timeout_ms, exit_at_end,
             as_json, raw, fmt, print_keys, key_separator, delimiter) -> None:
     """Print messages of TOPIC, one per line.
 
@@ -369,6 +372,15 @@ def consume(ctx, topic_name, start, group, partition, max_messages, timeout_ms, 
                                   delimiter=delimiter, key_separator=key_separator)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--format") from None
+    if subscription is not None:
+        _exclusive(ctx, "subscription", "group")
+        _exclusive(ctx, "subscription", "partition")
+        try:
+            consume_subscription(ctx, topic_name, subscription, start, render, max_messages=max_messages,
+                                 timeout_ms=timeout_ms, exit_at_end=exit_at_end)
+        except BrokenPipeError:
+            _quiet_stdout()
+        return
     with _admin(ctx) as admin:
         desc = admin.describe_topic(topic_name)  # UNKNOWN_TOPIC is an error, not an empty wait
         partitions = [p.partition for p in desc.partitions]
@@ -490,6 +502,7 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
 from sluice.cli.cluster import cluster  # noqa: E402 - a group of its own module
 from sluice.cli.group import group  # noqa: E402 - a group of its own module
 from sluice.cli.pipeline import pipeline  # noqa: E402 - a group of its own module
+from sluice.cli.sub import consume_subscription, sub  # noqa: E402 - a group of its own module
 from sluice.cli.topic import topic  # noqa: E402 - a group of its own module
 from sluice.cli.txn import txn  # noqa: E402 - a group of its own module
 
@@ -498,6 +511,7 @@ cli.add_command(cluster)
 cli.add_command(pipeline)
 cli.add_command(group)
 cli.add_command(txn)
+cli.add_command(sub)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import msgspec
 
 from sluice import errors
 from sluice.client.status import ClusterStatus
+from sluice.client.subscriber import position
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages
 from sluice.protocol.messages import (
@@ -29,9 +30,11 @@ from sluice.protocol.messages import (
     GroupDescription,
     GroupListing,
     ReplicaMove,
+    SubscriptionPartitionInfo,
     TopicDescription,
     TopicMetadata,
 )
+from sluice.protocol.subscriptions import SubscriptionConfig
 
 __all__ = [
     "Admin",
@@ -191,6 +194,65 @@ class Admin:
             todo = moved
             await asyncio.sleep(0.1 * (attempt + 1))
         return out
+    # ------------------------------------------------------------------ subscriptions
+
+    async def _each_partition(self, topic: str, make, results) -> list:
+        """``make(partitions)`` at each leader of every partition of ``topic``; the
+        per-partition results, the first error raised."""
+        out = await self._to_leaders(topic, await self._partitions(topic), make, results)
+        for r in out:
+            errors.raise_for_code(r.error, r.message)
+        return out
+
+    async def create_subscription(
+        self,
+        topic: str,
+        name: str,
+        config: SubscriptionConfig | None = None,
+        *,
+        start: str | int = "earliest",
+        if_not_exists: bool = False,
+    ) -> None:
+        """Create subscription ``name`` on every partition of ``topic``, its cursor at
+        ``start`` (``earliest``, ``latest``, an offset, ``time:<ms since the epoch>``).
+        ``SubscriptionAlreadyExists`` unless ``if_not_exists``."""
+        cfg = config or SubscriptionConfig()
+        await self._each_partition(topic, lambda group: messages.CreateSubscriptionRequest(
+            topic=topic, subscription=name, partitions=group, config=cfg, start=position(start),
+            if_not_exists=if_not_exists,
+        ), lambda resp: resp.partitions)
+
+    async def delete_subscription(self, topic: str, name: str) -> None:
+        """Delete the subscription from every partition (its consumers are told)."""
+        await self._each_partition(topic, lambda group: messages.DeleteSubscriptionRequest(
+            topic=topic, subscription=name, partitions=group,
+        ), lambda resp: resp.partitions)
+
+    async def seek_subscription(self, topic: str, name: str, to: str | int) -> None:
+        """Move the subscription's cursor on every partition to ``to`` (``earliest``,
+        ``latest``, an offset, ``time:<ms>``): replay from there, or skip to there."""
+        await self._each_partition(topic, lambda group: messages.SeekSubscriptionRequest(
+            topic=topic, subscription=name, partitions=group, position=position(to),
+        ), lambda resp: resp.partitions)
+
+    async def describe_subscription(self, topic: str, name: str | None = None) -> list[SubscriptionPartitionInfo]:
+        """Per partition (and subscription, when ``name`` is None): the cursor, backlog,
+        in flight, retrying and dead-lettered counts; sorted by subscription, partition."""
+        infos = await self._each_partition(topic, lambda group: messages.DescribeSubscriptionsRequest(
+            topic=topic, partitions=group, subscription=name,
+        ), lambda resp: resp.subscriptions)
+        return sorted(infos, key=lambda i: (i.subscription, i.partition))
+
+    async def list_subscriptions(self, topic: str | None = None) -> dict[str, list[str]]:
+        """Topic -> the names of its subscriptions (of ``topic`` only, if given)."""
+        topics = [topic] if topic is not None else [t.name for t in await self.list_topics()]
+        out = {}
+        for t in topics:
+            names = sorted({i.subscription for i in await self.describe_subscription(t)})
+            if names or topic is not None:
+                out[t] = names
+        return out
+
     async def _group_request(self, group: str, request, check: Callable[[object], None] | None = None):
         """``request`` to ``group``'s coordinator; ``NotCoordinator`` is retried (with fresh
         metadata, backoff 0.1 s doubling to 1 s) until the request timeout has passed."""

@@ -420,3 +420,18 @@ class SyncAdmin(_SyncBase):
         """See ``Admin.reset_group_offsets`` (keyword arguments ``to``, ``shift_by``,
         ``partitions``, ``dry_run``)."""
         return self._call(Admin.reset_group_offsets, group, topic, **kw)
+
+    def create_subscription(self, topic: str, name: str, config=None, **kw) -> None:
+        self._call(Admin.create_subscription, topic, name, config, **kw)
+
+    def delete_subscription(self, topic: str, name: str) -> None:
+        self._call(Admin.delete_subscription, topic, name)
+
+    def seek_subscription(self, topic: str, name: str, to) -> None:
+        self._call(Admin.seek_subscription, topic, name, to)
+
+    def describe_subscription(self, topic: str, name: str | None = None) -> list:
+        return self._call(Admin.describe_subscription, topic, name)
+
+    def list_subscriptions(self, topic: str | None = None) -> dict:
+        return self._call(Admin.list_subscriptions, topic)

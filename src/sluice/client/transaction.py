@@ -359,7 +359,7 @@ class TransactionProducer:
 
     # ------------------------------------------------------------------ check-back
 
-    def _on_push(self, key: int, _version: int, push) -> None:
+    def _on_push(self, key: int, _version: int, push, _attachments) -> None:
         if key != m.Push.CHECK_TRANSACTION or self._closed or push.group != self.group:
             return
         txn_id = tx.format_id(push.topic, push.partition, push.offset)

@@ -80,9 +80,9 @@ class Connection:
         self._drain_waiters: list[asyncio.Future] = []
         self._error: Exception | None = None  # why the connection is unusable
         self.version = 0
-        # called with each server push (frames.PUSH: key, version, decoded struct); pushes
-        # arriving while it is None are dropped
-        self.on_push: Callable[[int, int, object], None] | None = None
+        # called with each server push (frames.PUSH: key, version, decoded struct, the
+        # frame's attachments); pushes arriving while it is None are dropped
+        self.on_push: Callable[[int, int, object, memoryview], None] | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -286,7 +286,7 @@ class Connection:
             message = messages.decode(ev.header, push_type)
         except (ValueError, KeyError, errors.SluiceError):
             return
-        handler(ev.api, ev.version, message)
+        handler(ev.api, ev.version, message, ev.attachments)
 
     def _on_handshake(self, ev: frames.Handshake) -> None:
         if self._handshake.done():

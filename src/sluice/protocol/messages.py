@@ -21,6 +21,7 @@ from enum import IntEnum
 import msgspec
 
 from sluice.errors import InvalidRequest, UnsupportedVersion
+from sluice.protocol.subscriptions import SubscriptionConfig
 
 
 class Api(IntEnum):
@@ -46,12 +47,20 @@ class Api(IntEnum):
     END_TRANSACTION = 19
     REGISTER_PRODUCER = 20
     LIST_TRANSACTIONS = 21
+    SUBSCRIBE = 22
+    ACK = 23
+    CREATE_SUBSCRIPTION = 24
+    DELETE_SUBSCRIPTION = 25
+    DESCRIBE_SUBSCRIPTIONS = 26
+    SEEK_SUBSCRIPTION = 27
 
 
 class Push(IntEnum):
     """Keys of server pushes (frames.PUSH, correlation 0): their own space, apart from Api."""
 
     CHECK_TRANSACTION = 1
+    DELIVER = 2
+    SUBSCRIPTION_ENDED = 3
 
 
 class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -623,9 +632,179 @@ class CheckTransaction(Struct):
     checks: int = 0  # this is check number ``checks``
 
 
+# --------------------------------------------------------------------------- subscriptions
+# A subscription is served by the leader of each of its topic's partitions: requests name
+# the partitions, and a client sends each partition's part to its leader
+# (protocol/subscriptions.py has the state and its records, broker/subscriptions.py the
+# server side).  Offset ranges are half-open [start, end) pairs.
+
+Pairs = list[tuple[int, int]]
+
+
+class Position(Struct):
+    """Where a cursor starts or is moved to: ``earliest``, ``latest``, ``offset`` (``value``
+    an offset, clamped to the log) or ``time`` (``value`` ms since the epoch: the first
+    message stored at or after it)."""
+
+    kind: str = "earliest"
+    value: int = 0
+
+
+class SubscriptionPartitionResult(Struct):
+    partition: int
+    error: int = 0
+    message: str = ""
+    config: SubscriptionConfig | None = None  # as the partition has it (SUBSCRIBE)
+
+
+class SubscribeRequest(Struct):
+    """Attach this connection as a consumer of ``subscription`` on ``partitions``: the
+    leader pushes DELIVER frames while fewer than ``prefetch`` delivered messages are
+    unsettled (not acked, nacked or released) on the connection.  With ``create``, a
+    partition without the subscription creates it from ``start``.  The connection leaving
+    hands its unsettled messages back for redelivery at once."""
+
+    topic: str
+    subscription: str
+    partitions: list[int]
+    prefetch: int = 1000
+    create: SubscriptionConfig | None = None
+    start: Position = Position()
+
+
+class SubscribeResponse(Response):
+    partitions: list[SubscriptionPartitionResult] = []
+
+
+class AckPartition(Struct):
+    """What a consumer settles on one partition.  ``acks``: done with.  ``nacks``: failed;
+    redelivered after ``nack_delay_ms`` (-1: the subscription's backoff).  ``touches``:
+    still working, the ack deadline starts again.  ``releases``: handed back unprocessed
+    (a consumer shutting down): redelivered at once, the attempt not counted.  Offsets not
+    delivered, or settled already, are ignored."""
+
+    partition: int
+    acks: Pairs = []
+    nacks: Pairs = []
+    nack_delay_ms: int = -1
+    touches: Pairs = []
+    releases: Pairs = []
+    reason: str = ""  # why the nacks failed (kept in a dead letter's headers)
+
+
+class AckRequest(Struct):
+    topic: str
+    subscription: str
+    partitions: list[AckPartition]
+
+
+class AckResponse(Response):
+    partitions: list[SubscriptionPartitionResult] = []
+
+
+class CreateSubscriptionRequest(Struct):
+    topic: str
+    subscription: str
+    partitions: list[int]
+    config: SubscriptionConfig = SubscriptionConfig()
+    start: Position = Position()
+    if_not_exists: bool = False
+
+
+class CreateSubscriptionResponse(Response):
+    partitions: list[SubscriptionPartitionResult] = []
+
+
+class DeleteSubscriptionRequest(Struct):
+    topic: str
+    subscription: str
+    partitions: list[int]
+
+
+class DeleteSubscriptionResponse(Response):
+    partitions: list[SubscriptionPartitionResult] = []
+
+
+class SeekSubscriptionRequest(Struct):
+    """Move the cursor: everything from ``position`` on is delivered again (or skipped,
+    moving forward); acked ranges, retries and what is in flight are forgotten."""
+
+    topic: str
+    subscription: str
+    partitions: list[int]
+    position: Position
+
+
+class SeekSubscriptionResponse(Response):
+    partitions: list[SubscriptionPartitionResult] = []
+
+
+class DescribeSubscriptionsRequest(Struct):
+    topic: str
+    partitions: list[int]
+    subscription: str | None = None  # None: every subscription of the partitions
+
+
+class SubscriptionPartitionInfo(Struct):
+    subscription: str
+    partition: int
+    error: int = 0
+    message: str = ""
+    config: SubscriptionConfig | None = None
+    confirmed: int = 0  # every offset below is settled
+    next_read: int = 0  # the first offset not delivered yet
+    high_watermark: int = 0
+    backlog: int = 0  # messages below the high watermark not settled yet (estimate)
+    acked_ranges: int = 0  # ranges of acked offsets above ``confirmed``
+    in_flight: int = 0  # messages delivered, awaiting their ack
+    retrying: int = 0  # messages waiting for their redelivery
+    dead_lettered: int = 0
+    expired: int = 0  # deleted by retention before they were acked
+    consumers: int = 0
+    stalled: str = ""  # why no new message is read, if none is ("ack state full")
+
+
+class DescribeSubscriptionsResponse(Response):
+    subscriptions: list[SubscriptionPartitionInfo] = []
+
+
+class Delivery(Struct):
+    """One stored batch, in the frame's attachments in order: ``want`` are the offsets of
+    it delivered now (the others were settled, or are not this delivery's)."""
+
+    base_offset: int
+    size: int
+    attempt: int
+    want: Pairs
+
+
+class Deliver(Struct):
+    """Messages for a consumer of ``subscription`` (server push with attachments)."""
+
+    topic: str
+    subscription: str
+    partition: int
+    deliveries: list[Delivery]
+    ack_deadline_ms: int = 0  # ms since the epoch
+
+
+class SubscriptionEnded(Struct):
+    """The leader stops delivering this partition to the connection (``error``: why, e.g.
+    NOT_LEADER after a leader change, UNKNOWN_SUBSCRIPTION after a deletion); the client
+    subscribes again where the metadata says."""
+
+    topic: str
+    subscription: str
+    partition: int
+    error: int = 0
+    message: str = ""
+
+
 # Server pushes: key -> version -> struct (frames.PUSH, correlation 0).
 PUSHES: dict[Push, dict[int, type[Struct]]] = {
     Push.CHECK_TRANSACTION: {1: CheckTransaction},
+    Push.DELIVER: {1: Deliver},
+    Push.SUBSCRIPTION_ENDED: {1: SubscriptionEnded},
 }
 
 
@@ -654,6 +833,12 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.END_TRANSACTION: {1: (EndTransactionRequest, EndTransactionResponse)},
     Api.REGISTER_PRODUCER: {1: (RegisterProducerRequest, RegisterProducerResponse)},
     Api.LIST_TRANSACTIONS: {1: (ListTransactionsRequest, ListTransactionsResponse)},
+    Api.SUBSCRIBE: {1: (SubscribeRequest, SubscribeResponse)},
+    Api.ACK: {1: (AckRequest, AckResponse)},
+    Api.CREATE_SUBSCRIPTION: {1: (CreateSubscriptionRequest, CreateSubscriptionResponse)},
+    Api.DELETE_SUBSCRIPTION: {1: (DeleteSubscriptionRequest, DeleteSubscriptionResponse)},
+    Api.DESCRIBE_SUBSCRIPTIONS: {1: (DescribeSubscriptionsRequest, DescribeSubscriptionsResponse)},
+    Api.SEEK_SUBSCRIPTION: {1: (SeekSubscriptionRequest, SeekSubscriptionResponse)},
 }
 
 _REQUEST_API: dict[type, tuple[Api, int]] = {

@@ -14,9 +14,11 @@ client match them.  Bad input is answered, then the connection is closed:
 Nothing a client sends can crash the broker: handler bugs are logged and answered with
 UNKNOWN_SERVER_ERROR on that request only.
 
-Server push: ``push`` writes a frames.PUSH frame (a messages.PUSHES struct) to the client
-unasked, e.g. a transaction check to a registered producer (broker/transactions.py);
-``on_close`` callbacks run when the connection goes, so state tied to it is dropped.
+Server push: ``push`` writes a frames.PUSH frame (a messages.PUSHES struct, and
+attachments) to the client unasked, e.g. a transaction check to a registered producer
+(broker/transactions.py) or messages for a subscriber (broker/subscriptions.py), which
+pushes only while ``writable`` and resumes from ``on_writable``; ``on_close`` callbacks
+run when the connection goes, so state tied to it is dropped.
 
 Flow control: per connection, at most ``max_in_flight`` requests holding at most
 ``max_in_flight_bytes`` of frames are handled at once; past either, and while the
@@ -64,6 +66,7 @@ class Connection(asyncio.Protocol):
         self._closing = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._close_callbacks: list = []
+        self._writable_callbacks: list = []
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -108,12 +111,22 @@ class Connection(asyncio.Protocol):
         else:
             self._close_callbacks.append(callback)
 
-    def push(self, key: int, version: int, message) -> bool:
+    def push(self, key: int, version: int, message, attachments=()) -> bool:
         """Write a server push; False (nothing written) when the connection is going."""
         if self._closing or self.version is None or self.transport is None or self.transport.is_closing():
             return False
-        self.transport.writelines(frames.encode_frame(frames.PUSH, key, version, 0, m.encode(message)))
+        self.transport.writelines(frames.encode_frame(frames.PUSH, key, version, 0, m.encode(message), attachments))
         return True
+
+    @property
+    def writable(self) -> bool:
+        """False while the transport's write buffer is full (push no more until
+        ``on_writable`` callbacks run) or the connection is going."""
+        return not self._writing_paused and not self._closing
+
+    def on_writable(self, callback) -> None:
+        """Call ``callback()`` once, the next time a full write buffer drains."""
+        self._writable_callbacks.append(callback)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -122,6 +135,9 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         self._update_reading()
+        callbacks, self._writable_callbacks = self._writable_callbacks, []
+        for cb in callbacks:
+            cb()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:

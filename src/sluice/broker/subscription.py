@@ -1,0 +1,546 @@
+"""One subscription on one partition led here: its cursor, what is in flight, retries.
+
+``Cursor``: the durable part — ``confirmed`` (every offset below is settled) and the acked
+ranges above it (NSQ's confirmed segments).  ``SubscriptionPartition``: the cursor plus
+what only the leader keeps in memory —
+
+- ``next_read``: the first offset not delivered yet (starts at ``confirmed`` after a load:
+  what was in flight before a crash or a leader change is delivered again);
+- units in flight: a unit is one stored batch delivered to one consumer with the offsets of
+  it that delivery wants settled, an attempt number and an ack deadline.  The broker never
+  decodes records to deliver them: it sends batch bytes and offset ranges, and the client
+  picks the records out.  Units live at most as long as their consumer's credit allows;
+  their deadlines are a heap, checked by the pump (no timer per message);
+- retries: offset ranges waiting for their redelivery time (a nack, a deadline passed, a
+  consumer gone), each with the attempt that failed.  After ``max_attempts`` deliveries
+  a range is dead-lettered (broker/subscriptions.py writes the copies) and then acked.
+
+Batches no reader sees (half messages, control batches — the subscription records among
+them) are settled as they are read, so ``confirmed`` passes them.
+
+Bounds: in flight is bounded by the consumers' prefetch; acked ranges by
+``MAX_ACKED_RANGES``: at the bound, no new message is read (``stalled`` says so in
+describe) until acks below close gaps — ack state is never dropped.  Retries are kept
+in memory only (a restart delivers them again at once, from ``confirmed``).
+
+Event loop only; reads go through ``Partition.read`` (off the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from bisect import bisect_left, bisect_right, insort
+from dataclasses import dataclass, field
+
+from sluice.errors import BrokerError, NotLeader
+from sluice.protocol import messages as m
+from sluice.protocol.ranges import Pairs, RangeSet, count
+from sluice.protocol.records import HIDDEN_BITS, iter_batches
+from sluice.protocol.subscriptions import CursorState, SubscriptionConfig
+from sluice.storage.log import OutOfRange
+
+log = logging.getLogger("sluice.broker.subscriptions")
+
+READ_BYTES = 1024 * 1024
+PEEK_BYTES = 64 * 1024  # read with no consumer ready: only to pass batches nobody sees
+MAX_ACKED_RANGES = 10_000
+DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
+
+
+class Cursor:
+    """Settled offsets: all below ``confirmed``, and ``acked`` above it."""
+
+    def __init__(self, confirmed: int, acked: Pairs = ()) -> None:
+        self.confirmed = confirmed
+        self.acked = RangeSet(acked)
+        self._advance()
+
+    def ack(self, a: int, b: int) -> int:
+        """Settle ``[a, b)``; returns how many offsets were not settled before."""
+        a = max(a, self.confirmed)
+        if a >= b:
+            return 0
+        added = self.acked.add(a, b)
+        self._advance()
+        return added
+
+    def _advance(self) -> None:
+        acked = self.acked
+        while acked.starts and acked.starts[0] <= self.confirmed:
+            self.confirmed = max(self.confirmed, acked.ends[0])
+            del acked.starts[0], acked.ends[0]
+
+    def unsettled(self, a: int, b: int) -> Pairs:
+        """The parts of ``[a, b)`` not settled."""
+        return self.acked.missing(max(a, self.confirmed), b) if b > self.confirmed else []
+
+    def reset(self, offset: int) -> None:
+        self.confirmed = offset
+        self.acked = RangeSet()
+
+
+class Session:
+    """One connection's subscription to a topic: gets deliveries while it has credit."""
+
+    def __init__(self, conn, topic: str, name: str, prefetch: int) -> None:
+        self.conn = conn
+        self.topic = topic
+        self.name = name
+        self.prefetch = max(1, prefetch)
+        self.outstanding = 0  # delivered messages not settled yet
+        self.parts: dict[int, SubscriptionPartition] = {}
+        self.closed = False
+
+    @property
+    def ready(self) -> bool:
+        return not self.closed and self.outstanding < self.prefetch and self.conn.writable
+
+    def credit_freed(self, n: int) -> None:
+        was_full = self.outstanding >= self.prefetch
+        self.outstanding -= n
+        if was_full and self.outstanding < self.prefetch:
+            for sp in self.parts.values():
+                sp.wake()
+
+    def end(self, partition: int, exc: BrokerError | None) -> None:
+        """The partition stops delivering to this session; tell the client why."""
+        self.parts.pop(partition, None)
+        if exc is not None and not self.closed:
+            self.conn.push(m.Push.SUBSCRIPTION_ENDED, 1, m.SubscriptionEnded(
+                topic=self.topic, subscription=self.name, partition=partition, error=exc.code, message=exc.message,
+            ))
+
+
+@dataclass(eq=False)
+class Unit:
+    base: int  # the batch's base offset
+    end: int  # its next offset
+    data: memoryview  # the batch
+    want: RangeSet  # offsets of it delivered here and not settled yet
+    attempt: int
+    session: Session
+    deadline: float = 0.0  # monotonic
+
+
+@dataclass(order=True)
+class Retry:
+    due: float
+    seq: int
+    ranges: Pairs = field(compare=False)
+    attempt: int = field(compare=False)  # deliveries so far
+    reason: str = field(compare=False, default="")
+
+
+class SubscriptionPartition:
+    """See the module docstring.  ``owner`` is the partition's ``PartitionSubscriptions``
+    (broker/subscriptions.py): it owns the partition, persistence and dead letters."""
+
+    def __init__(self, owner, state: CursorState) -> None:
+        self.owner = owner
+        self.part = owner.part
+        self.name = state.name
+        self.config: SubscriptionConfig = state.config
+        self.cursor = Cursor(state.confirmed, state.acked)
+        self.dead_lettered = state.dead_lettered
+        self.expired = state.expired
+        self.created_ms = state.created_ms
+        self.next_read = self.cursor.confirmed
+        self.sessions: list[Session] = []
+        self._rr = 0
+        self._units: dict[int, list[Unit]] = {}  # batch base -> units of it in flight
+        self._bases: list[int] = []  # sorted keys of _units
+        self._deadlines: list[tuple[float, int, Unit]] = []
+        self._retries: list[Retry] = []
+        self._seq = itertools.count()
+        self._dead_lettering = 0  # messages being copied to the dead-letter topic
+        self._wake = asyncio.Event()
+        self._pump_task: asyncio.Task | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------------ state
+
+    def state(self) -> CursorState:
+        return CursorState(
+            name=self.name, config=self.config, confirmed=self.cursor.confirmed, acked=self.cursor.acked.pairs(),
+            dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
+        )
+
+    def in_flight(self) -> int:
+        return sum(u.want.count() for units in self._units.values() for u in units)
+
+    def retrying(self) -> int:
+        return sum(count(r.ranges) for r in self._retries) + self._dead_lettering
+
+    @property
+    def stalled(self) -> str:
+        if len(self.cursor.acked) >= MAX_ACKED_RANGES:
+            return f"ack state full: {len(self.cursor.acked)} acked ranges above offset {self.cursor.confirmed}"
+        return ""
+
+    def info(self) -> m.SubscriptionPartitionInfo:
+        hw = self.part.high_watermark
+        settled_above = self.cursor.acked.count()
+        return m.SubscriptionPartitionInfo(
+            subscription=self.name, partition=self.part.index, config=self.config,
+            confirmed=self.cursor.confirmed, next_read=self.next_read, high_watermark=hw,
+            backlog=max(0, hw - self.cursor.confirmed - settled_above), acked_ranges=len(self.cursor.acked),
+            in_flight=self.in_flight(), retrying=self.retrying(), dead_lettered=self.dead_lettered,
+            expired=self.expired, consumers=len(self.sessions), stalled=self.stalled,
+        )
+
+    def _dirty(self) -> None:
+        self.owner.mark_dirty(self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._pump_task is None and not self.closed:
+            self._pump_task = asyncio.get_running_loop().create_task(
+                self._pump(), name=f"subscription {self.name} {self.part.topic}-{self.part.index}"
+            )
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def close(self, exc: BrokerError | None) -> None:
+        """Stop delivering (leadership lost, deleted, broker stopping); sessions are told."""
+        self.closed = True
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+        for s in self.sessions:
+            s.end(self.part.index, exc)
+        self.sessions.clear()
+        self._units.clear()
+        self._bases.clear()
+
+    def attach(self, session: Session) -> None:
+        if session not in self.sessions:
+            self.sessions.append(session)
+            session.parts[self.part.index] = self
+        self.wake()
+
+    def detach(self, session: Session) -> None:
+        """The session's connection is gone: what it holds is redelivered at once."""
+        if session in self.sessions:
+            self.sessions.remove(session)
+        now = time.monotonic()
+        for unit in [u for units in self._units.values() for u in units if u.session is session]:
+            self._drop(unit)
+            self._retry(unit.want.pairs(), unit.attempt, now, "consumer disconnected")
+        self.wake()
+
+    def seek(self, offset: int) -> None:
+        """Everything from ``offset`` on is unsettled and undelivered; the rest settled."""
+        for units in self._units.values():
+            for u in units:
+                u.session.credit_freed(u.want.count())
+        self._units.clear()
+        self._bases.clear()
+        self._deadlines.clear()
+        self._retries.clear()
+        self.cursor.reset(offset)
+        self.next_read = offset
+        self._dirty()
+        self.wake()
+
+    # ------------------------------------------------------------------ settling
+
+    def settle(self, req: m.AckPartition) -> None:
+        """Apply a consumer's acks, nacks, touches and releases (see messages.AckPartition)."""
+        now = time.monotonic()
+        lo, hi = self.cursor.confirmed, self.next_read
+        for a, b in req.acks:
+            a, b = max(a, lo), min(b, hi)
+            if a >= b:
+                continue
+            if self.cursor.ack(a, b):
+                self._dirty()
+            for unit in self._overlapping(a, b):
+                n = unit.want.remove(a, b)
+                if n:
+                    unit.session.credit_freed(n)
+                    if not unit.want:
+                        self._drop(unit)
+        delay = req.nack_delay_ms
+        for pairs, counted in ((req.nacks, True), (req.releases, False)):
+            for a, b in pairs:
+                for unit in self._overlapping(max(a, lo), min(b, hi)):
+                    taken = self._take(unit, a, b)
+                    if not taken:
+                        continue
+                    attempt = unit.attempt if counted else unit.attempt - 1
+                    if not counted:
+                        due = now
+                    elif delay >= 0:
+                        due = now + delay / 1000
+                    else:
+                        due = now + self.config.backoff_ms(unit.attempt) / 1000
+                    self._retry(taken, attempt, due, req.reason or ("nacked" if counted else "released"))
+        for a, b in req.touches:
+            for unit in self._overlapping(a, b):
+                unit.deadline = now + self.config.ack_timeout_ms / 1000
+                heapq.heappush(self._deadlines, (unit.deadline, next(self._seq), unit))
+        self.wake()
+
+    def _take(self, unit: Unit, a: int, b: int) -> Pairs:
+        """Take ``[a, b)`` out of a unit for a retry; ordered mode takes everything of the
+        unit from ``a`` on (the messages after a failed one wait for it)."""
+        if self.config.mode == "ordered":
+            b = unit.end
+        taken = unit.want.overlap(a, b)
+        n = sum(y - x for x, y in taken)
+        if not n:
+            return []
+        for x, y in taken:
+            unit.want.remove(x, y)
+        unit.session.credit_freed(n)
+        if not unit.want:
+            self._drop(unit)
+        return taken
+
+    def _overlapping(self, a: int, b: int) -> list[Unit]:
+        if a >= b:
+            return []
+        bases = self._bases
+        i = max(bisect_right(bases, a) - 1, 0)
+        j = bisect_left(bases, b)
+        return [u for base in bases[i:j] for u in self._units[base] if u.end > a]
+
+    def _add(self, unit: Unit) -> None:
+        units = self._units.get(unit.base)
+        if units is None:
+            self._units[unit.base] = [unit]
+            insort(self._bases, unit.base)
+        else:
+            units.append(unit)
+        heapq.heappush(self._deadlines, (unit.deadline, next(self._seq), unit))
+
+    def _drop(self, unit: Unit) -> None:
+        units = self._units.get(unit.base)
+        if units is None or unit not in units:
+            return
+        units.remove(unit)
+        if not units:
+            del self._units[unit.base]
+            del self._bases[bisect_left(self._bases, unit.base)]
+
+    def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
+        if ranges:
+            heapq.heappush(self._retries, Retry(due, next(self._seq), list(ranges), attempt, reason))
+
+    def _expire(self, now: float) -> None:
+        """Units past their deadline go back for redelivery after the backoff."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, unit = heapq.heappop(heap)
+            if unit.deadline != deadline or unit not in self._units.get(unit.base, ()):
+                continue  # touched since, or settled
+            self._drop(unit)
+            n = unit.want.count()
+            unit.session.credit_freed(n)
+            due = now + self.config.backoff_ms(unit.attempt) / 1000
+            self._retry(unit.want.pairs(), unit.attempt, due, "ack timeout")
+
+    # ------------------------------------------------------------------ delivering
+
+    async def _pump(self) -> None:
+        """Deliver: due retries first, then new messages, while consumers have credit."""
+        part = self.part
+        while not self.closed:
+            self._wake.clear()
+            now = time.monotonic()
+            self._expire(now)
+            try:
+                await self._deliver_retries(now)
+                await self._deliver_new()
+            except asyncio.CancelledError:
+                raise
+            except NotLeader:
+                return  # the owner closes this on the leadership change
+            except Exception:  # noqa: BLE001 - a read error (disk): try again shortly
+                log.exception("delivering %s on %s-%d failed; retrying", self.name, part.topic, part.index)
+                await asyncio.sleep(0.5)
+                continue
+            wake_at = [e[0] for e in self._deadlines[:1]] + [r.due for r in self._retries[:1]]
+            timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+            if self.next_read >= part.high_watermark:
+                part.add_waiter(self._wake.set)
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            finally:
+                part.remove_waiter(self._wake.set)
+
+    def _ready_session(self) -> Session | None:
+        sessions = self.sessions
+        for i in range(len(sessions)):
+            s = sessions[(self._rr + i) % len(sessions)]
+            if s.ready:
+                self._rr = (self._rr + i + 1) % len(sessions)
+                return s
+        for s in sessions:
+            if not s.closed and s.conn.writable is False:
+                s.conn.on_writable(self.wake)
+        return None
+
+    def _ordered_busy(self) -> bool:
+        return self.config.mode == "ordered" and bool(self._units)
+
+    async def _deliver_retries(self, now: float) -> None:
+        retries = self._retries
+        while retries and retries[0].due <= now and not self.closed:
+            r = retries[0]
+            ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
+            if not ranges:
+                heapq.heappop(retries)
+                continue
+            if self.config.max_attempts and r.attempt >= self.config.max_attempts:
+                heapq.heappop(retries)
+                self._dead_letter(ranges, r)
+                continue
+            if self._ordered_busy():
+                return
+            session = self._ready_session()
+            if session is None:
+                return
+            heapq.heappop(retries)
+            await self._deliver_ranges(session, ranges, r.attempt + 1)
+
+    async def _deliver_ranges(self, session: Session, ranges: Pairs, attempt: int) -> None:
+        """Deliver the stored batches holding ``ranges`` to ``session``."""
+        pending = RangeSet(ranges)
+        deliveries, attachments = [], []
+        while pending:
+            start = pending.starts[0]
+            if start < self.part.log_start_offset:
+                self._expire_below(self.part.log_start_offset)
+                pending.remove(start, self.part.log_start_offset)
+                continue
+            data = (await self.part.read(start, READ_BYTES, self.part.high_watermark)).data
+            if self.closed:
+                return
+            moved = False
+            for h, pos in iter_batches(data, check_crc=False):
+                if h.next_offset <= start:
+                    continue
+                want = RangeSet(pending.overlap(h.base_offset, h.next_offset))
+                pending.remove(h.base_offset, h.next_offset)
+                moved = True
+                if want:
+                    mv = memoryview(data)[pos:pos + h.size]
+                    self._hand_out(session, h.base_offset, h.next_offset, mv, want, attempt, deliveries, attachments)
+            if not moved:
+                break
+        self._push(session, deliveries, attachments)
+        if pending:  # not readable now (a new leader below its high watermark): later
+            self._retry(pending.pairs(), attempt - 1, time.monotonic() + DEAD_LETTER_RETRY_S, "not readable")
+
+    async def _deliver_new(self) -> None:
+        """Read on from ``next_read`` and hand out while a consumer has credit.  Batches no
+        reader sees are settled as they pass, with or without a consumer (not written
+        down on their own: a reload skips them again)."""
+        part = self.part
+        while not self.closed and not self._ordered_busy() and not self.stalled:
+            hw = part.high_watermark
+            if self.next_read < part.log_start_offset:
+                self._expire_below(part.log_start_offset)
+            if self.next_read >= hw:
+                return
+            session = self._ready_session()
+            try:
+                data = (await part.read(self.next_read, READ_BYTES if session else PEEK_BYTES, hw)).data
+            except OutOfRange:
+                continue  # retention moved the log start: expire and read again
+            if self.closed:
+                return
+            deliveries, attachments = [], []
+            try:
+                for h, pos in iter_batches(data, check_crc=False):
+                    lo, hi = self.next_read, h.next_offset
+                    if hi <= lo:
+                        continue
+                    if h.attributes & HIDDEN_BITS or not h.records_count:
+                        self.cursor.ack(lo, hi)
+                        self.next_read = hi
+                        continue
+                    if session is None or not session.ready or self._ordered_busy():
+                        return
+                    self.next_read = hi
+                    want = RangeSet(self.cursor.unsettled(lo, hi))
+                    if want:
+                        mv = memoryview(data)[pos:pos + h.size]
+                        self._hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
+            finally:
+                if session is not None:
+                    self._push(session, deliveries, attachments)
+
+    def _hand_out(self, session, base, end, mv, want, attempt, deliveries, attachments) -> None:
+        deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
+        unit = Unit(base, end, mv, want, attempt, session, deadline)
+        self._add(unit)
+        session.outstanding += want.count()
+        deliveries.append(m.Delivery(base_offset=base, size=len(mv), attempt=attempt, want=want.pairs()))
+        attachments.append(mv)
+
+    def _push(self, session: Session, deliveries: list, attachments: list) -> None:
+        if not deliveries:
+            return
+        deadline_ms = int(time.time() * 1000) + self.config.ack_timeout_ms
+        msg = m.Deliver(
+            topic=self.part.topic, subscription=self.name, partition=self.part.index,
+            deliveries=deliveries, ack_deadline_ms=deadline_ms,
+        )
+        if not session.conn.push(m.Push.DELIVER, 1, msg, attachments):
+            self.detach(session)  # gone: what was just handed out goes back at once
+
+    def _expire_below(self, start: int) -> None:
+        """Retention deleted the log below ``start``: unsettled messages there are gone.
+        Counted (``expired``) and logged, never silently dropped from the books."""
+        if self.cursor.confirmed >= start:
+            self.next_read = max(self.next_read, start)
+            return
+        lost = count(self.cursor.unsettled(self.cursor.confirmed, start))
+        self.expired += lost
+        log.warning(
+            "subscription %s of %s-%d: %d unacked message(s) below offset %d were deleted by retention",
+            self.name, self.part.topic, self.part.index, lost, start,
+        )
+        self.cursor.ack(self.cursor.confirmed, start)
+        self.next_read = max(self.next_read, start)
+        self._dirty()
+
+    # ------------------------------------------------------------------ dead letters
+
+    def _dead_letter(self, ranges: Pairs, r: Retry) -> None:
+        n = count(ranges)
+        self._dead_lettering += n
+        task = asyncio.ensure_future(self._dead_letter_task(ranges, r, n))
+        self.owner.track(task)
+
+    async def _dead_letter_task(self, ranges: Pairs, r: Retry, n: int) -> None:
+        try:
+            await self.owner.dead_letter(self, ranges, r.attempt, r.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - kept for another try: never acked unwritten
+            log.warning(
+                "cannot dead-letter %d message(s) of %s-%d for %s: %s; retrying",
+                n, self.part.topic, self.part.index, self.name, exc,
+            )
+            self._retry(ranges, r.attempt, time.monotonic() + DEAD_LETTER_RETRY_S, r.reason)
+            return
+        finally:
+            self._dead_lettering -= n
+            self.wake()
+        if self.closed:
+            return
+        for a, b in ranges:
+            self.cursor.ack(a, b)
+        self.dead_lettered += n
+        self._dirty()

@@ -1,0 +1,687 @@
+"""Subscriber: consume a topic through a durable subscription, one ack per message.
+
+Each partition's leader pushes messages (DELIVER) while the consumer has credit (``prefetch``
+unsettled messages per broker connection); every message is settled on its own —
+``ack()``, ``nack(delay_ms)`` (redelivered later), or left alone past the ack deadline
+(redelivered then) — and ``touch()`` restarts its deadline.  Settling is cheap: it records
+the offset, and the subscriber sends what was settled every ``ack_interval_ms`` as offset
+ranges, one request per broker.  Any number of subscribers may share a subscription: the
+brokers split the messages between them.
+
+Use it as an async iterator, or hand it a handler with ``run(handler, concurrency=N)``
+(acked when the handler returns, nacked when it raises, touched while it runs).
+``close()`` hands prefetched messages nobody took back to the broker (redelivered at
+once, the attempt not counted), sends the pending acks and disconnects.
+
+Delivery is at least once: a message whose ack was lost (a crash, a leader change) comes
+again, with a higher ``attempt``.  In ``ordered`` mode a partition's next message is given
+out only once the previous one is settled, and after a nack the ones behind it wait for
+its redelivery.
+
+The broker sends stored batches and the offsets wanted of each; this module picks the
+records out (offsets a compacted batch no longer holds are acked at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+
+from sluice import errors
+from sluice.client.transport import Cluster, Connection
+from sluice.protocol import messages as m
+from sluice.protocol.ranges import RangeSet
+from sluice.protocol.records import decode_records
+from sluice.protocol.subscriptions import SubscriptionConfig, check_config, check_name
+
+log = logging.getLogger("sluice.client.subscriber")
+
+RESUBSCRIBE_S = 0.5  # between attempts to subscribe partitions not served yet
+METADATA_S = 10.0  # how often partitions are looked for (new partitions, moved leaders)
+
+
+def position(start: str | int) -> m.Position:
+    """``earliest`` / ``latest`` / an offset (int) / ``time:<ms since the epoch>``."""
+    if isinstance(start, int):
+        return m.Position(kind="offset", value=start)
+    if start in ("earliest", "latest"):
+        return m.Position(kind=start)
+    if isinstance(start, str) and start.startswith("time:"):
+        try:
+            return m.Position(kind="time", value=int(start[5:]))
+        except ValueError:
+            pass
+    raise errors.ConfigError(f"start must be 'earliest', 'latest', an offset or 'time:<ms>', not {start!r}")
+
+
+class Message:
+    """One delivered message.  Settle it once: ``ack()`` or ``nack()``; ``touch()`` while
+    working on it past its ack deadline (see ``keep_alive``)."""
+
+    __slots__ = (
+        "_sub", "attempt", "deadline", "headers", "key", "offset", "partition", "settled", "timestamp", "topic",
+        "value",
+    )
+
+    def __init__(self, sub: Subscriber, rec, attempt: int, deadline: float) -> None:
+        self._sub = sub
+        self.topic = rec.topic
+        self.partition = rec.partition
+        self.offset = rec.offset
+        self.timestamp = rec.timestamp
+        self.key = rec.key
+        self.value = rec.value
+        self.headers = rec.headers
+        self.attempt = attempt
+        self.deadline = deadline  # monotonic time the broker redelivers it unless touched
+        self.settled = False
+
+    def __repr__(self) -> str:
+        return f"<Message {self.topic}-{self.partition}@{self.offset} attempt={self.attempt}>"
+
+    def header(self, name: str) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+    def ack(self) -> None:
+        """Done with: never delivered again to this subscription.  Any thread."""
+        if not self.settled:
+            self.settled = True
+            self._sub._on_loop(self._sub._settle, self, "acks")
+
+    def nack(self, delay_ms: int | None = None, reason: str = "") -> None:
+        """Failed: redelivered after ``delay_ms`` (None: the subscription's backoff).
+        Any thread."""
+        if not self.settled:
+            self.settled = True
+            delay = -1 if delay_ms is None else max(0, int(delay_ms))
+            self._sub._on_loop(self._sub._settle, self, "nacks", delay, reason)
+
+    def touch(self) -> None:
+        """Still working on it: its ack deadline starts again.  Any thread."""
+        if not self.settled:
+            self._sub._on_loop(self._sub._touch, self)
+
+    @contextlib.asynccontextmanager
+    async def keep_alive(self):
+        """``async with message.keep_alive(): ...`` touches the message every third of its
+        ack timeout while the block runs (a long handler keeps its message)."""
+        interval = self._sub._ack_timeout_s(self.partition) / 3
+
+        async def touching():
+            while True:
+                await asyncio.sleep(interval)
+                self.touch()
+
+        task = asyncio.ensure_future(touching())
+        try:
+            yield self
+        finally:
+            task.cancel()
+
+
+class _Pending:
+    """What was settled on one partition and not sent yet."""
+
+    __slots__ = ("acks", "nack_delays", "reason", "releases", "touches")
+
+    def __init__(self) -> None:
+        self.acks = RangeSet()
+        self.nack_delays: dict[int, RangeSet] = {}
+        self.touches = RangeSet()
+        self.releases = RangeSet()
+        self.reason = ""
+
+
+class Subscriber:
+    """Consume ``topic`` through subscription ``subscription`` (see the module docstring).
+
+    ``create``: create the subscription on partitions that lack it, with ``config`` (or
+    the settings ``mode``, ``max_attempts``, ``ack_timeout_ms`` given here) from ``start``
+    (``earliest``, ``latest``, an offset, ``time:<ms>``); with ``create=False`` a missing
+    subscription fails the subscriber with ``UnknownSubscription``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        topic: str,
+        subscription: str,
+        *,
+        prefetch: int = 1000,
+        create: bool = True,
+        start: str | int = "earliest",
+        config: SubscriptionConfig | None = None,
+        mode: str | None = None,
+        max_attempts: int | None = None,
+        ack_timeout_ms: int | None = None,
+        ack_interval_ms: float = 5,
+        request_timeout_ms: float = 30000,
+        connect_timeout_ms: float = 10000,
+    ) -> None:
+        check_name(subscription)
+        if prefetch < 1:
+            raise errors.ConfigError("prefetch must be ≥ 1")
+        cfg = config or SubscriptionConfig()
+        overrides = {k: v for k, v in (("mode", mode), ("max_attempts", max_attempts),
+                                        ("ack_timeout_ms", ack_timeout_ms)) if v is not None}
+        if overrides:
+            import msgspec
+
+            cfg = msgspec.structs.replace(cfg, **overrides)
+        try:
+            check_config(cfg)
+        except errors.InvalidSubscription as exc:
+            raise errors.ConfigError(exc.message) from None
+        self.topic = topic
+        self.subscription = subscription
+        self.prefetch = prefetch
+        self._create = cfg if create else None
+        self._start = position(start)
+        self._ack_interval = ack_interval_ms / 1000
+        self._cluster = Cluster(
+            bootstrap, request_timeout=request_timeout_ms / 1000, connect_timeout=connect_timeout_ms / 1000
+        )
+        self._served: dict[int, Connection] = {}  # partition -> connection delivering it
+        self._configs: dict[int, SubscriptionConfig] = {}
+        self._ready: dict[int, deque[Message]] = {}  # partition -> messages not given out
+        self._given: dict[int, int] = {}  # partition -> messages given out, not settled
+        self._pending: dict[int, _Pending] = {}
+        self._pending_count = 0
+        self._rr = 0
+        self._arrived = asyncio.Event()
+        self._changed = asyncio.Event()  # a partition to subscribe again
+        self._flush_now = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._requests: set[asyncio.Task] = set()
+        self._started = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Subscribe the topic's partitions (creating the subscription where missing);
+        raises what makes that impossible (an unknown topic, a bad setting)."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        await self._subscribe_all()
+        if self._failure is not None:
+            await self._cluster.close()
+            raise self._failure
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keep_subscribed()), loop.create_task(self._flush_loop())]
+
+    async def __aenter__(self) -> Subscriber:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Hand back what was prefetched and not given out, send every settlement, disconnect."""
+        if self._closed:
+            return
+        self._closed = True
+        for partition, ready in self._ready.items():
+            for msg in ready:
+                msg.settled = True
+                self._pending_for(partition).releases.add(msg.offset, msg.offset + 1)
+            ready.clear()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._flush(wait=True)
+        await self._cluster.close()
+        self._arrived.set()
+
+    # ------------------------------------------------------------------ consuming
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Message:
+        msg = await self.get()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+    async def get(self, timeout: float | None = None) -> Message | None:
+        """The next message; None after ``timeout`` seconds without one, or once closed.
+        Raises what stopped the subscriber (say, the subscription was deleted)."""
+        if not self._started:
+            await self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._closed:
+                return None
+            msg = self._next_ready()
+            if msg is not None:
+                return msg
+            self._arrived.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return None
+
+    async def getmany(self, max_records: int = 1000, timeout: float = 0) -> list[Message]:
+        """Up to ``max_records`` messages at hand; waits up to ``timeout`` s for the first."""
+        first = await self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_records and (msg := self._next_ready()) is not None:
+            out.append(msg)
+        return out
+
+    async def run(
+        self, handler: Callable[[Message], Awaitable[None]], *, concurrency: int = 10, keep_alive: bool = True
+    ) -> None:
+        """Call ``handler(message)`` for every message, up to ``concurrency`` at once
+        (one per partition at a time in ordered mode): ack when it returns, nack when it
+        raises, touch while it runs (``keep_alive``).  Returns when the subscriber is
+        closed; raises what stopped it."""
+        slots = asyncio.Semaphore(concurrency)
+        running: set[asyncio.Task] = set()
+
+        async def handle(msg: Message) -> None:
+            try:
+                if keep_alive:
+                    async with msg.keep_alive():
+                        await handler(msg)
+                else:
+                    await handler(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+                log.debug("handler failed on %r: %r", msg, exc)
+                msg.nack(reason=f"{type(exc).__name__}: {exc}"[:500])
+            else:
+                msg.ack()
+            finally:
+                slots.release()
+
+        try:
+            while True:
+                await slots.acquire()
+                msg = await self.get()
+                if msg is None:
+                    slots.release()
+                    break
+                task = asyncio.ensure_future(handle(msg))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+
+    def _next_ready(self) -> Message | None:
+        parts = [p for p, q in self._ready.items() if q]
+        if not parts:
+            return None
+        for i in range(len(parts)):
+            p = parts[(self._rr + i) % len(parts)]
+            if self._ordered(p) and self._given.get(p, 0):
+                continue
+            self._rr = (self._rr + i + 1) % max(len(parts), 1)
+            msg = self._ready[p].popleft()
+            self._given[p] = self._given.get(p, 0) + 1
+            return msg
+        return None
+
+    def _ordered(self, partition: int) -> bool:
+        cfg = self._configs.get(partition)
+        return cfg is not None and cfg.mode == "ordered"
+
+    def _ack_timeout_s(self, partition: int) -> float:
+        cfg = self._configs.get(partition) or SubscriptionConfig()
+        return cfg.ack_timeout_ms / 1000
+
+    # ------------------------------------------------------------------ settling
+
+    def _on_loop(self, fn, *args) -> None:
+        """``fn(*args)`` now when on the subscriber's loop thread, else queued to it."""
+        if self._loop is None or threading.get_ident() == self._thread:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _pending_for(self, partition: int) -> _Pending:
+        p = self._pending.get(partition)
+        if p is None:
+            p = self._pending[partition] = _Pending()
+        return p
+
+    def _settle(self, msg: Message, kind: str, delay_ms: int = -1, reason: str = "") -> None:
+        p = self._pending_for(msg.partition)
+        if kind == "acks":
+            p.acks.add(msg.offset, msg.offset + 1)
+        else:
+            p.nack_delays.setdefault(delay_ms, RangeSet()).add(msg.offset, msg.offset + 1)
+            if reason:
+                p.reason = reason
+            if self._ordered(msg.partition):  # the ones behind it wait for its redelivery
+                self._ready.get(msg.partition, deque()).clear()
+        given = self._given.get(msg.partition, 0)
+        if given:
+            self._given[msg.partition] = given - 1
+        self._pending_count += 1
+        if self._pending_count >= self.prefetch // 2:
+            self._flush_now.set()
+        if kind != "acks" or self._ordered(msg.partition):
+            self._arrived.set()
+
+    def _touch(self, msg: Message) -> None:
+        self._pending_for(msg.partition).touches.add(msg.offset, msg.offset + 1)
+        msg.deadline = time.monotonic() + self._ack_timeout_s(msg.partition)
+        self._flush_now.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self._ack_interval):
+                    await self._flush_now.wait()
+            except TimeoutError:
+                pass
+            self._flush_now.clear()
+            await self._flush(wait=False)
+
+    async def flush(self) -> None:
+        """Send every settlement made so far and wait for the brokers' answers."""
+        await self._flush(wait=True)
+
+    async def _flush(self, wait: bool) -> None:
+        if not self._pending:
+            if wait and self._requests:
+                await asyncio.gather(*list(self._requests), return_exceptions=True)
+            return
+        pending, self._pending = self._pending, {}
+        self._pending_count = 0
+        by_conn: dict[Connection, list[m.AckPartition]] = {}
+        for partition, p in pending.items():
+            conn = self._served.get(partition)
+            if conn is None or conn.closed:
+                continue  # the broker redelivers what it had given out on that connection
+            parts = by_conn.setdefault(conn, [])
+            base = dict(partition=partition, touches=p.touches.pairs(), releases=p.releases.pairs(), reason=p.reason)
+            if not p.nack_delays:
+                parts.append(m.AckPartition(acks=p.acks.pairs(), **base))
+                continue
+            first = True
+            for delay, nacks in p.nack_delays.items():
+                acks = p.acks.pairs() if first else []
+                extra = base if first else dict(partition=partition, reason=p.reason)
+                parts.append(m.AckPartition(acks=acks, nacks=nacks.pairs(), nack_delay_ms=delay, **extra))
+                first = False
+        for conn, parts in by_conn.items():
+            req = m.AckRequest(topic=self.topic, subscription=self.subscription, partitions=parts)
+            task = asyncio.ensure_future(self._send_acks(conn, req))
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
+        if wait and self._requests:
+            await asyncio.gather(*list(self._requests), return_exceptions=True)
+
+    async def _send_acks(self, conn: Connection, req: m.AckRequest) -> None:
+        try:
+            resp, _ = await conn.request(req)
+        except errors.SluiceError as exc:  # lost: the broker delivers those messages again
+            log.debug("acks to %s:%d lost: %s", conn.host, conn.port, exc)
+            return
+        for r in resp.partitions:
+            if r.error:
+                log.debug("acks of %s-%d refused: %s", self.topic, r.partition, r.message)
+                self._lost(r.partition, conn)
+
+    # ------------------------------------------------------------------ subscribing
+
+    async def _keep_subscribed(self) -> None:
+        last_metadata = time.monotonic()
+        while True:
+            try:
+                async with asyncio.timeout(RESUBSCRIBE_S):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+            self._changed.clear()
+            info = self._cluster.topic(self.topic)
+            missing = info is None or any(p not in self._served for p in range(info.partitions))
+            if missing or time.monotonic() - last_metadata > METADATA_S:
+                last_metadata = time.monotonic()
+                try:
+                    await self._subscribe_all()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - retried: brokers come back
+                    log.debug("subscribing %s/%s failed: %s", self.topic, self.subscription, exc)
+            if self._failure is not None:
+                self._arrived.set()
+                return
+
+    async def _subscribe_all(self) -> None:
+        """Subscribe every partition not served yet at its leader."""
+        cluster = self._cluster
+        await cluster.refresh([self.topic])
+        info = cluster.topic(self.topic)
+        if info is None:
+            err = cluster.unknown.get(self.topic) or errors.UnknownTopic(f"unknown topic {self.topic!r}")
+            if not self._started or not err.retriable:
+                self._failure = err
+            return
+        by_leader: dict[int, list[int]] = {}
+        for p in range(info.partitions):
+            conn = self._served.get(p)
+            if conn is not None and not conn.closed:
+                continue
+            leader = cluster.leader(self.topic, p)
+            if leader >= 0:
+                by_leader.setdefault(leader, []).append(p)
+        await asyncio.gather(*(self._subscribe(node, parts) for node, parts in by_leader.items()))
+
+    async def _subscribe(self, node: int, partitions: list[int]) -> None:
+        try:
+            conn = await self._cluster.connection(node)
+        except errors.SluiceError as exc:
+            log.debug("cannot reach broker %d: %s", node, exc)
+            return
+        if conn.on_push is None:
+            conn.on_push = self._on_push
+            asyncio.ensure_future(self._watch(conn))
+        req = m.SubscribeRequest(
+            topic=self.topic, subscription=self.subscription, partitions=partitions, prefetch=self.prefetch,
+            create=self._create, start=self._start,
+        )
+        try:
+            resp, _ = await conn.request(req)
+        except errors.SluiceError as exc:
+            if not exc.retriable and isinstance(exc, errors.BrokerError):
+                self._failure = exc
+            self._cluster.mark_stale(self.topic)
+            return
+        for r in resp.partitions:
+            if r.error:
+                exc = errors.error_for_code(r.error, r.message)
+                if not exc.retriable:
+                    self._failure = exc
+                self._cluster.mark_stale(self.topic)
+                continue
+            self._served[r.partition] = conn
+            if r.config is not None:
+                self._configs[r.partition] = r.config
+
+    async def _watch(self, conn: Connection) -> None:
+        """When a connection goes, its partitions are subscribed again (elsewhere, maybe)."""
+        with contextlib.suppress(Exception):
+            await conn.wait_closed()
+        for p, c in list(self._served.items()):
+            if c is conn:
+                self._lost(p, conn)
+
+    def _lost(self, partition: int, conn: Connection | None) -> None:
+        """``partition`` is no longer delivered on ``conn``: what it prefetched will be
+        redelivered by the leader, so it is dropped here; subscribe again."""
+        if conn is not None and self._served.get(partition) is not conn:
+            return
+        self._served.pop(partition, None)
+        ready = self._ready.get(partition)
+        if ready:
+            for msg in ready:
+                msg.settled = True
+            ready.clear()
+        self._given.pop(partition, None)
+        self._changed.set()
+
+    def _on_push(self, key: int, _version: int, push, attachments) -> None:
+        if key == m.Push.DELIVER and push.topic == self.topic and push.subscription == self.subscription:
+            self._deliver(push, attachments)
+        elif key == m.Push.SUBSCRIPTION_ENDED and push.topic == self.topic and push.subscription == self.subscription:
+            exc = errors.error_for_code(push.error, push.message)
+            if isinstance(exc, errors.UnknownSubscription) or not exc.retriable:
+                self._failure = exc
+                self._arrived.set()
+            self._lost(push.partition, None)
+
+    def _deliver(self, push: m.Deliver, attachments) -> None:
+        if self._closed:
+            return
+        partition = push.partition
+        ready = self._ready.setdefault(partition, deque())
+        deadline = time.monotonic() + max(0.0, push.ack_deadline_ms / 1000 - time.time())
+        pos = 0
+        for d in push.deliveries:
+            data = attachments[pos:pos + d.size]
+            pos += d.size
+            want = RangeSet(d.want)
+            try:
+                records = decode_records(data, self.topic, partition)
+            except errors.SluiceError as exc:  # a corrupt batch: nack it, it comes again
+                log.warning("undecodable delivery of %s-%d at %d: %s", self.topic, partition, d.base_offset, exc)
+                for a, b in want:
+                    self._pending_for(partition).nack_delays.setdefault(-1, RangeSet()).add(a, b)
+                continue
+            got = RangeSet()
+            for rec in records:
+                if rec.offset in want:
+                    ready.append(Message(self, rec, d.attempt, deadline))
+                    got.add(rec.offset, rec.offset + 1)
+            for a, b in want:  # offsets compaction removed: nothing to hand out, settled
+                for x, y in got.missing(a, b):
+                    self._pending_for(partition).acks.add(x, y)
+        self._arrived.set()
+
+
+class SyncSubscriber:
+    """Blocking ``Subscriber`` (takes the same arguments), for scripts and the command
+    line: it runs in a private event loop thread (client/sync.py).  Messages it returns
+    may be acked, nacked and touched from any thread."""
+
+    def __init__(self, bootstrap, topic: str, subscription: str, **config) -> None:
+        from sluice.client.sync import _LoopThread
+
+        self._lt = _LoopThread("sluice-subscriber")
+
+        async def create() -> Subscriber:
+            sub = Subscriber(bootstrap, topic, subscription, **config)
+            await sub.start()
+            return sub
+
+        try:
+            self._sub = self._lt.run(create())
+        except BaseException:
+            self._lt.stop()
+            raise
+        self._closed = False
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        return self._lt.run(self._sub.get(timeout))
+
+    def getmany(self, max_records: int = 1000, timeout: float = 0) -> list[Message]:
+        return self._lt.run(self._sub.getmany(max_records, timeout))
+
+    def __iter__(self):
+        while (msg := self.get()) is not None:
+            yield msg
+
+    def flush(self) -> None:
+        self._lt.run(self._sub.flush())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lt.run(self._sub.close())
+        finally:
+            self._lt.stop()
+
+    def __enter__(self) -> SyncSubscriber:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+REDRIVE_SUBSCRIPTION = "sluice.redrive"
+
+
+async def redrive(bootstrap, topic: str, subscription: str, *, idle_s: float = 1.0) -> int:
+    """Copy every message of the dead-letter topic of ``subscription`` back into
+    ``topic`` — into its original partition, without the ``sluice.dlq.*`` headers — and
+    return how many.  It reads the dead-letter topic through the subscription
+    ``sluice.redrive`` and acks each message once its copy is acknowledged: a re-drive cut
+    short goes on where it stopped, and copies nothing twice unless its acks were lost."""
+    from sluice.client.admin import Admin
+    from sluice.client.producer import Producer
+    from sluice.protocol.subscriptions import DLQ_HEADERS, DLQ_PARTITION, dlq_topic
+
+    source = dlq_topic(topic, subscription)
+    admin = Admin(bootstrap)
+    producer = Producer(bootstrap, acks="all")
+    sub = Subscriber(bootstrap, source, REDRIVE_SUBSCRIPTION, create=True, start="earliest")
+    copied = 0
+    await admin.start()
+    try:
+        await producer.start()
+        count = len((await admin.describe_topic(topic)).partitions)
+        await sub.start()
+        while True:
+            batch = await sub.getmany(1000, idle_s)
+            if not batch:
+                await sub.flush()
+                infos = await admin.describe_subscription(source, REDRIVE_SUBSCRIPTION)
+                if all(i.backlog == 0 and i.in_flight == 0 and i.retrying == 0 for i in infos):
+                    return copied
+                continue
+            futures = []
+            for msg in batch:
+                part = msg.header(DLQ_PARTITION)
+                partition = int(part) if part is not None and part.isdigit() and int(part) < count else None
+                headers = [(k, v) for k, v in msg.headers if k not in DLQ_HEADERS]
+                futures.append(await producer.send(topic, msg.value, key=msg.key, headers=headers, partition=partition))
+            for msg, fut in zip(batch, futures, strict=True):
+                await fut
+                msg.ack()
+                copied += 1
+    finally:
+        await sub.close()
+        await producer.close()
+        await admin.close()

@@ -1,0 +1,160 @@
+"""Subscriptions on the wire and in the log: names, settings, cursor records, dead letters.
+
+Sans-I/O, shared by the broker (broker/subscriptions.py) and the client
+(client/subscriber.py).
+
+A subscription is a named, durable cursor over one topic.  Its state on a partition —
+settings, the confirmed offset (everything below it is acked), the acked ranges above it
+and its counters — is kept **in that partition's own log**, as control batches the
+partition's leader appends (attribute bit 5, never shown to readers, like a transaction's
+rollback marker).  Replicating the partition replicates its subscriptions; a new leader
+rebuilds them by reading its log.  Each record is a whole state, so the last record of a
+subscription wins:
+
+=====================  ==================================================================
+record key             value
+=====================  ==================================================================
+``sluice.sub:<name>``  msgpack ``CursorState`` (``deleted`` set: the subscription is gone)
+``sluice.sub.snap``    empty; first in a batch that holds the state of *every*
+                       subscription of the partition (a snapshot): reading the log from
+                       the newest snapshot on gives the whole state
+=====================  ==================================================================
+
+The leader writes a snapshot into each new segment, so retention, which never deletes
+the newest segment, never deletes the last state of a subscription.
+
+A dead letter is a copy of the message in the ordinary topic ``<topic>.<subscription>.dlq``
+with the ``DLQ_*`` headers below; re-driving copies it back without them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from sluice.errors import InvalidSubscription
+from sluice.protocol.records import CONTROL_BIT, Record, build_batch, encode_record
+
+STATE_PREFIX = b"sluice.sub:"
+SNAPSHOT_KEY = b"sluice.sub.snap"
+
+DLQ_SUFFIX = ".dlq"
+DLQ_TOPIC = "sluice.dlq.topic"
+DLQ_PARTITION = "sluice.dlq.partition"
+DLQ_OFFSET = "sluice.dlq.offset"
+DLQ_SUBSCRIPTION = "sluice.dlq.subscription"
+DLQ_ATTEMPTS = "sluice.dlq.attempts"
+DLQ_REASON = "sluice.dlq.reason"
+DLQ_HEADERS = frozenset({DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET, DLQ_SUBSCRIPTION, DLQ_ATTEMPTS, DLQ_REASON})
+
+MODES = ("unordered", "ordered")
+Mode = Literal["unordered", "ordered"]
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+MAX_ATTEMPTS_LIMIT = 1000
+MAX_TIMEOUT_MS = 24 * 3600 * 1000
+
+
+class SubscriptionConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How a subscription delivers.
+
+    ``mode``: ``unordered`` (any number of a partition's messages in flight at once) or
+    ``ordered`` (a partition's next message only after the previous one is acked: one
+    delivery in flight per partition, redelivered in place when it fails).
+    ``max_attempts``: deliveries of a message before it is dead-lettered (0: never).
+    ``ack_timeout_ms``: how long a delivery may stay unacked before it is redelivered.
+    Backoff: the n-th redelivery after a failure (nack without a delay, or a timeout) waits
+    ``min(backoff_initial_ms * backoff_multiplier ** (n - 1), backoff_max_ms)``.
+    """
+
+    mode: Mode = "unordered"
+    max_attempts: int = 0
+    ack_timeout_ms: int = 30_000
+    backoff_initial_ms: int = 1_000
+    backoff_multiplier: float = 2.0
+    backoff_max_ms: int = 60_000
+
+    def backoff_ms(self, attempt: int) -> int:
+        """The wait before redelivering a message whose delivery ``attempt`` failed."""
+        if attempt < 1:
+            return 0
+        try:
+            wait = self.backoff_initial_ms * self.backoff_multiplier ** (attempt - 1)
+        except OverflowError:
+            return self.backoff_max_ms
+        return int(min(wait, self.backoff_max_ms))
+
+
+def check_config(config: SubscriptionConfig) -> SubscriptionConfig:
+    """``config`` if every setting is in range; ``InvalidSubscription`` saying which is not."""
+    if config.mode not in MODES:
+        raise InvalidSubscription(f"mode must be one of {', '.join(MODES)}, not {config.mode!r}")
+    if not 0 <= config.max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidSubscription(f"max_attempts must be 0-{MAX_ATTEMPTS_LIMIT} (0: never dead-letter)")
+    for name in ("ack_timeout_ms", "backoff_max_ms"):
+        if not 1 <= getattr(config, name) <= MAX_TIMEOUT_MS:
+            raise InvalidSubscription(f"{name} must be 1-{MAX_TIMEOUT_MS}")
+    if not 0 <= config.backoff_initial_ms <= MAX_TIMEOUT_MS:
+        raise InvalidSubscription(f"backoff_initial_ms must be 0-{MAX_TIMEOUT_MS}")
+    if not 1.0 <= config.backoff_multiplier <= 100.0:
+        raise InvalidSubscription("backoff_multiplier must be 1-100")
+    return config
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidSubscription(f"invalid subscription name {name!r}: use 1-100 characters from A-Z a-z 0-9 . _ -")
+    return name
+
+
+def dlq_topic(topic: str, subscription: str) -> str:
+    return f"{topic}.{subscription}{DLQ_SUFFIX}"
+
+
+class CursorState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The durable state of one subscription on one partition (one log record)."""
+
+    name: str
+    config: SubscriptionConfig = SubscriptionConfig()
+    confirmed: int = 0  # every offset below is acked (or was skipped: hidden, or expired)
+    acked: list[tuple[int, int]] = []  # acked ranges [start, end) above ``confirmed``
+    dead_lettered: int = 0  # messages copied to the dead-letter topic, ever
+    expired: int = 0  # messages retention deleted before they were acked, ever
+    created_ms: int = 0
+    deleted: bool = False
+
+
+_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(CursorState)
+
+
+def cursor_batch(states: Iterable[CursorState], now_ms: int, snapshot: bool = False) -> bytes:
+    """The control batch recording ``states`` (every subscription's, with ``snapshot``)."""
+    bodies = []
+    if snapshot:
+        bodies.append((SNAPSHOT_KEY, b""))
+    bodies.extend((STATE_PREFIX + s.name.encode(), _encoder.encode(s)) for s in states)
+    body = b"".join(encode_record(i, 0, k, v, []) for i, (k, v) in enumerate(bodies))
+    return build_batch(body, len(bodies), now_ms, now_ms, flags=CONTROL_BIT)
+
+
+def read_cursor_records(records: list[Record]) -> tuple[bool, list[CursorState]] | None:
+    """(is a snapshot, states) of a control batch's records; None if the batch is not a
+    subscription batch (a transaction's rollback marker, say).  Undecodable states are
+    skipped."""
+    if not records or records[0].key is None:
+        return None
+    first = records[0].key
+    if first != SNAPSHOT_KEY and not first.startswith(STATE_PREFIX):
+        return None
+    states = []
+    for r in records:
+        if r.key is not None and r.key.startswith(STATE_PREFIX) and r.value is not None:
+            try:
+                states.append(_state_decoder.decode(r.value))
+            except msgspec.DecodeError:
+                continue
+    return first == SNAPSHOT_KEY, states
