@@ -34,13 +34,14 @@ import itertools
 import logging
 import time
 from bisect import bisect_left, bisect_right, insort
+from collections import deque
 from dataclasses import dataclass, field
 
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count
-from sluice.protocol.records import HIDDEN_BITS, iter_batches
-from sluice.protocol.subscriptions import CursorState, SubscriptionConfig
+from sluice.protocol.records import HIDDEN_BITS, decode_batch, iter_batches
+from sluice.protocol.subscriptions import CursorState, SubscriptionConfig, tag_of
 from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.broker.subscriptions")
@@ -48,6 +49,7 @@ log = logging.getLogger("sluice.broker.subscriptions")
 READ_BYTES = 1024 * 1024
 PEEK_BYTES = 64 * 1024  # read with no consumer ready: only to pass batches nobody sees
 MAX_ACKED_RANGES = 10_000
+MAX_WAITING = 100_000  # key-ordered: messages held behind their keys before reading stops
 DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 
@@ -157,6 +159,11 @@ class SubscriptionPartition:
         self._retries: list[Retry] = []
         self._seq = itertools.count()
         self._dead_lettering = 0  # messages being copied to the dead-letter topic
+        # key-ordered mode: key -> offsets of it waiting behind the one out (in flight,
+        # retrying or being dead-lettered), and that one's key by offset
+        self._keys: dict[bytes | None, deque[int]] = {}
+        self._key_of: dict[int, bytes | None] = {}
+        self._waiting = 0
         self._wake = asyncio.Event()
         self._pump_task: asyncio.Task | None = None
         self.closed = False
@@ -179,6 +186,8 @@ class SubscriptionPartition:
     def stalled(self) -> str:
         if len(self.cursor.acked) >= MAX_ACKED_RANGES:
             return f"ack state full: {len(self.cursor.acked)} acked ranges above offset {self.cursor.confirmed}"
+        if self._waiting >= MAX_WAITING:
+            return f"{self._waiting} messages wait behind their keys"
         return ""
 
     def info(self) -> m.SubscriptionPartitionInfo:
@@ -188,7 +197,8 @@ class SubscriptionPartition:
             subscription=self.name, partition=self.part.index, config=self.config,
             confirmed=self.cursor.confirmed, next_read=self.next_read, high_watermark=hw,
             backlog=max(0, hw - self.cursor.confirmed - settled_above), acked_ranges=len(self.cursor.acked),
-            in_flight=self.in_flight(), retrying=self.retrying(), dead_lettered=self.dead_lettered,
+            in_flight=self.in_flight(), retrying=self.retrying(), waiting=self._waiting,
+            dead_lettered=self.dead_lettered,
             expired=self.expired, consumers=len(self.sessions), stalled=self.stalled,
         )
 
@@ -242,6 +252,9 @@ class SubscriptionPartition:
         self._bases.clear()
         self._deadlines.clear()
         self._retries.clear()
+        self._keys.clear()
+        self._key_of.clear()
+        self._waiting = 0
         self.cursor.reset(offset)
         self.next_read = offset
         self._dirty()
@@ -259,6 +272,7 @@ class SubscriptionPartition:
                 continue
             if self.cursor.ack(a, b):
                 self._dirty()
+                self._release_keys(a, b)
             for unit in self._overlapping(a, b):
                 n = unit.want.remove(a, b)
                 if n:
@@ -399,6 +413,8 @@ class SubscriptionPartition:
             ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
             if not ranges:
                 heapq.heappop(retries)
+                for a, b in r.ranges:  # settled meanwhile (seek, retention): their keys go on
+                    self._release_keys(a, b)
                 continue
             if self.config.max_attempts and r.attempt >= self.config.max_attempts:
                 heapq.heappop(retries)
@@ -472,13 +488,63 @@ class SubscriptionPartition:
                     if session is None or not session.ready or self._ordered_busy():
                         return
                     self.next_read = hi
-                    want = RangeSet(self.cursor.unsettled(lo, hi))
+                    want = self._select(data, h, pos, lo, hi)
                     if want:
                         mv = memoryview(data)[pos:pos + h.size]
                         self._hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
             finally:
                 if session is not None:
                     self._push(session, deliveries, attachments)
+
+    def _select(self, data, h, pos: int, lo: int, hi: int) -> RangeSet:
+        """The offsets of the batch to deliver now.  Only with a tag filter or in
+        key-ordered mode are its records decoded: filtered ones are settled, and a key's
+        messages behind one already out wait for it (``_release_keys``)."""
+        want = RangeSet(self.cursor.unsettled(lo, hi))
+        cfg = self.config
+        if not want or not (cfg.tags or cfg.mode == "key-ordered"):
+            return want
+        chosen = RangeSet()
+        tags = set(cfg.tags)
+        for r in decode_batch(data, h, pos, self.part.topic, self.part.index):
+            o = r.offset
+            if o not in want or (tags and tag_of(r.headers) not in tags):
+                continue
+            if cfg.mode == "key-ordered":
+                waiting = self._keys.get(r.key)
+                if waiting is not None:
+                    waiting.append(o)
+                    self._waiting += 1
+                    want.remove(o, o + 1)
+                    continue
+                self._keys[r.key] = deque()
+                self._key_of[o] = r.key
+            chosen.add(o, o + 1)
+        for a, b in want.pairs():  # filtered out (or compacted away): settled
+            for x, y in chosen.missing(a, b):
+                if self.cursor.ack(x, y):
+                    self._dirty()
+        return chosen
+
+    def _release_keys(self, a: int, b: int) -> None:
+        """Offsets in ``[a, b)`` were settled: their keys' next messages go out."""
+        key_of = self._key_of
+        if not key_of:
+            return
+        done = [o for o in range(a, b) if o in key_of] if b - a <= len(key_of) else [
+            o for o in key_of if a <= o < b
+        ]
+        now = time.monotonic()
+        for o in done:
+            key = key_of.pop(o)
+            waiting = self._keys.get(key)
+            if waiting:
+                nxt = waiting.popleft()
+                self._waiting -= 1
+                key_of[nxt] = key
+                self._retry([(nxt, nxt + 1)], 0, now, "")
+            else:
+                self._keys.pop(key, None)
 
     def _hand_out(self, session, base, end, mv, want, attempt, deliveries, attachments) -> None:
         deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
@@ -511,7 +577,9 @@ class SubscriptionPartition:
             "subscription %s of %s-%d: %d unacked message(s) below offset %d were deleted by retention",
             self.name, self.part.topic, self.part.index, lost, start,
         )
-        self.cursor.ack(self.cursor.confirmed, start)
+        below = self.cursor.confirmed
+        self.cursor.ack(below, start)
+        self._release_keys(below, start)
         self.next_read = max(self.next_read, start)
         self._dirty()
 
@@ -542,5 +610,6 @@ class SubscriptionPartition:
             return
         for a, b in ranges:
             self.cursor.ack(a, b)
+            self._release_keys(a, b)
         self.dead_lettered += n
         self._dirty()

@@ -34,6 +34,7 @@ import click
 from sluice import errors
 from sluice.cli import output
 from sluice.cli.params import LOG_LEVELS, Bootstrap, Escaped, StartPosition, key_values
+from sluice.protocol.subscriptions import TAG_HEADER
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
 
@@ -242,6 +243,7 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
                    "leader appended it; none: not acknowledged (no offsets shown).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
               help="Header on every message (repeatable).")
+@click.option("--tag", default=None, help="Tag of every message (header sluice.tag; subscriptions can filter on it).")
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
               default="-", help="Read this file instead of standard input.")
 @click.option("--delimiter", type=Escaped(), default="\\n", show_default=True,
@@ -249,7 +251,7 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
 @click.option("--raw", is_flag=True, help="Send the whole input as one message, byte for byte.")
 @click.pass_context
 def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, partition: int | None,
-            acks: str, headers, path: str, delimiter: bytes, raw: bool) -> None:
+            acks: str, headers, tag: str | None, path: str, delimiter: bytes, raw: bool) -> None:
     """Send each line of standard input (or --file) as one message.
 
     Messages go out as they are read, a few milliseconds apart at most: `tail -f app.log |
@@ -262,7 +264,10 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
 
     _exclusive(ctx, "key", "key_separator")
     _exclusive(ctx, "raw", "delimiter")
-    hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header").items()] or None
+    hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header").items()]
+    if tag is not None:
+        hdrs.append((TAG_HEADER, tag.encode()))
+    hdrs = hdrs or None
     fd = os.open(path, os.O_RDONLY) if path != "-" else sys.stdin.fileno()
     try:
         with _admin(ctx) as admin:

@@ -47,7 +47,8 @@ def sub() -> None:
 @click.option("--from", "start", type=StartPosition(), default=None, metavar="POSITION",
               help="earliest | latest | OFFSET | ISO-TIME.  [default: earliest]")
 @click.option("--mode", type=click.Choice(MODES), default="unordered", show_default=True,
-              help="ordered: a partition's next message only after the previous one is acked.")
+              help="ordered: a partition's next message only after the previous one is acked; "
+                   "key-ordered: the same, per key (a failing message holds back only its key).")
 @click.option("--max-attempts", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="Deliveries before a message goes to TOPIC.NAME.dlq (0: never).")
 @click.option("--ack-timeout-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=30_000, show_default=True,
@@ -55,14 +56,15 @@ def sub() -> None:
 @click.option("--backoff-ms", type=click.IntRange(0, 24 * 3600 * 1000), default=1000, show_default=True,
               help="Wait before the first redelivery after a failure; doubles each time.")
 @click.option("--backoff-max-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=60_000, show_default=True)
+@click.option("--tag", "tags", multiple=True, help="Deliver only messages with this tag (repeatable).")
 @click.option("--if-not-exists", is_flag=True, help="Succeed if it exists already.")
 @click.pass_context
 def sub_create(ctx, topic, name, start, mode, max_attempts, ack_timeout_ms, backoff_ms, backoff_max_ms,
-               if_not_exists) -> None:
+               tags, if_not_exists) -> None:
     """Create subscription NAME on every partition of TOPIC."""
     config = SubscriptionConfig(
         mode=mode, max_attempts=max_attempts, ack_timeout_ms=ack_timeout_ms,
-        backoff_initial_ms=backoff_ms, backoff_max_ms=max(backoff_max_ms, backoff_ms or 1),
+        backoff_initial_ms=backoff_ms, backoff_max_ms=max(backoff_max_ms, backoff_ms or 1), tags=list(tags),
     )
     with _admin(ctx) as admin:
         admin.create_subscription(topic, name, config, start=start_arg(start), if_not_exists=if_not_exists)
@@ -97,7 +99,7 @@ def sub_describe(ctx, topic, name, as_json) -> None:
         echo_json([
             {"partition": i.partition, "confirmed": i.confirmed, "next_read": i.next_read,
              "high_watermark": i.high_watermark, "backlog": i.backlog, "in_flight": i.in_flight,
-             "retrying": i.retrying, "dead_lettered": i.dead_lettered, "expired": i.expired,
+             "retrying": i.retrying, "waiting": i.waiting, "dead_lettered": i.dead_lettered, "expired": i.expired,
              "acked_ranges": i.acked_ranges, "consumers": i.consumers, "stalled": i.stalled,
              "mode": i.config.mode if i.config else None,
              "max_attempts": i.config.max_attempts if i.config else None,
@@ -108,7 +110,7 @@ def sub_describe(ctx, topic, name, as_json) -> None:
     cfg = infos[0].config if infos and infos[0].config else SubscriptionConfig()
     table(
         f"Subscription {name} on {topic}: mode {cfg.mode}, max attempts {cfg.max_attempts or 'unlimited'}, "
-        f"ack timeout {cfg.ack_timeout_ms} ms",
+        f"ack timeout {cfg.ack_timeout_ms} ms" + (f", tags {', '.join(cfg.tags)}" if cfg.tags else ""),
         ["partition", "confirmed", "end", "backlog", "in flight", "retrying", "dead-lettered", "expired",
          "consumers", "note"],
         [[i.partition, i.confirmed, i.high_watermark, i.backlog, i.in_flight, i.retrying, i.dead_lettered,

@@ -37,7 +37,7 @@ from sluice.client.transport import Cluster, Connection
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import RangeSet
 from sluice.protocol.records import decode_records
-from sluice.protocol.subscriptions import SubscriptionConfig, check_config, check_name
+from sluice.protocol.subscriptions import SubscriptionConfig, check_config, check_name, tag_of
 
 log = logging.getLogger("sluice.client.subscriber")
 
@@ -83,6 +83,11 @@ class Message:
 
     def __repr__(self) -> str:
         return f"<Message {self.topic}-{self.partition}@{self.offset} attempt={self.attempt}>"
+
+    @property
+    def tag(self) -> str | None:
+        """The message's tag (header ``sluice.tag``), which subscriptions can filter on."""
+        return tag_of(self.headers)
 
     def header(self, name: str) -> bytes | None:
         for k, v in self.headers:
@@ -144,7 +149,7 @@ class Subscriber:
     """Consume ``topic`` through subscription ``subscription`` (see the module docstring).
 
     ``create``: create the subscription on partitions that lack it, with ``config`` (or
-    the settings ``mode``, ``max_attempts``, ``ack_timeout_ms`` given here) from ``start``
+    the settings ``mode``, ``max_attempts``, ``ack_timeout_ms``, ``tags`` given here) from ``start``
     (``earliest``, ``latest``, an offset, ``time:<ms>``); with ``create=False`` a missing
     subscription fails the subscriber with ``UnknownSubscription``.
     """
@@ -162,6 +167,7 @@ class Subscriber:
         mode: str | None = None,
         max_attempts: int | None = None,
         ack_timeout_ms: int | None = None,
+        tags: Sequence[str] | None = None,
         ack_interval_ms: float = 5,
         request_timeout_ms: float = 30000,
         connect_timeout_ms: float = 10000,
@@ -171,7 +177,8 @@ class Subscriber:
             raise errors.ConfigError("prefetch must be ≥ 1")
         cfg = config or SubscriptionConfig()
         overrides = {k: v for k, v in (("mode", mode), ("max_attempts", max_attempts),
-                                        ("ack_timeout_ms", ack_timeout_ms)) if v is not None}
+                                        ("ack_timeout_ms", ack_timeout_ms),
+                                        ("tags", None if tags is None else list(tags))) if v is not None}
         if overrides:
             import msgspec
 

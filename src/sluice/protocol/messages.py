@@ -758,6 +758,7 @@ class SubscriptionPartitionInfo(Struct):
     acked_ranges: int = 0  # ranges of acked offsets above ``confirmed``
     in_flight: int = 0  # messages delivered, awaiting their ack
     retrying: int = 0  # messages waiting for their redelivery
+    waiting: int = 0  # key-ordered: messages held behind an earlier one of their key
     dead_lettered: int = 0
     expired: int = 0  # deleted by retention before they were acked
     consumers: int = 0

@@ -50,8 +50,10 @@ DLQ_ATTEMPTS = "sluice.dlq.attempts"
 DLQ_REASON = "sluice.dlq.reason"
 DLQ_HEADERS = frozenset({DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET, DLQ_SUBSCRIPTION, DLQ_ATTEMPTS, DLQ_REASON})
 
-MODES = ("unordered", "ordered")
-Mode = Literal["unordered", "ordered"]
+MODES = ("unordered", "ordered", "key-ordered")
+Mode = Literal["unordered", "ordered", "key-ordered"]
+TAG_HEADER = "sluice.tag"  # a message's tag, for subscriptions' tag filters
+MAX_TAGS = 100
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 MAX_ATTEMPTS_LIMIT = 1000
@@ -61,9 +63,14 @@ MAX_TIMEOUT_MS = 24 * 3600 * 1000
 class SubscriptionConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """How a subscription delivers.
 
-    ``mode``: ``unordered`` (any number of a partition's messages in flight at once) or
+    ``mode``: ``unordered`` (any number of a partition's messages in flight at once),
     ``ordered`` (a partition's next message only after the previous one is acked: one
-    delivery in flight per partition, redelivered in place when it fails).
+    delivery in flight per partition, redelivered in place when it fails) or
+    ``key-ordered`` (one message per key in flight: a key's next message only after the
+    previous one is settled; a failing message holds back only its own key while it
+    backs off, and after ``max_attempts`` it is dead-lettered and its key goes on).
+    ``tags``: deliver only messages whose ``sluice.tag`` header is one of these (none:
+    every message); the others count as acked.
     ``max_attempts``: deliveries of a message before it is dead-lettered (0: never).
     ``ack_timeout_ms``: how long a delivery may stay unacked before it is redelivered.
     Backoff: the n-th redelivery after a failure (nack without a delay, or a timeout) waits
@@ -76,6 +83,7 @@ class SubscriptionConfig(msgspec.Struct, frozen=True, kw_only=True, omit_default
     backoff_initial_ms: int = 1_000
     backoff_multiplier: float = 2.0
     backoff_max_ms: int = 60_000
+    tags: list[str] = []
 
     def backoff_ms(self, attempt: int) -> int:
         """The wait before redelivering a message whose delivery ``attempt`` failed."""
@@ -101,7 +109,17 @@ def check_config(config: SubscriptionConfig) -> SubscriptionConfig:
         raise InvalidSubscription(f"backoff_initial_ms must be 0-{MAX_TIMEOUT_MS}")
     if not 1.0 <= config.backoff_multiplier <= 100.0:
         raise InvalidSubscription("backoff_multiplier must be 1-100")
+    if len(config.tags) > MAX_TAGS or not all(isinstance(t, str) and 1 <= len(t) <= 100 for t in config.tags):
+        raise InvalidSubscription(f"tags: at most {MAX_TAGS}, each 1-100 characters")
     return config
+
+
+def tag_of(headers) -> str | None:
+    """A record's tag (its ``sluice.tag`` header as text), or None."""
+    for k, v in headers:
+        if k == TAG_HEADER and v is not None:
+            return v.decode(errors="replace")
+    return None
 
 
 def check_name(name: str) -> str:
