@@ -30,6 +30,7 @@ CLUSTER = ["R3", "F1"]  # 3 brokers + etcd (bench/cluster.py); run with --worklo
 # compare runs of each on its own broker (a second workload on one broker runs warmer)
 NOT_IDEMPOTENT = ["P1-1KiB-plain"]
 TRANSACTIONS = ["TX-1KiB"]  # transactional messages (bench/transactions.py)
+SUBSCRIPTIONS = ["C2"]  # per-message acks through a subscription (bench/subscriptions.py)
 
 
 class CpuMeter:
@@ -126,6 +127,10 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
         return await run_tx(bootstrap, meter)
     if name == "C1":
         return await w.run_c1(bootstrap, meter)
+    if name == "C2":
+        from sluice.bench.subscriptions import run_c2
+
+        return await run_c2(bootstrap, meter)
     if name == "L1":
         return await w.run_l1(bootstrap, meter)
     raise ValueError(name)
@@ -136,7 +141,7 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
 
     loop_name = install_uvloop()
     groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER}
-    every = ALL + SPARK + CLUSTER + NOT_IDEMPOTENT + TRANSACTIONS
+    every = ALL + SPARK + CLUSTER + NOT_IDEMPOTENT + TRANSACTIONS + SUBSCRIPTIONS
     names = groups.get(workload.lower()) or [n for n in every if n.lower() == workload.lower()]
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
     if names and all(n in CLUSTER for n in names):

@@ -99,7 +99,11 @@ class Message:
         """Done with: never delivered again to this subscription.  Any thread."""
         if not self.settled:
             self.settled = True
-            self._sub._on_loop(self._sub._settle, self, "acks")
+            sub = self._sub
+            if threading.get_ident() == sub._thread:
+                sub._ack(self)
+            else:
+                sub._on_loop(sub._ack, self)
 
     def nack(self, delay_ms: int | None = None, reason: str = "") -> None:
         """Failed: redelivered after ``delay_ms`` (None: the subscription's backoff).
@@ -107,7 +111,7 @@ class Message:
         if not self.settled:
             self.settled = True
             delay = -1 if delay_ms is None else max(0, int(delay_ms))
-            self._sub._on_loop(self._sub._settle, self, "nacks", delay, reason)
+            self._sub._on_loop(self._sub._nack, self, delay, reason)
 
     def touch(self) -> None:
         """Still working on it: its ack deadline starts again.  Any thread."""
@@ -138,7 +142,7 @@ class _Pending:
     __slots__ = ("acks", "nack_delays", "reason", "releases", "touches")
 
     def __init__(self) -> None:
-        self.acks = RangeSet()
+        self.acks: list[int] = []  # offsets, in the order acked
         self.nack_delays: dict[int, RangeSet] = {}
         self.touches = RangeSet()
         self.releases = RangeSet()
@@ -198,10 +202,12 @@ class Subscriber:
         )
         self._served: dict[int, Connection] = {}  # partition -> connection delivering it
         self._configs: dict[int, SubscriptionConfig] = {}
+        self._ordered_parts: set[int] = set()  # partitions whose subscription is ordered
         self._ready: dict[int, deque[Message]] = {}  # partition -> messages not given out
         self._given: dict[int, int] = {}  # partition -> messages given out, not settled
         self._pending: dict[int, _Pending] = {}
         self._pending_count = 0
+        self._flush_at = max(1, prefetch // 4)  # settlements that make a flush happen now
         self._rr = 0
         self._arrived = asyncio.Event()
         self._changed = asyncio.Event()  # a partition to subscribe again
@@ -297,8 +303,19 @@ class Subscriber:
         if first is None:
             return []
         out = [first]
-        while len(out) < max_records and (msg := self._next_ready()) is not None:
-            out.append(msg)
+        given = self._given
+        while len(out) < max_records:
+            before = len(out)
+            for p, ready in self._ready.items():
+                if not ready or (self._ordered(p) and given.get(p, 0)):
+                    continue
+                n = 1 if self._ordered(p) else min(len(ready), max_records - len(out))
+                out.extend([ready.popleft() for _ in range(n)])
+                given[p] = given.get(p, 0) + n
+                if len(out) >= max_records:
+                    break
+            if len(out) == before:
+                break
         return out
 
     async def run(
@@ -357,8 +374,7 @@ class Subscriber:
         return None
 
     def _ordered(self, partition: int) -> bool:
-        cfg = self._configs.get(partition)
-        return cfg is not None and cfg.mode == "ordered"
+        return partition in self._ordered_parts
 
     def _ack_timeout_s(self, partition: int) -> float:
         cfg = self._configs.get(partition) or SubscriptionConfig()
@@ -379,24 +395,36 @@ class Subscriber:
             p = self._pending[partition] = _Pending()
         return p
 
-    def _settle(self, msg: Message, kind: str, delay_ms: int = -1, reason: str = "") -> None:
-        p = self._pending_for(msg.partition)
-        if kind == "acks":
-            p.acks.add(msg.offset, msg.offset + 1)
-        else:
-            p.nack_delays.setdefault(delay_ms, RangeSet()).add(msg.offset, msg.offset + 1)
-            if reason:
-                p.reason = reason
-            if self._ordered(msg.partition):  # the ones behind it wait for its redelivery
-                self._ready.get(msg.partition, deque()).clear()
-        given = self._given.get(msg.partition, 0)
-        if given:
-            self._given[msg.partition] = given - 1
+    def _ack(self, msg: Message) -> None:
+        """The hot path of ``Message.ack``: the offset is noted, sent as ranges later."""
+        partition = msg.partition
+        pending = self._pending.get(partition)
+        if pending is None:
+            pending = self._pending[partition] = _Pending()
+        pending.acks.append(msg.offset)
         self._pending_count += 1
-        if self._pending_count >= self.prefetch // 2:
+        if self._pending_count >= self._flush_at:
             self._flush_now.set()
-        if kind != "acks" or self._ordered(msg.partition):
-            self._arrived.set()
+        if partition in self._ordered_parts:
+            self._settled(partition)
+
+    def _settled(self, partition: int) -> None:
+        """A message of an ordered partition was settled: its next one may go out."""
+        given = self._given.get(partition, 0)
+        if given:
+            self._given[partition] = given - 1
+        self._arrived.set()
+
+    def _nack(self, msg: Message, delay_ms: int, reason: str) -> None:
+        p = self._pending_for(msg.partition)
+        p.nack_delays.setdefault(delay_ms, RangeSet()).add(msg.offset, msg.offset + 1)
+        if reason:
+            p.reason = reason
+        if self._ordered(msg.partition):  # the ones behind it wait for its redelivery
+            self._ready.get(msg.partition, deque()).clear()
+        self._pending_count += 1
+        self._flush_now.set()
+        self._settled(msg.partition)
 
     def _touch(self, msg: Message) -> None:
         self._pending_for(msg.partition).touches.add(msg.offset, msg.offset + 1)
@@ -431,12 +459,13 @@ class Subscriber:
                 continue  # the broker redelivers what it had given out on that connection
             parts = by_conn.setdefault(conn, [])
             base = dict(partition=partition, touches=p.touches.pairs(), releases=p.releases.pairs(), reason=p.reason)
+            acked = _runs(p.acks)
             if not p.nack_delays:
-                parts.append(m.AckPartition(acks=p.acks.pairs(), **base))
+                parts.append(m.AckPartition(acks=acked, **base))
                 continue
             first = True
             for delay, nacks in p.nack_delays.items():
-                acks = p.acks.pairs() if first else []
+                acks = acked if first else []
                 extra = base if first else dict(partition=partition, reason=p.reason)
                 parts.append(m.AckPartition(acks=acks, nacks=nacks.pairs(), nack_delay_ms=delay, **extra))
                 first = False
@@ -534,6 +563,10 @@ class Subscriber:
             self._served[r.partition] = conn
             if r.config is not None:
                 self._configs[r.partition] = r.config
+                if r.config.mode == "ordered":
+                    self._ordered_parts.add(r.partition)
+                else:
+                    self._ordered_parts.discard(r.partition)
 
     async def _watch(self, conn: Connection) -> None:
         """When a connection goes, its partitions are subscribed again (elsewhere, maybe)."""
@@ -577,22 +610,26 @@ class Subscriber:
         for d in push.deliveries:
             data = attachments[pos:pos + d.size]
             pos += d.size
-            want = RangeSet(d.want)
             try:
-                records = decode_records(data, self.topic, partition)
+                records = decode_records(data, self.topic, partition, d.want[0][0] if d.want else 0)
             except errors.SluiceError as exc:  # a corrupt batch: nack it, it comes again
                 log.warning("undecodable delivery of %s-%d at %d: %s", self.topic, partition, d.base_offset, exc)
-                for a, b in want:
+                for a, b in d.want:
                     self._pending_for(partition).nack_delays.setdefault(-1, RangeSet()).add(a, b)
                 continue
-            got = RangeSet()
-            for rec in records:
-                if rec.offset in want:
-                    ready.append(Message(self, rec, d.attempt, deadline))
-                    got.add(rec.offset, rec.offset + 1)
-            for a, b in want:  # offsets compaction removed: nothing to hand out, settled
-                for x, y in got.missing(a, b):
-                    self._pending_for(partition).acks.add(x, y)
+            attempt = d.attempt
+            if len(d.want) == 1:
+                hi = d.want[0][1]
+                msgs = [Message(self, r, attempt, deadline) for r in records if r.offset < hi]
+            else:
+                want = RangeSet(d.want)
+                msgs = [Message(self, r, attempt, deadline) for r in records if r.offset in want]
+            ready.extend(msgs)
+            if len(msgs) != sum(b - a for a, b in d.want):  # compacted away: nothing to hand out
+                got = {msg.offset for msg in msgs}
+                self._pending_for(partition).acks.extend(
+                    o for a, b in d.want for o in range(a, b) if o not in got
+                )
         self._arrived.set()
 
 
@@ -645,6 +682,17 @@ class SyncSubscriber:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Offsets (any order, repeats allowed) as sorted half-open ranges."""
+    out: list[list[int]] = []
+    for o in sorted(offsets):
+        if out and o <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], o + 1)
+        else:
+            out.append([o, o + 1])
+    return [(a, b) for a, b in out]
 
 
 REDRIVE_SUBSCRIPTION = "sluice.redrive"

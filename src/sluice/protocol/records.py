@@ -563,7 +563,8 @@ def decode_batch(buf, h: BatchHeader, pos: int, topic: str = "", partition: int 
 def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
     """Decode the records of one batch body into ``out``.
 
-    Single-byte varints (the common case) are decoded inline; longer ones call decode_varint.
+    One- and two-byte varints (the common cases) are decoded inline; longer ones call
+    decode_varint.
     """
     pos, end = 0, len(body)
     base_offset, base_ts = h.base_offset, h.base_timestamp
@@ -576,6 +577,10 @@ def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out:
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif body[pos + 1] < 0x80:  # two bytes: records up to 8 KiB
+                z = (b & 0x7F) | (body[pos + 1] << 7)
+                length = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 length, pos = dv(body, pos)
             rec_end = pos + length
@@ -612,6 +617,10 @@ def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out:
                 if b < 0x80:
                     vlen = (b >> 1) ^ -(b & 1)
                     pos += 1
+                elif body[pos + 1] < 0x80:
+                    z = (b & 0x7F) | (body[pos + 1] << 7)
+                    vlen = (z >> 1) ^ -(z & 1)
+                    pos += 2
                 else:
                     vlen, pos = dv(body, pos)
                 if vlen < 0:
