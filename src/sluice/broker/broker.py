@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sluice.broker.coordinator import GroupCoordinator
+from sluice.broker.delays import DelayedDelivery
 from sluice.broker.fetch import FetchHandlers
 from sluice.broker.group_migration import migrate_legacy_groups
 from sluice.broker.groups import GroupHandlers
@@ -134,6 +135,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self._producer_ids_lock = asyncio.Lock()
         self.transactions = TransactionManager(self)  # half messages (broker/transactions.py)
         self.subscriptions = SubscriptionManager(self)  # broker/subscriptions.py
+        self.delays = DelayedDelivery(self.transactions)  # broker/delays.py
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -171,7 +173,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
-            self._groups_later(), self.transactions.run(),
+            self._groups_later(), self.transactions.run(), self.delays.run(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 
@@ -275,6 +277,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
         self.fetchers.clear()
         await self.subscriptions.close()
+        await self.delays.close()
         await self.transactions.close()
         await self._close_partitions()
         try:

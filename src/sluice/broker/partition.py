@@ -794,11 +794,9 @@ class Partition(Leadership):
             self.log.producers.expire(now_ms, self.config.producer_id_expiration_ms)
         if self._truncating or self._cleaning is not None or self.config.cleanup_policy == "compact":
             return []
-        expired = self.log.expired_segments(now_ms, -1 if self.is_leader else self.leader_log_start)
-        if expired:  # half messages retention deleted are no longer open
-            halves, start = self.log.producers.open_halves, self.log_start_offset
-            halves.difference_update([o for o in halves if o < start])
-        return expired
+        halves = self.log.producers.open_halves
+        keep = min(halves, default=-1)  # open half messages (delayed ones too) stay
+        return self.log.expired_segments(now_ms, -1 if self.is_leader else self.leader_log_start, keep)
 
     # ------------------------------------------------------------------ compaction
 

@@ -38,6 +38,7 @@ executor and touch only immutable log views.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import time
@@ -85,6 +86,11 @@ class Half:
     group: str
     checks: int = 0
     last_check: float = 0.0  # monotonic time of the last check sent
+    deliver_at: int = 0  # ms: a delayed message's delivery time (group DELAY_GROUP); 0 otherwise
+
+    @property
+    def delayed(self) -> bool:
+        return self.deliver_at > 0
 
 
 # --------------------------------------------------------------------------- log scans
@@ -93,7 +99,7 @@ class Half:
 def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]:
     """Worker thread: the transaction events of ``plog`` in ``[start, end)``, in log order.
 
-    ``("half", offset, timestamp, group)`` for a half message, ``("end", half_offset,
+    ``("half", offset, timestamp, group, deliver_at)`` for a half message, ``("end", half_offset,
     state, at)`` for a commit or rollback batch at ``at``.  Batch headers are read for
     every batch; only transactional, commit and control batches are decoded.  With
     ``only``, events of that half only.
@@ -110,7 +116,9 @@ def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]
             recs = decode_batch(data, h, pos)
             if h.attributes & TRANSACTIONAL_BIT:
                 if only is None or h.base_offset == only:
-                    events.append(("half", h.base_offset, h.max_timestamp, tx.group_of(recs[0]) if recs else ""))
+                    group = tx.group_of(recs[0]) if recs else ""
+                    at = tx.deliver_at_of(recs[0]) if group == tx.DELAY_GROUP else 0
+                    events.append(("half", h.base_offset, h.max_timestamp, group, at))
                 continue
             half = tx.resolved_offset(h.attributes, recs)
             if half is not None and (only is None or half == only):
@@ -154,6 +162,7 @@ class PartitionTransactions:
         self.scanned_to = self._scan_start()
         self.dirty = True  # the log may hold transaction batches above scanned_to
         self.inflight = 0  # transactional appends not completed yet
+        self.due: list[tuple[int, int]] = []  # (deliver_at, offset) of open delayed halves
         self._scan_lock = asyncio.Lock()
 
     def _scan_start(self) -> int:
@@ -184,6 +193,7 @@ class PartitionTransactions:
             if end < self.scanned_to:  # a cut tail (a failed fsync): start over
                 self.open.clear()
                 self.ended.clear()
+                self.due.clear()
                 self.scanned_to, self.dirty = self._scan_start(), True
             if not self.dirty and not self.inflight:
                 self.scanned_to = end  # nothing transactional was appended meanwhile
@@ -199,9 +209,11 @@ class PartitionTransactions:
     def _apply(self, events: list[tuple]) -> None:
         for ev in events:
             if ev[0] == "half":
-                _, offset, ts, group = ev
-                if offset not in self.ended:
-                    self.open.setdefault(offset, Half(offset, ts, group))
+                _, offset, ts, group, deliver_at = ev
+                if offset not in self.ended and offset not in self.open:
+                    self.open[offset] = Half(offset, ts, group, deliver_at=deliver_at)
+                    if deliver_at:
+                        heapq.heappush(self.due, (deliver_at, offset))
             else:
                 _, offset, state, at = ev
                 self._ended(offset, state, at)
@@ -411,6 +423,8 @@ class TransactionManager:
                 continue
             await st.catch_up()
             for h in sorted(st.open.values(), key=lambda h: h.offset):
+                if h.delayed:
+                    continue
                 out.append(m.TransactionInfo(
                     topic=part.topic, partition=part.index, offset=h.offset, group=h.group,
                     timestamp=h.timestamp, checks=h.checks, age_ms=max(now - h.timestamp, 0),
@@ -447,7 +461,7 @@ class TransactionManager:
                 continue
             await st.catch_up()
             for h in list(st.open.values()):
-                if h.offset in st.ending or now - h.timestamp < self.check_timeout * 1000:
+                if h.delayed or h.offset in st.ending or now - h.timestamp < self.check_timeout * 1000:
                     continue
                 if h.last_check and mono - h.last_check < self.check_interval:
                     continue

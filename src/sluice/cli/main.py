@@ -244,6 +244,8 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
               help="Header on every message (repeatable).")
 @click.option("--tag", default=None, help="Tag of every message (header sluice.tag; subscriptions can filter on it).")
+@click.option("--delay-ms", type=click.IntRange(1, 30 * 24 * 3600 * 1000), default=None,
+              help="Delayed messages: stored now, delivered (visible to consumers) MS after they are read.")
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
               default="-", help="Read this file instead of standard input.")
 @click.option("--delimiter", type=Escaped(), default="\\n", show_default=True,
@@ -251,7 +253,8 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
 @click.option("--raw", is_flag=True, help="Send the whole input as one message, byte for byte.")
 @click.pass_context
 def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, partition: int | None,
-            acks: str, headers, tag: str | None, path: str, delimiter: bytes, raw: bool) -> None:
+            acks: str, headers, tag: str | None, delay_ms: int | None, path: str, delimiter: bytes,
+            raw: bool) -> None:
     """Send each line of standard input (or --file) as one message.
 
     Messages go out as they are read, a few milliseconds apart at most: `tail -f app.log |
@@ -259,7 +262,7 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
     sent as they are (a \\r before the newline stays).  When the input is a terminal, where
     each message went (partition and offset) is printed on stderr.
     """
-    from sluice.cli.producing import Sender, read_available, split_messages
+    from sluice.cli.producing import Sender, produce_delayed, read_available, split_messages
     from sluice.client.sync import SyncProducer
 
     _exclusive(ctx, "key", "key_separator")
@@ -272,6 +275,15 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
     try:
         with _admin(ctx) as admin:
             admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
+        if delay_ms is not None:
+            n = produce_delayed(
+                ctx.obj["bootstrap"], topic_name, split_messages(read_available(fd), None if raw else delimiter),
+                delay_ms=delay_ms, key=key.encode() if key is not None else None, key_separator=key_separator,
+                headers=hdrs, partition=partition,
+            )
+            if sys.stderr.isatty():
+                click.echo(f"stored {n} delayed message{'s' if n != 1 else ''} for {topic_name}", err=True)
+            return
         report = None
         if os.isatty(fd):
             def report(line: str) -> None:

@@ -158,3 +158,39 @@ def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, errors.SluiceError):
         return errors.describe(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], *, delay_ms: int,
+                    key: bytes | None, key_separator: bytes | None, headers, partition: int | None) -> int:
+    """``sluice produce --delay-ms``: each group of messages read together becomes delayed
+    messages due ``delay_ms`` after it was read (one stored batch per key and 1000
+    messages).  Returns how many were stored; a message without ``key_separator`` fails."""
+    import asyncio
+    import time
+
+    from sluice.client.transaction import DelayedProducer
+
+    hdrs = list(headers or ())
+
+    async def run() -> int:
+        sent = 0
+        async with DelayedProducer(bootstrap) as producer:
+            for values in batches:
+                at = int(time.time() * 1000) + delay_ms
+                by_key: dict[bytes | None, list] = {}
+                for v in values:
+                    k = key
+                    if key_separator is not None:
+                        k, sep, v = v.partition(key_separator)
+                        if not sep:
+                            shown = k[:40].decode("utf-8", "backslashreplace")
+                            raise errors.UsageError(f"no key separator {key_separator!r} in message {shown!r}")
+                    by_key.setdefault(k, []).append((k, v, hdrs))
+                for recs in by_key.values():
+                    for i in range(0, len(recs), 1000):
+                        chunk = recs[i:i + 1000]
+                        await producer.send_delayed(topic, chunk, deliver_at_ms=at, partition=partition)
+                        sent += len(chunk)
+        return sent
+
+    return asyncio.run(run())

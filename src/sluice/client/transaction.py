@@ -252,25 +252,62 @@ class TransactionProducer:
         headers: Sequence[tuple[str, bytes | None]] | None = None,
         partition: int | None = None,
     ) -> TransactionMessage:
-        """Step 1 alone: store the half message (``acks=all``); return its message.
+        """Step 1 alone: store the half message (``acks=all``, idempotently: see
+        ``_store_half``); return its message."""
+        if self._closed:
+            raise errors.ClientClosed("the transaction producer is closed")
+        hdrs = tuple((str(k), v) for k, v in (headers or ()))
+        now = int(time.time() * 1000)
+        p = await self._partition_for(topic, key, partition)
+        offset = await self._store_half(topic, p, lambda producer: tx.half_batch(
+            self.group, key, value, hdrs, now, producer,
+        ))
+        return TransactionMessage(tx.format_id(topic, p, offset), topic, p, offset, key, value, hdrs, now)
+
+    async def send_delayed(
+        self,
+        topic: str,
+        messages: Sequence[tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+        *,
+        deliver_at_ms: int | None = None,
+        delay_ms: int | None = None,
+        partition: int | None = None,
+    ) -> int:
+        """Store ``messages`` (``(key, value, headers)``) as delayed messages: durable once
+        this returns, invisible to every reader until ``deliver_at_ms`` (ms since the
+        epoch) or ``delay_ms`` from now, then delivered into their partition (the first
+        message's key chooses it, unless ``partition``).  One stored batch for all of them,
+        so send the messages of one time together.  Returns the offset of the stored batch."""
+        if self._closed:
+            raise errors.ClientClosed("the transaction producer is closed")
+        now = int(time.time() * 1000)
+        if (deliver_at_ms is None) == (delay_ms is None):
+            raise errors.ConfigError("give one of deliver_at_ms and delay_ms")
+        at = deliver_at_ms if deliver_at_ms is not None else now + delay_ms
+        if not now - tx.MAX_DELAY_MS <= at <= now + tx.MAX_DELAY_MS or at <= 0:
+            raise errors.ConfigError(f"a delivery time must be within {tx.MAX_DELAY_MS // 86_400_000} days of now")
+        if not messages:
+            raise errors.ConfigError("no messages to send")
+        recs = [(k, v, tuple((str(hk), hv) for hk, hv in (h or ()))) for k, v, h in messages]
+        p = await self._partition_for(topic, recs[0][0], partition)
+        return await self._store_half(topic, p, lambda producer: tx.delayed_batch(recs, at, now, producer))
+
+    async def _store_half(self, topic: str, p: int, build) -> int:
+        """Store the half message ``build((producer id, epoch, sequence))`` makes in
+        ``topic``-``p`` (``acks=all``); its offset.
 
         Halves are sent idempotently: this producer's id (INIT_PRODUCER_ID) and a sequence
         per partition, one half in flight per partition, so a retry after an unknown
         outcome (a lost connection, a timeout, a leader change) is stored once and answered
         with the first copy's offset.  A gap the broker reports (a half given up on was
         never stored) starts a new epoch at sequence 0."""
-        if self._closed:
-            raise errors.ClientClosed("the transaction producer is closed")
-        hdrs = tuple((str(k), v) for k, v in (headers or ()))
-        now = int(time.time() * 1000)
         deadline = time.monotonic() + self.retry_timeout
-        p = await self._partition_for(topic, key, partition)
         tp = (topic, p)
         lock = self._sending.setdefault(tp, asyncio.Lock())
         async with lock:
             pid, epoch = await self._producer_identity()
             seq = self._sequences.get(tp, 0)
-            batch = tx.half_batch(self.group, key, value, hdrs, now, (pid, epoch, seq))
+            batch = build((pid, epoch, seq))
             delay = _BACKOFF
             maybe_stored = False  # some attempt's outcome is unknown: this half may be stored
             while True:
@@ -291,15 +328,13 @@ class TransactionProducer:
                     if offset < 0:
                         raise errors.ClientError(f"half message {seq} of {tp} stored too long ago to locate")
                     self._sequences[tp] = (seq + 1) % SEQ_MOD
-                    return TransactionMessage(
-                        tx.format_id(topic, p, offset), topic, p, offset, key, value, hdrs, now,
-                    )
+                    return offset
                 except errors.OutOfOrderSequence:
                     # an earlier half given up on was never stored: a new epoch, from 0
                     maybe_stored = False  # nothing of this half under the old epoch either
                     pid, epoch = self._new_epoch()
                     seq = 0
-                    batch = tx.half_batch(self.group, key, value, hdrs, now, (pid, epoch, seq))
+                    batch = build((pid, epoch, seq))
                     if time.monotonic() + delay > deadline:
                         raise
                     continue
@@ -462,3 +497,11 @@ async def end_transaction(
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, _BACKOFF_MAX)
+
+
+class DelayedProducer(TransactionProducer):
+    """Sends delayed messages (``send_delayed``): a ``TransactionProducer`` of the producer
+    group ``sluice.delay``, whose half messages the brokers commit when they fall due."""
+
+    def __init__(self, bootstrap: str | Sequence[str], **config) -> None:
+        super().__init__(bootstrap, group=tx.DELAY_GROUP, **config)

@@ -42,6 +42,12 @@ REASON_HEADER = "sluice.txn.reason"
 CHECKS_HEADER = "sluice.txn.checks"
 ROLLBACK_KEY = b"sluice.txn.rollback"
 DISCARD_TOPIC = "__txn_discarded"  # half messages given up after max checks, for audit
+# Delayed messages are half messages of this producer group that carry their delivery
+# time in DELIVER_AT_HEADER (ms since the epoch, ASCII) on their first record: the leader
+# commits them when they fall due, and never checks them back.
+DELAY_GROUP = "sluice.delay"
+DELIVER_AT_HEADER = "sluice.deliver_at"
+MAX_DELAY_MS = 30 * 24 * 3600 * 1000
 # Batch attribute bits that make a batch part of the transaction bookkeeping.
 TXN_BITS = TRANSACTIONAL_BIT | CONTROL_BIT | COMMIT_BIT
 
@@ -77,6 +83,33 @@ def half_batch(
     hdrs = [*headers, (GROUP_HEADER, group.encode())]
     body = encode_record(0, 0, key, value, hdrs)
     return build_batch(body, 1, timestamp_ms, timestamp_ms, 0, *producer, flags=TRANSACTIONAL_BIT)
+
+
+def delayed_batch(
+    records: Sequence[tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    deliver_at_ms: int,
+    timestamp_ms: int,
+    producer: tuple[int, int, int] = (-1, -1, -1),
+) -> bytes:
+    """The half message holding delayed messages ``(key, value, headers)`` all due at
+    ``deliver_at_ms``: one batch, so many messages of one time need one entry on the broker."""
+    at = str(deliver_at_ms).encode()
+    body = b"".join(
+        encode_record(i, 0, key, value, [*headers, (GROUP_HEADER, DELAY_GROUP.encode()), (DELIVER_AT_HEADER, at)])
+        for i, (key, value, headers) in enumerate(records)
+    )
+    return build_batch(body, len(records), timestamp_ms, timestamp_ms, 0, *producer, flags=TRANSACTIONAL_BIT)
+
+
+def deliver_at_of(record: Record) -> int:
+    """The delivery time of a delayed half's record; 0 for an ordinary half."""
+    for k, v in record.headers:
+        if k == DELIVER_AT_HEADER and v is not None:
+            try:
+                return int(v)
+            except ValueError:
+                return 0
+    return 0
 
 
 def group_of(record: Record) -> str:

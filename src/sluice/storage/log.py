@@ -416,14 +416,16 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ retention and truncation
 
-    def expired_segments(self, now_ms: int, floor: int = -1) -> list[Segment]:
+    def expired_segments(self, now_ms: int, floor: int = -1, keep: int = -1) -> list[Segment]:
         """Remove from the log (not from disk) the segments retention lets go. Event loop.
 
         Never the active segment, nor one holding offsets at or above the high watermark
         (not every replica has them yet).  By age: the segment's newest timestamp (or its file time
         when it has none) is older than ``retention_ms``.  By size: oldest first while the
         log without them stays at or above ``retention_bytes``.  By ``floor`` (a follower's:
-        its leader's log start): every offset of the segment is below it.  The caller deletes the files
+        its leader's log start): every offset of the segment is below it.  Never one holding
+        offset ``keep`` or above (an open half message: a pending delayed message is kept
+        until delivered).  The caller deletes the files
         (``Segment.delete``) off the event loop, then closes them (``Segment.close``, which
         waits for readers).
         """
@@ -431,6 +433,8 @@ class PartitionLog:
         expired: list[Segment] = []
         total = self.size_bytes
         while len(self.segments) > 1 and self.segments[1].base_offset <= self.high_watermark:
+            if 0 <= keep < self.segments[1].base_offset:
+                break
             oldest = self.segments[0]
             newest_ts = oldest.max_timestamp if oldest.max_timestamp >= 0 else oldest.created_ms
             by_age = cfg.retention_ms >= 0 and now_ms - newest_ts > cfg.retention_ms
