@@ -15,6 +15,12 @@ send that succeeds was stored exactly once, in send order, and up to five batche
 partition can be in flight at once.  Callers that derive their own identity (the Spark sink)
 pass ``producer_id`` and ``producer_epoch``; a newer epoch of one id fences the older.
 
+The per-record path, ``send`` / ``send_nowait``: a record that can be buffered at once is
+appended to its open batch before the call returns (encoded inline from varint tables, its
+sink, a future or a callback, stored beside it; a batch resolves its records in one loop).
+A record that must wait for topic metadata or buffer memory queues in its topic's waiting
+line, buffered in send order by one task per line.
+
 The bulk path, ``send_many``, encodes keyless records with ``records.encode_keyless_records``
 and splits them into batches with C-level helpers (``accumulate``, ``bisect``): no Python work
 per record beyond that encoder, and one future for the lot.
@@ -146,8 +152,8 @@ def _positive(name: str, value, minimum: float = 1) -> None:
 class Producer:
     """Sends records to topics; see the module docstring for the moving parts.
 
-    ``send`` returns (once the record is buffered) a future that resolves to a
-    ``RecordMetadata`` when the broker acknowledges it, or fails with the broker's error,
+    ``send`` returns an awaitable of (once the record is buffered) a future that resolves
+    to a ``RecordMetadata`` when the broker acknowledges it, or fails with the broker's error,
     ``DeliveryTimeout`` or ``ClientClosed``.  ``close()`` flushes first.
 
     With idempotence a record's offset is -1 when the broker answered its batch as a
@@ -285,6 +291,8 @@ class Producer:
         # that buffers them (a waiting topic holds up no other)
         self._lanes: dict[str, deque[tuple]] = {}
         self._lane_tasks: dict[str, asyncio.Task] = {}
+        # told each error that kept a record of submit() from being buffered (sync facade)
+        self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -538,13 +546,19 @@ class Producer:
     def submit(self, topic, value, key, headers, partition, timestamp_ms, sink) -> None:
         """``send_nowait``'s core, for facades that bring their own ``sink``: an object with
         ``done()``, ``set_result(metadata)`` and ``set_exception(error)`` (an asyncio or
-        concurrent future).  Call only on the producer's loop."""
+        concurrent future).  An error that keeps the record from being buffered goes to the
+        sink and to ``on_unbuffered`` when set.  Call only on the producer's loop."""
         try:
             if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink):
                 self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, sink, None))
         except Exception as exc:  # nothing was buffered
-            if not sink.done():
-                sink.set_exception(exc)
+            self._unbuffered(sink, exc)
+
+    def _unbuffered(self, sink, exc: BaseException) -> None:
+        if not sink.done():
+            sink.set_exception(exc)
+        if self.on_unbuffered is not None:
+            self.on_unbuffered(exc)
 
     # ------------------------------------------------------------------ the waiting line
 
@@ -574,9 +588,10 @@ class Producer:
                     await self._buffer_waiting(topic, value, key, headers, partition, ts, sink, buffered)
                 except Exception as exc:
                     lane.popleft()
-                    target = sink if buffered is None else buffered
-                    if not target.done():
-                        target.set_exception(exc)
+                    if buffered is None:
+                        self._unbuffered(sink, exc)
+                    elif not buffered.done():
+                        buffered.set_exception(exc)
                 else:
                     lane.popleft()
                     if buffered is not None and not buffered.done():
