@@ -32,7 +32,6 @@ not thread-safe (use ``client.sync.SyncProducer`` from threads).
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 from bisect import bisect_right
@@ -45,19 +44,18 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
+from sluice.client.framing import TABLE as _TABLE
+from sluice.client.framing import VARINTS as _VARINTS
+from sluice.client.framing import Callback, framing, record_size, tail_size, zz_len
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.sender import Sender, backoff_delay
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages, records
 
-log = logging.getLogger("sluice.client.producer")
-
 __all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
 
 _ACKS = {"none": messages.ACKS_NONE, "leader": messages.ACKS_LEADER, "all": messages.ACKS_ALL}
-_VARINTS = records.VARINTS
-_TABLE = records.VARINT_TABLE_SIZE
 _time = time.time
 _MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
 # Upper bound of a record's framing around its value in the bulk path: length varint,
@@ -66,77 +64,6 @@ _BULK_OVERHEAD = 16
 # Bytes a record can grow by between its size in a batch of its own (deltas 0) and its size
 # in any batch: timestamp delta (up to 10 bytes, not 1), offset delta, length varint.
 _DELTA_SLACK = 16
-
-
-def _zz_len(n: int) -> int:
-    """Bytes of the zig-zag varint of ``n`` (``records.encode_varint``)."""
-    u = n << 1 if n >= 0 else (~n << 1) | 1
-    return (u.bit_length() + 6) // 7 or 1
-
-
-def _tail_size(key: bytes | None, value: bytes | None, headers) -> int:
-    """Exact bytes of an encoded record after its offset delta: key, value, headers.
-
-    Mirrors ``records.encode_record``; ``_record_size`` adds the framing around it.
-    """
-    n = 1 if key is None else _zz_len(len(key)) + len(key)
-    n += 1 if value is None else _zz_len(len(value)) + len(value)
-    if headers:
-        n += _zz_len(len(headers))
-        for hk, hv in headers:
-            kl = len(hk.encode())
-            n += _zz_len(kl) + kl + (1 if hv is None else _zz_len(len(hv)) + len(hv))
-    else:
-        n += 1
-    return n
-
-
-def _record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
-    """Exact ``len(records.encode_record(offset_delta, timestamp_delta, ...))``."""
-    body = 1 + _zz_len(timestamp_delta) + _zz_len(offset_delta) + tail
-    return _zz_len(body) + body
-
-
-def _varint(n: int) -> bytes:
-    return _VARINTS[n] if 0 <= n < _TABLE else records.encode_varint(n)
-
-
-def _framing(tail: int, timestamp_delta: int, offset_delta: int) -> tuple[bytes, bytes, bytes, int]:
-    """The varints around a record's tail: (length, timestamp delta, offset delta) and the
-    record's exact size, as ``records.encode_record`` writes them."""
-    zt = _varint(timestamp_delta)
-    zo = _varint(offset_delta)
-    body = 1 + len(zt) + len(zo) + tail
-    zb = _varint(body)
-    return zb, zt, zo, len(zb) + body
-
-
-class _Callback:
-    """A record's outcome handed to ``callback(metadata, error)`` (``send_nowait``): the
-    sink interface of ``Batch`` (``done``, ``set_result``, ``set_exception``)."""
-
-    __slots__ = ("callback", "called")
-
-    def __init__(self, callback) -> None:
-        self.callback = callback
-        self.called = False
-
-    def done(self) -> bool:
-        return self.called
-
-    def set_result(self, metadata: RecordMetadata) -> None:
-        self.called = True
-        self._call(metadata, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self.called = True
-        self._call(None, exc)
-
-    def _call(self, metadata, exc) -> None:
-        try:
-            self.callback(metadata, exc)
-        except Exception:
-            log.exception("send_nowait callback %r raised", self.callback)
 
 
 def default_partitioner(key: bytes, partitions: int) -> int:
@@ -539,7 +466,7 @@ class Producer:
         loop = self._loop
         if loop is None:
             self._check_open()
-        sink = loop.create_future() if callback is None else _Callback(callback)
+        sink = loop.create_future() if callback is None else Callback(callback)
         self.submit(topic, value, key, headers, partition, timestamp_ms, sink)
         return sink if callback is None else None
 
@@ -611,7 +538,7 @@ class Producer:
                 if partition is not None and not 0 <= partition < info.partitions:
                     raise errors.UnknownPartition(f"{topic!r} has {info.partitions} partitions, not {partition}")
                 if not reserved:
-                    tail = _tail_size(key, value, headers)
+                    tail = tail_size(key, value, headers)
                     reserve = self._fitting(topic, info, tail) + _DELTA_SLACK
                     await mem.acquire(reserve, self.max_block)
                     reserved = reserve
@@ -648,7 +575,7 @@ class Producer:
     def _fitting(self, topic: str, info, tail: int) -> int:
         """Exact size of a record with ``tail`` bytes after its offset delta, in a batch of
         its own; ``MessageTooLarge`` when that cannot fit in a batch the topic accepts."""
-        alone = _record_size(tail, 0, 0)
+        alone = record_size(tail, 0, 0)
         limit = self._max_batch_bytes(info)
         if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
@@ -694,14 +621,14 @@ class Producer:
                 tail = len(zk) + len(key) + len(zv) + vl + 1
             plain = True
         else:
-            tail = _tail_size(key, value, headers)
+            tail = tail_size(key, value, headers)
             plain = False
         caps = self._caps.get(topic)
         if caps is None or caps[0] is not info:
             limit = self._max_batch_bytes(info)
             caps = self._caps[topic] = (info, limit, min(self.batch_size, limit) - records.HEADER_SIZE)
         body = 3 + tail  # attributes, timestamp delta 0, offset delta 0: the record alone
-        alone = body + len(zz[body]) if body < _TABLE else _record_size(tail, 0, 0)
+        alone = body + len(zz[body]) if body < _TABLE else record_size(tail, 0, 0)
         if alone + records.HEADER_SIZE > caps[1]:
             self._fitting(topic, info, tail)  # raises MessageTooLarge
         reserve = alone + _DELTA_SLACK
@@ -719,7 +646,7 @@ class Producer:
         cap = caps[2]
         batch = acc.open.get((topic, partition))
         if batch is not None:
-            frame = _framing(tail, ts - batch.base_ts, batch.count)
+            frame = framing(tail, ts - batch.base_ts, batch.count)
             if batch.size + frame[3] > cap:
                 acc.close(batch)
                 batch = None
@@ -727,12 +654,12 @@ class Producer:
                     partition = self._switch_sticky(topic, n, partition)
                     batch = acc.open.get((topic, partition))
                     if batch is not None:
-                        frame = _framing(tail, ts - batch.base_ts, batch.count)
+                        frame = framing(tail, ts - batch.base_ts, batch.count)
                         if batch.size + frame[3] > cap:
                             acc.close(batch)
                             batch = None
         if batch is None:
-            frame = _framing(tail, 0, 0)
+            frame = framing(tail, 0, 0)
             count = tdelta = 0
         else:
             count, tdelta = batch.count, ts - batch.base_ts
@@ -800,8 +727,8 @@ class Producer:
         lens = list(map(len, values))
         biggest = max(lens)
         klen = len(key) if key is not None else 0
-        key_tail = 1 if key is None else _zz_len(klen) + klen
-        alone = _record_size(key_tail + _zz_len(biggest) + biggest + 1, 0, 0)
+        key_tail = 1 if key is None else zz_len(klen) + klen
+        alone = record_size(key_tail + zz_len(biggest) + biggest + 1, 0, 0)
         if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
                 f"a record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "
