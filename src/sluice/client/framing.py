@@ -12,7 +12,7 @@ from sluice.protocol import records
 log = logging.getLogger("sluice.client.producer")
 
 VARINTS = records.VARINTS
-TABLE = records.VARINTTABLE_SIZE
+TABLE = records.VARINT_TABLE_SIZE
 
 
 def zz_len(n: int) -> int:
@@ -45,7 +45,7 @@ def record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
 
 
 def varint(n: int) -> bytes:
-    return VARINTS[n] if 0 <= n < TABLE else records.encodevarint(n)
+    return VARINTS[n] if 0 <= n < TABLE else records.encode_varint(n)
 
 
 def framing(tail: int, timestamp_delta: int, offset_delta: int) -> tuple[bytes, bytes, bytes, int]:
