@@ -116,7 +116,7 @@ async def test_close_fails_sends_waiting_in_line():
 def test_sync_send_loop_then_flush():
     broker = FakeBroker({"t": 1})
     with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0) as p:
-        futs = [p.send("t", b"%d" % i, partition=0) for i in range(2000)]
+        futs = [p.send("t", b"%d" % i, partition=0) for i in range(2000)]  # the first one waits
         p.flush()
         assert all(f.done() for f in futs)  # flush waited for every record
         assert [f.result().offset for f in futs] == list(range(2000))
@@ -126,13 +126,17 @@ def test_sync_send_loop_then_flush():
 def test_sync_send_errors_fail_the_future_and_surface_in_flush():
     broker = FakeBroker({"t": 1})
     with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0, max_request_size=2000) as p:
+        with pytest.raises(errors.UnknownTopic):  # a topic not seen yet: send raises, as before
+            p.send("nope", b"x", partition=0)
         good = p.send("t", b"a", partition=0)
-        bad = p.send("t", b"x" * 5000, partition=0)
-        with pytest.raises(errors.MessageTooLarge):
+        with pytest.raises(errors.MessageTooLarge):  # near the limit: send raises, as before
+            p.send("t", b"x" * 5000, partition=0)
+        bad = p.send("t", "not bytes", partition=0)  # found on the loop: its future, then flush
+        with pytest.raises(TypeError):
             p.flush()
         p.flush()  # raised once
         assert good.result().offset == 0
-        with pytest.raises(errors.MessageTooLarge):
+        with pytest.raises(TypeError):
             bad.result()
 
 

@@ -18,8 +18,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from sluice import errors
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
+from sluice.client.framing import tail_size
 from sluice.client.producer import Producer
 from sluice.client.transaction import TransactionProducer, _state_of
+from sluice.protocol import records
 
 __all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin", "SyncTransactionProducer"]
 
@@ -159,7 +161,10 @@ class SyncProducer(_SyncBase):
 
     ``send`` hands records to the loop thread in chunks (one wake-up of the loop for all
     records sent meanwhile) and does not wait for them to be buffered, except while buffer
-    memory is full: then it blocks until the record is buffered (up to ``max_block_ms``).
+    memory is full (it blocks until the record is buffered, up to ``max_block_ms``), and
+    for a record to a topic not seen yet or near the topic's size limit: that one is
+    buffered before ``send`` returns, and ``send`` raises its ``UnknownTopic`` or
+    ``MessageTooLarge`` as before.
     Records of one thread keep their send order.  An error that keeps a record from being
     buffered (``MessageTooLarge``, ``UnknownTopic``, ``BufferExhausted``, an encoding error)
     fails its future, and the next ``flush()`` raises the first such error, so a plain loop
@@ -189,6 +194,11 @@ class SyncProducer(_SyncBase):
     ) -> concurrent.futures.Future:
         """Queue one record for the producer's loop; return a future of its metadata."""
         client, lt = self._ensure()
+        if not _surely_fits(client, topic, key, value, headers):
+            # topic not known yet, or the record near the size limit: wait until it is
+            # buffered (after every record before it), so that its errors raise here
+            return lt.run(self._hand_over_then(client, _chained_send, topic, value, key=key, headers=headers,
+                                               partition=partition, timestamp_ms=timestamp_ms))
         cf: concurrent.futures.Future = concurrent.futures.Future()
         size = len(value) if value is not None else 0
         mem = client._memory
@@ -218,6 +228,11 @@ class SyncProducer(_SyncBase):
             submit = client.submit
             for topic, value, key, headers, partition, ts, cf in items:
                 submit(topic, value, key, headers, partition, ts, cf)
+
+    async def _hand_over_then(self, client: Producer, fn, *args, **kw):
+        self._hand_over(client)
+        await client._lane_drained()
+        return await fn(client, *args, **kw)
 
     async def _hand_over_and_buffer(self, client: Producer) -> None:
         self._hand_over(client)
@@ -311,6 +326,20 @@ async def _chained(afut: asyncio.Future) -> concurrent.futures.Future:
 
     afut.add_done_callback(copy)
     return cf
+
+
+def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
+    """Whether a record can be handed over without waiting for its errors: its topic's
+    metadata is known and it is well within the topic's size limit (a read of the loop's
+    metadata from another thread: a stale answer only sends the record the blocking way)."""
+    info = client._cluster.topics.get(topic)
+    if info is None:
+        return False
+    try:
+        tail = tail_size(key, value, headers)
+    except (TypeError, AttributeError):
+        return False  # let send() raise it
+    return tail + 64 + records.HEADER_SIZE <= client._max_batch_bytes(info)
 
 
 async def _chained_send(p: Producer, topic, value, **kw):
