@@ -91,3 +91,11 @@ def test_transaction_example_runs_twice(broker, tmp_path):
         out = run_block(code, broker.bootstrap, tmp_path).split()
         assert re.fullmatch(r"orders/[0-2]/\d+", out[0]) and out[1:3] == ["committed", out[2]], out
         assert int(out[2]) >= 0
+
+
+def test_fast_sending_example_runs_twice(broker, tmp_path):
+    code = block("send_nowait")
+    for _ in range(2):
+        out = run_block(code, broker.bootstrap, tmp_path).split("\n")
+        assert out[0].startswith("acked 1000 up to offset ") and "failed:" not in out
+        assert out[1] == "done"

@@ -24,6 +24,8 @@ import psutil
 from sluice.bench import workloads as w
 
 ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1"]
+# P1 with one send() per record (asyncio), and with SyncProducer.send from a plain loop
+PER_RECORD = ["P1-send-100B", "P1-send-1KiB", "P1-syncsend-100B"]
 SPARK = ["S1", "S2"]  # need the spark extra; run with --workload S1, S2 or spark
 CLUSTER = ["R3", "F1"]  # 3 brokers + etcd (bench/cluster.py); run with --workload R3, F1 or cluster
 # what idempotence costs: P1-1KiB (idempotent, the default) with a producer that is not;
@@ -119,6 +121,12 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter)
     if name == "P1-1KiB-plain":
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter, enable_idempotence=False)
+    if name == "P1-send-100B":
+        return await w.run_publish(bootstrap, name, 100, 200_000, w.PAGE_CACHE, meter, client="send")
+    if name == "P1-send-1KiB":
+        return await w.run_publish(bootstrap, name, 1024, 100_000, w.PAGE_CACHE, meter, client="send")
+    if name == "P1-syncsend-100B":
+        return await w.run_publish(bootstrap, name, 100, 200_000, w.PAGE_CACHE, meter, client="sync")
     if name == "P2-1KiB":
         return await w.run_publish(bootstrap, name, 1024, 100_000, w.FSYNC_ALWAYS, meter)
     if name == "TX-1KiB":
@@ -140,8 +148,8 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
     from sluice.server.app import install_uvloop
 
     loop_name = install_uvloop()
-    groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER}
-    every = ALL + SPARK + CLUSTER + NOT_IDEMPOTENT + TRANSACTIONS + SUBSCRIPTIONS
+    groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER, "per-record": PER_RECORD}
+    every = ALL + SPARK + CLUSTER + NOT_IDEMPOTENT + TRANSACTIONS + PER_RECORD + SUBSCRIPTIONS
     names = groups.get(workload.lower()) or [n for n in every if n.lower() == workload.lower()]
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
     if names and all(n in CLUSTER for n in names):

@@ -11,15 +11,18 @@ background fsync every second); P2 fsyncs before every ack (``flush.messages=1``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from sluice.client import Admin, Consumer, Producer
+from sluice.client.sync import SyncProducer
 from sluice.errors import UnknownTopic
 
 TOPIC = "bench"
@@ -88,8 +91,20 @@ async def stored_messages(bootstrap: str) -> int:
     return sum(p.high_watermark - p.log_start_offset for p in desc.partitions)
 
 
-async def publish(producer: Producer, payloads: list[bytes], deadline: float) -> tuple[int, bool]:
-    """Send ``payloads`` with at most WINDOW unacknowledged; (acknowledged, stopped early)."""
+async def send_bulk(producer: Producer, part: list[bytes]) -> asyncio.Future:
+    """One ``send_many`` call for the chunk: the P1 / P2 client."""
+    return await producer.send_many(TOPIC, part, partition=0)
+
+
+async def send_each(producer: Producer, part: list[bytes]) -> asyncio.Future:
+    """One ``send`` per record of the chunk, awaited together: the P1-send client."""
+    send = producer.send
+    return asyncio.gather(*[await send(TOPIC, v, partition=0) for v in part])
+
+
+async def publish(producer: Producer, payloads: list[bytes], deadline: float, send_chunk=send_bulk) -> tuple[int, bool]:
+    """Send ``payloads`` CHUNK records at a time with ``send_chunk`` (which returns one
+    future for the chunk), at most WINDOW unacknowledged; (acknowledged, stopped early)."""
     slots = asyncio.Semaphore(WINDOW // CHUNK)
     acked = 0
     failure: list[BaseException] = []
@@ -111,7 +126,7 @@ async def publish(producer: Producer, payloads: list[bytes], deadline: float) ->
             stopped = True
             break
         part = payloads[i : i + CHUNK]
-        fut = await producer.send_many(TOPIC, part, partition=0)
+        fut = await send_chunk(producer, part)
         n = len(part)
         fut.add_done_callback(lambda f, n=n: done(f, n))
     await producer.flush()
@@ -122,13 +137,45 @@ async def publish(producer: Producer, payloads: list[bytes], deadline: float) ->
     return acked, stopped
 
 
+def publish_sync(producer: SyncProducer, payloads: list[bytes], deadline: float) -> tuple[int, bool]:
+    """``SyncProducer.send`` per record from a plain loop, then ``flush``; at most WINDOW
+    records unacknowledged (before each CHUNK of sends, the last record of the CHUNK sent
+    WINDOW records earlier must be acknowledged).  Blocking: run it in a thread."""
+    pending: deque[concurrent.futures.Future] = deque()
+    send = producer.send
+    sent = 0
+    stopped = False
+    for i in range(0, len(payloads), CHUNK):
+        if len(pending) >= WINDOW // CHUNK:
+            pending.popleft().result()
+        if time.perf_counter() > deadline:
+            stopped = True
+            break
+        for v in payloads[i : i + CHUNK]:
+            fut = send(TOPIC, v, partition=0)
+        pending.append(fut)
+        sent = min(i + CHUNK, len(payloads))
+    producer.flush()
+    for fut in pending:
+        fut.result()  # records of one partition are acknowledged in order
+    return sent, stopped
+
+
+# client -> (how the workload sends, for the notes)
+CLIENTS = {
+    "send_many": f"Producer.send_many, {CHUNK} records per call",
+    "send": f"Producer.send per record, {CHUNK} sends awaited together (asyncio.gather)",
+    "sync": "SyncProducer.send per record from a plain loop, then flush",
+}
+
+_SETTINGS = {"acks": "leader", "linger_ms": 0, "batch_size": 1 << 20}
+
+
 def _producer(bootstrap: str, **kw) -> Producer:
-    return Producer(bootstrap, acks="leader", linger_ms=0, batch_size=1 << 20, **kw)
+    return Producer(bootstrap, **_SETTINGS, **kw)
 
 
-async def run_publish(bootstrap: str, name: str, size: int, count: int, config: dict, meter, **producer_kw) -> Row:
-    await reset_topic(bootstrap, config)
-    payloads = [os.urandom(size) for _ in range(count)]
+async def _timed_async(bootstrap, payloads, config, meter, client, producer_kw) -> tuple:
     producer = _producer(bootstrap, **producer_kw)
     await producer.start()
     try:
@@ -137,18 +184,43 @@ async def run_publish(bootstrap: str, name: str, size: int, count: int, config: 
         await reset_topic(bootstrap, config)  # same partitions: the producer's metadata holds
         meter.start()
         t0 = time.perf_counter()
-        acked, stopped = await publish(producer, payloads, t0 + 60)
-        seconds = time.perf_counter() - t0
-        cpu = meter.stop()
+        acked, stopped = await publish(producer, payloads, t0 + 60, send_each if client == "send" else send_bulk)
+        return acked, stopped, time.perf_counter() - t0, meter.stop()
     finally:
         await producer.close()
+
+
+def _timed_sync(bootstrap, payloads, config, meter, producer_kw) -> tuple:
+    with SyncProducer(bootstrap, **_SETTINGS, **producer_kw) as producer:
+        producer.send_many(TOPIC, payloads[:1], partition=0)  # warm metadata + connection
+        producer.flush()
+        asyncio.run(reset_topic(bootstrap, config))
+        meter.start()
+        t0 = time.perf_counter()
+        acked, stopped = publish_sync(producer, payloads, t0 + 60)
+        return acked, stopped, time.perf_counter() - t0, meter.stop()
+
+
+async def run_publish(
+    bootstrap: str, name: str, size: int, count: int, config: dict, meter, client: str = "send_many",
+    **producer_kw,
+) -> Row:
+    """A publish workload (P1, P2): ``count`` records of ``size`` bytes to one partition,
+    sent by ``client`` (a key of ``CLIENTS``); checks that every record was stored."""
+    await reset_topic(bootstrap, config)
+    payloads = [os.urandom(size) for _ in range(count)]
+    if client == "sync":
+        timed = asyncio.to_thread(_timed_sync, bootstrap, payloads, config, meter, producer_kw)
+    else:
+        timed = _timed_async(bootstrap, payloads, config, meter, client, producer_kw)
+    acked, stopped, seconds, cpu = await timed
     stored = await stored_messages(bootstrap)
     if not stopped and (acked != count or stored != count):
         raise RuntimeError(f"{acked} acked and {stored} stored of {count} sent")
     row = Row(name, acked, acked * size, seconds)
     durability = "fsync before ack (flush.messages=1)" if config is FSYNC_ALWAYS else "page-cache ack (flush.messages=0, flush.ms=1000)"
     idempotent = "idempotent" if producer_kw.get("enable_idempotence", True) else "not idempotent"
-    row.notes += [durability, f"client: Producer.send_many ({idempotent}), {CHUNK} records per call, ≤{WINDOW} unacked", cpu]
+    row.notes += [durability, f"client: {CLIENTS[client]} ({idempotent}), ≤{WINDOW} unacked", cpu]
     if stopped:
         row.notes.append("STOPPED at the 60s cap")
     return row

@@ -12,7 +12,7 @@ Documented forms (more options are welcome, these must not change)::
     sluice consume TOPIC [--from earliest|latest|OFFSET|ISO-TIME] [--group G]
                          [--max-messages N] [--timeout-ms T] [-e]
                          [--json | --raw | --format FMT] [--print-keys]
-    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark|R3|F1|cluster|P1-1KiB-plain|TX-1KiB [--json]
+    sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark|R3|F1|cluster|P1-1KiB-plain|TX-1KiB|P1-send-100B|P1-send-1KiB|P1-syncsend-100B|per-record [--json]
     sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
 Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
@@ -496,7 +496,7 @@ def _reached(consumer, ends: dict) -> bool:
     "--workload", default="all", show_default=True,
     type=click.Choice(
         ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all", "S1", "S2", "spark", "R3", "F1", "cluster",
-         "P1-1KiB-plain", "TX-1KiB", "C2"],
+         "P1-1KiB-plain", "TX-1KiB", "P1-send-100B", "P1-send-1KiB", "P1-syncsend-100B", "per-record", "C2"],
         case_sensitive=False
     ),
 )
@@ -510,7 +510,9 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     cluster's on 3 local brokers + etcd (R3: P2-1KiB replicated 3 ways with acks=all; F1:
     failover time; cluster: both), what idempotence costs (P1-1KiB-plain: P1-1KiB with a
     producer that is not idempotent; compare separate runs), or transactional messages
-    (TX-1KiB: sends per second, latency from half message to visible)."""
+    (TX-1KiB: sends per second, latency from half message to visible), or P1 sent one
+    record per call (P1-send-100B, P1-send-1KiB: Producer.send; P1-syncsend-100B:
+    SyncProducer.send from a plain loop; per-record: all three)."""
     from sluice.bench.runner import run_workloads
 
     run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)

@@ -206,12 +206,15 @@ class Batch:
         self._done: asyncio.Future | None = None
         self.producer_id = self.producer_epoch = self.sequence = self.drain_no = -1
 
-    def append(self, rec: bytes, fut: asyncio.Future, ts: int, reserved: int) -> None:
-        self.parts.append(rec)
-        self.futures.append(fut)
+    def append(self, parts: tuple[bytes, ...], size: int, sink, ts: int, reserved: int) -> None:
+        """Add one record: ``parts`` concatenate to its ``size`` encoded bytes; ``sink`` (an
+        asyncio or concurrent future, or any object with ``done``, ``set_result`` and
+        ``set_exception``) is told its outcome."""
+        self.parts.extend(parts)
+        self.futures.append(sink)
         self.timestamps.append(ts)
         self.count += 1
-        self.size += len(rec)
+        self.size += size
         self.reserved += reserved
         if ts > self.max_ts:
             self.max_ts = ts
@@ -242,17 +245,18 @@ class Batch:
         if self.data is not None:
             self.data = records.stamp_producer(self.data, producer_id, producer_epoch, sequence)
 
-    def resolve(self, base_offset: int, append_time: int, meta=None) -> None:
+    def resolve(self, base_offset: int, append_time: int) -> None:
+        """Tell each record's sink its ``RecordMetadata`` (one loop for the batch)."""
         if self.bulk is not None:
             self.bulk.batch_done(self.bulk_index, base_offset, self.count)
             return
         topic, partition = self.topic, self.partition
-        meta = meta or RecordMetadata
+        new, meta = tuple.__new__, RecordMetadata
         off = base_offset
         step = 1 if base_offset >= 0 else 0
         for fut, ts in zip(self.futures, self.timestamps, strict=True):
             if not fut.done():
-                fut.set_result(meta(topic, partition, off, append_time if append_time != -1 else ts))
+                fut.set_result(new(meta, (topic, partition, off, append_time if append_time != -1 else ts)))
             off += step
 
     def fail(self, exc: BaseException) -> None:

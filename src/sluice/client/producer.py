@@ -15,6 +15,12 @@ send that succeeds was stored exactly once, in send order, and up to five batche
 partition can be in flight at once.  Callers that derive their own identity (the Spark sink)
 pass ``producer_id`` and ``producer_epoch``; a newer epoch of one id fences the older.
 
+The per-record path, ``send`` / ``send_nowait``: a record that can be buffered at once is
+appended to its open batch before the call returns (encoded inline from varint tables, its
+sink, a future or a callback, stored beside it; a batch resolves its records in one loop).
+A record that must wait for topic metadata or buffer memory queues in its topic's waiting
+line, buffered in send order by one task per line.
+
 The bulk path, ``send_many``, encodes keyless records with ``records.encode_keyless_records``
 and splits them into batches with C-level helpers (``accumulate``, ``bisect``): no Python work
 per record beyond that encoder, and one future for the lot.
@@ -29,6 +35,7 @@ import asyncio
 import random
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat
 from operator import add
@@ -37,6 +44,9 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
+from sluice.client.framing import TABLE as _TABLE
+from sluice.client.framing import VARINTS as _VARINTS
+from sluice.client.framing import Callback, framing, record_size, tail_size, zz_len
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.sender import Sender, backoff_delay
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
@@ -46,6 +56,7 @@ from sluice.protocol import messages, records
 __all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
 
 _ACKS = {"none": messages.ACKS_NONE, "leader": messages.ACKS_LEADER, "all": messages.ACKS_ALL}
+_time = time.time
 _MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
 # Upper bound of a record's framing around its value in the bulk path: length varint,
 # attributes, timestamp delta, offset delta, null key, value length varint, header count.
@@ -53,35 +64,6 @@ _BULK_OVERHEAD = 16
 # Bytes a record can grow by between its size in a batch of its own (deltas 0) and its size
 # in any batch: timestamp delta (up to 10 bytes, not 1), offset delta, length varint.
 _DELTA_SLACK = 16
-
-
-def _zz_len(n: int) -> int:
-    """Bytes of the zig-zag varint of ``n`` (``records.encode_varint``)."""
-    u = n << 1 if n >= 0 else (~n << 1) | 1
-    return (u.bit_length() + 6) // 7 or 1
-
-
-def _tail_size(key: bytes | None, value: bytes | None, headers) -> int:
-    """Exact bytes of an encoded record after its offset delta: key, value, headers.
-
-    Mirrors ``records.encode_record``; ``_record_size`` adds the framing around it.
-    """
-    n = 1 if key is None else _zz_len(len(key)) + len(key)
-    n += 1 if value is None else _zz_len(len(value)) + len(value)
-    if headers:
-        n += _zz_len(len(headers))
-        for hk, hv in headers:
-            kl = len(hk.encode())
-            n += _zz_len(kl) + kl + (1 if hv is None else _zz_len(len(hv)) + len(hv))
-    else:
-        n += 1
-    return n
-
-
-def _record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
-    """Exact ``len(records.encode_record(offset_delta, timestamp_delta, ...))``."""
-    body = 1 + _zz_len(timestamp_delta) + _zz_len(offset_delta) + tail
-    return _zz_len(body) + body
 
 
 def default_partitioner(key: bytes, partitions: int) -> int:
@@ -97,8 +79,8 @@ def _positive(name: str, value, minimum: float = 1) -> None:
 class Producer:
     """Sends records to topics; see the module docstring for the moving parts.
 
-    ``send`` returns (once the record is buffered) a future that resolves to a
-    ``RecordMetadata`` when the broker acknowledges it, or fails with the broker's error,
+    ``send`` returns an awaitable of (once the record is buffered) a future that resolves
+    to a ``RecordMetadata`` when the broker acknowledges it, or fails with the broker's error,
     ``DeliveryTimeout`` or ``ClientClosed``.  ``close()`` flushes first.
 
     With idempotence a record's offset is -1 when the broker answered its batch as a
@@ -231,6 +213,13 @@ class Producer:
         self._memory = MemoryPool(int(buffer_memory))
         self._acc = Accumulator(self.linger, self.delivery_timeout)
         self._sticky: dict[str, int] = {}
+        self._caps: dict[str, tuple] = {}  # topic -> (metadata, batch byte limit, record bytes per batch)
+        # per topic: sends waiting for metadata or memory, in send order, and the task
+        # that buffers them (a waiting topic holds up no other)
+        self._lanes: dict[str, deque[tuple]] = {}
+        self._lane_tasks: dict[str, asyncio.Task] = {}
+        # told each error that kept a record of submit() from being buffered (sync facade)
+        self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -283,6 +272,7 @@ class Producer:
         self._acc.fail_all(exc, release)  # open and queued batches
         for b in list(self._acc.incomplete):  # in flight: the answer will not be awaited
             self._acc.finish(b, exc, release)
+        self._fail_lane(exc)
         tasks = self._sender.tasks()
         for t in tasks:
             t.cancel()
@@ -408,7 +398,7 @@ class Producer:
 
     # ------------------------------------------------------------------ sending
 
-    async def send(
+    def send(
         self,
         topic: str,
         value: bytes | None,
@@ -418,83 +408,280 @@ class Producer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> asyncio.Future:
-        """Buffer one record; return a future of its ``RecordMetadata``.
+        """Buffer one record; return an awaitable of the future of its ``RecordMetadata``
+        (``await (await producer.send(...))`` waits for the acknowledgement).
 
-        Waits only for metadata of a topic not seen yet and for buffer memory (up to
-        ``max_block_ms``, then ``BufferExhausted``).  Raises ``MessageTooLarge`` at once when
-        the record cannot fit in a batch the topic accepts, and ``ClientClosed`` when the
-        producer is closed, also while waiting.  When it raises, nothing was buffered.
+        When the record can be buffered at once (topic metadata known, buffer memory free,
+        no earlier send waiting) it is, before ``send`` returns: no coroutine, task or loop
+        round trip, and the awaitable returned is a future done already.  Otherwise it waits
+        in line behind earlier waiting sends, in send order: for metadata of a topic not seen
+        yet, and for buffer memory (up to ``max_block_ms``, then ``BufferExhausted``).
+
+        Awaiting it raises ``MessageTooLarge`` when the record cannot fit in a batch the
+        topic accepts, ``ClientClosed`` when the producer is closed, also while waiting, and
+        what the encoding raises (e.g. ``TypeError`` for a value that is not bytes).  When it
+        raises, nothing was buffered; cancelling it while it waits buffers nothing.
         """
-        self._check_open()
-        info = await self._usable_topic(topic, partition)
-        n = info.partitions
+        loop = self._loop
+        if loop is None:
+            self._check_open()  # raises: not started, or closed
+        fut = loop.create_future()
+        buffered = loop.create_future()
+        try:
+            if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, fut):
+                self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
+                return buffered
+        except Exception as exc:  # nothing was buffered
+            buffered.set_exception(exc)
+            return buffered
+        buffered.set_result(fut)
+        return buffered
+
+    def send_nowait(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callable[[RecordMetadata | None, BaseException | None], object] | None = None,
+    ) -> asyncio.Future | None:
+        """Buffer one record without waiting, for pipelines that do not await each send.
+
+        Without ``callback``, return the record's future of its ``RecordMetadata`` (many of
+        them can be awaited together with ``asyncio.gather``).  With ``callback``, return
+        None and call ``callback(metadata, None)`` once the record is acknowledged, or
+        ``callback(None, error)`` once it failed; it runs on the producer's loop and must
+        not block.
+
+        Every error ``send`` would raise goes to the future or the callback instead (an
+        error found at once, before this method returns: nothing of that record was
+        buffered).  A record that must wait (metadata, buffer memory) waits in line in send
+        order, as with ``send``, but this method does not: a loop that never awaits feels
+        no backpressure (await ``flush()`` or a ``send`` now and then).  Records sent so
+        and not acknowledged yet are failed by ``close()`` like any other.
+        """
+        loop = self._loop
+        if loop is None:
+            self._check_open()
+        sink = loop.create_future() if callback is None else Callback(callback)
+        self.submit(topic, value, key, headers, partition, timestamp_ms, sink)
+        return sink if callback is None else None
+
+    def submit(self, topic, value, key, headers, partition, timestamp_ms, sink) -> None:
+        """``send_nowait``'s core, for facades that bring their own ``sink``: an object with
+        ``done()``, ``set_result(metadata)`` and ``set_exception(error)`` (an asyncio or
+        concurrent future).  An error that keeps the record from being buffered goes to the
+        sink and to ``on_unbuffered`` when set.  Call only on the producer's loop."""
+        try:
+            if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink):
+                self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, sink, None))
+        except Exception as exc:  # nothing was buffered
+            self._unbuffered(sink, exc)
+
+    def _unbuffered(self, sink, exc: BaseException) -> None:
+        if not sink.done():
+            sink.set_exception(exc)
+        if self.on_unbuffered is not None:
+            self.on_unbuffered(exc)
+
+    # ------------------------------------------------------------------ the waiting line
+
+    def _wait_in_lane(self, item: tuple) -> None:
+        """Queue a send that cannot be buffered at once in its topic's line; one task per
+        line buffers it in order."""
+        topic = item[0]
+        lane = self._lanes.get(topic)
+        if lane is None:
+            lane = self._lanes[topic] = deque()
+            self._lane_tasks[topic] = self._loop.create_task(self._run_lane(topic, lane), name="sluice-producer-lane")
+        lane.append(item)
+
+    async def _run_lane(self, topic: str, lane: deque[tuple]) -> None:
+        """Buffer the waiting sends one after the other, each waiting as long as it must.
+
+        An item is ``(topic, value, key, headers, partition, timestamp_ms, sink,
+        buffered)``: ``buffered`` (from ``send``) is told the sink when the record is
+        buffered and the error when it cannot be; without it the sink gets the error."""
+        try:
+            while lane:
+                topic, value, key, headers, partition, ts, sink, buffered = lane[0]
+                if buffered is not None and buffered.cancelled():
+                    lane.popleft()  # its sender gave up: buffer nothing
+                    continue
+                try:
+                    await self._buffer_waiting(topic, value, key, headers, partition, ts, sink, buffered)
+                except Exception as exc:
+                    lane.popleft()
+                    if buffered is None:
+                        self._unbuffered(sink, exc)
+                    elif not buffered.done():
+                        buffered.set_exception(exc)
+                else:
+                    lane.popleft()
+                    if buffered is not None and not buffered.done():
+                        buffered.set_result(sink)
+        finally:
+            if self._lane_tasks.get(topic) is asyncio.current_task():
+                del self._lane_tasks[topic], self._lanes[topic]
+
+    async def _buffer_waiting(self, topic, value, key, headers, partition, ts, sink, buffered) -> None:
+        """Buffer one record of the line: wait for metadata and memory, then append."""
+        reserved = 0
+        mem = self._memory
+        try:
+            while True:
+                self._check_open()
+                info = await self._usable_topic(topic, partition)
+                if partition is not None and not 0 <= partition < info.partitions:
+                    raise errors.UnknownPartition(f"{topic!r} has {info.partitions} partitions, not {partition}")
+                if not reserved:
+                    tail = tail_size(key, value, headers)
+                    reserve = self._fitting(topic, info, tail) + _DELTA_SLACK
+                    await mem.acquire(reserve, self.max_block)
+                    reserved = reserve
+                    if self._closing:
+                        raise errors.ClientClosed("producer closed while the send waited for memory")
+                    if buffered is not None and buffered.cancelled():
+                        return
+                if self._append_now(topic, value, key, headers, partition, ts, sink, reserved):
+                    reserved = 0
+                    return
+        finally:
+            if reserved:
+                mem.release(reserved)
+
+    def _fail_lane(self, exc: errors.ClientClosed) -> None:
+        """Fail every send still waiting in line (on close) with a copy of ``exc``."""
+        for task in self._lane_tasks.values():
+            task.cancel()
+        lanes = list(self._lanes.values())
+        self._lanes, self._lane_tasks = {}, {}
+        for lane in lanes:
+            for *_, sink, buffered in lane:
+                target = sink if buffered is None else buffered
+                if not target.done():
+                    target.set_exception(type(exc)(*exc.args))
+
+    async def _lane_drained(self) -> None:
+        """Return once every send waiting in line was buffered or failed."""
+        while self._lane_tasks:
+            await asyncio.wait(list(self._lane_tasks.values()))
+
+    # ------------------------------------------------------------------ appending
+
+    def _fitting(self, topic: str, info, tail: int) -> int:
+        """Exact size of a record with ``tail`` bytes after its offset delta, in a batch of
+        its own; ``MessageTooLarge`` when that cannot fit in a batch the topic accepts."""
+        alone = record_size(tail, 0, 0)
         limit = self._max_batch_bytes(info)
-        tail = _tail_size(key, value, headers)
-        alone = _record_size(tail, 0, 0)  # exact size in a batch of its own
         if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
                 f"record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "
                 f"exceeds the {limit}-byte limit of {topic!r}"
             )
+        return alone
+
+    def _append_now(self, topic, value, key, headers, partition, ts, sink, prepaid: int = 0) -> bool:
+        """Put one record in its partition's open batch now, ``sink`` to be told its
+        outcome; False (nothing buffered) when it must wait: no metadata of the topic, a
+        partition beyond those known, or too little free memory.  ``prepaid``: memory the
+        waiting line reserved for it.  Raises, buffering nothing, when the record cannot be
+        sent (closed or fenced producer, ``MessageTooLarge``, ``UnknownPartition``, an
+        encoding error).
+
+        The per-record path: a keyless or keyed record of bytes without headers is encoded
+        inline from varint tables; others with ``records.encode_record``, before the
+        accumulator changes, so an encoding error leaves no empty open batch behind.
+        Synchronous: no await between choice and append.
+        """
+        if self._closing or self._sender.fenced is not None:
+            self._check_open()
+        info = self._cluster.topics.get(topic)
+        if info is None or info.partitions <= 0:
+            return False
+        n = info.partitions
+        if partition is not None and not 0 <= partition < n:
+            if partition >= 0:
+                return False  # the topic may have grown: the line refreshes metadata
+            raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
+        zz = _VARINTS
+        if (
+            headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes)
+            and len(value) < _TABLE and (key is None or len(key) < _TABLE)
+        ):
+            vl = len(value)
+            zv = zz[vl]
+            if key is None:
+                tail = len(zv) + vl + 2
+            else:
+                zk = zz[len(key)]
+                tail = len(zk) + len(key) + len(zv) + vl + 1
+            plain = True
+        else:
+            tail = tail_size(key, value, headers)
+            plain = False
+        caps = self._caps.get(topic)
+        if caps is None or caps[0] is not info:
+            limit = self._max_batch_bytes(info)
+            caps = self._caps[topic] = (info, limit, min(self.batch_size, limit) - records.HEADER_SIZE)
+        body = 3 + tail  # attributes, timestamp delta 0, offset delta 0: the record alone
+        alone = body + len(zz[body]) if body < _TABLE else record_size(tail, 0, 0)
+        if alone + records.HEADER_SIZE > caps[1]:
+            self._fitting(topic, info, tail)  # raises MessageTooLarge
+        reserve = alone + _DELTA_SLACK
+        mem = self._memory
+        if not prepaid and (mem.used + reserve > mem.limit or mem.waiters):
+            return False
         if partition is None:
             partition = self._partition_for(topic, key, n)
             sticky = key is None and self.partitioner is None
         else:
-            if not 0 <= partition < n:
-                raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
             sticky = False
-        reserve = alone + _DELTA_SLACK
-        mem = self._memory
-        if mem.used + reserve > mem.limit or mem.waiters:
-            await mem.acquire(reserve, self.max_block)
-        else:
-            mem.used += reserve
-        try:
-            if self._closing:
-                raise errors.ClientClosed("producer closed while the send waited for memory")
-            if timestamp_ms is None:
-                timestamp_ms = int(time.time() * 1000)
-            return self._append(
-                topic, partition, n, sticky, limit, key, value, headers, timestamp_ms, tail, reserve
-            )
-        except BaseException:
-            mem.release(reserve)
-            raise
-
-    def _append(
-        self, topic, partition, n, sticky, limit, key, value, headers, ts, tail, reserve
-    ) -> asyncio.Future:
-        """Put one record (known to fit in a batch of its own) in its partition's open batch.
-
-        The record is encoded, once, before the accumulator changes, so an encoding error
-        leaves no empty open batch behind.  Synchronous: no await between choice and append.
-        """
+        if ts is None:
+            ts = int(_time() * 1000)
         acc = self._acc
-        cap = min(self.batch_size, limit) - records.HEADER_SIZE  # record bytes per batch
+        cap = caps[2]
         batch = acc.open.get((topic, partition))
-        if batch is not None and batch.size + _record_size(tail, ts - batch.base_ts, batch.count) > cap:
-            acc.close(batch)
-            batch = None
-            if sticky:
-                partition = self._switch_sticky(topic, n, partition)
-                batch = acc.open.get((topic, partition))
-                if batch is not None and (
-                    batch.size + _record_size(tail, ts - batch.base_ts, batch.count) > cap
-                ):
-                    acc.close(batch)
-                    batch = None
+        if batch is not None:
+            frame = framing(tail, ts - batch.base_ts, batch.count)
+            if batch.size + frame[3] > cap:
+                acc.close(batch)
+                batch = None
+                if sticky:
+                    partition = self._switch_sticky(topic, n, partition)
+                    batch = acc.open.get((topic, partition))
+                    if batch is not None:
+                        frame = framing(tail, ts - batch.base_ts, batch.count)
+                        if batch.size + frame[3] > cap:
+                            acc.close(batch)
+                            batch = None
         if batch is None:
-            rec = records.encode_record(0, 0, key, value, headers)
-            batch = acc.new_batch(topic, partition, ts)
+            frame = framing(tail, 0, 0)
+            count = tdelta = 0
         else:
-            rec = records.encode_record(batch.count, ts - batch.base_ts, key, value, headers)
-        fut = self._loop.create_future()
-        batch.append(rec, fut, ts, reserve)
+            count, tdelta = batch.count, ts - batch.base_ts
+        zb, zt, zo, size = frame
+        if not plain:
+            parts = (records.encode_record(count, tdelta, key, value, headers),)
+        elif key is None:
+            parts = (zb, b"\x00", zt, zo, b"\x01", zv, value, b"\x00")
+        else:
+            parts = (zb, b"\x00", zt, zo, zk, key, zv, value, b"\x00")
+        if batch is None:
+            batch = acc.new_batch(topic, partition, ts)
+        if not prepaid:
+            mem.used += reserve
+        elif prepaid != reserve:  # reserved before the topic's limits changed: settle up
+            mem.release(prepaid - reserve)
+        batch.append(parts, size, sink, ts, reserve)
         if batch.size >= cap:
             acc.close(batch)
             if sticky:
                 self._switch_sticky(topic, n, partition)
-        return fut
+        return True
 
     async def send_many(
         self,
@@ -540,8 +727,8 @@ class Producer:
         lens = list(map(len, values))
         biggest = max(lens)
         klen = len(key) if key is not None else 0
-        key_tail = 1 if key is None else _zz_len(klen) + klen
-        alone = _record_size(key_tail + _zz_len(biggest) + biggest + 1, 0, 0)
+        key_tail = 1 if key is None else zz_len(klen) + klen
+        alone = record_size(key_tail + zz_len(biggest) + biggest + 1, 0, 0)
         if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
                 f"a record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "
@@ -596,16 +783,15 @@ class Producer:
 
     async def flush(self) -> None:
         """Send everything buffered now (ignoring linger) and wait until all of it is acked
-        or failed.  Does not raise for failed records: their futures carry the errors."""
+        or failed, sends waiting in line included (they are buffered first).  Does not raise
+        for failed records: their futures carry the errors."""
         if not self._started:
-            return
-        pending = list(self._acc.incomplete)
-        if not pending:
             return
         self._flushing += 1
         self._sender.wake()
         try:
-            for batch in pending:
+            await self._lane_drained()
+            for batch in list(self._acc.incomplete):
                 await batch.wait_done(self._loop)
         finally:
             self._flushing -= 1

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 
 from sluice import errors
-from sluice.client.accumulator import Accumulator, Batch, MemoryPool, RecordMetadata
+from sluice.client.accumulator import Accumulator, Batch, MemoryPool
 from sluice.client.sequences import GAP, MAX_EPOCH, RETRY, PartitionSequences
 from sluice.client.transport import Cluster
 from sluice.protocol import messages
@@ -602,5 +602,5 @@ class Sender:
             self._acc.finish(b, exc, self.release)
 
     def _complete(self, batch: Batch, base_offset: int, append_time: int) -> None:
-        batch.resolve(base_offset, append_time, RecordMetadata)
+        batch.resolve(base_offset, append_time)
         self._acc.finish(batch, None, self.release)

@@ -18,8 +18,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from sluice import errors
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
+from sluice.client.framing import tail_size
 from sluice.client.producer import Producer
 from sluice.client.transaction import TransactionProducer, _state_of
+from sluice.protocol import records
 
 __all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin", "SyncTransactionProducer"]
 
@@ -154,8 +156,20 @@ class _SyncBase:
 
 
 class SyncProducer(_SyncBase):
-    """Blocking ``Producer``: ``send`` blocks until buffered and returns a
-    ``concurrent.futures.Future`` of the ``RecordMetadata``.
+    """Blocking ``Producer``: ``send`` returns at once a ``concurrent.futures.Future`` of
+    the record's ``RecordMetadata``.
+
+    ``send`` hands records to the loop thread in chunks (one wake-up of the loop for all
+    records sent meanwhile) and does not wait for them to be buffered, except while buffer
+    memory is full (it blocks until the record is buffered, up to ``max_block_ms``), and
+    for a record to a topic not seen yet or near the topic's size limit: that one is
+    buffered before ``send`` returns, and ``send`` raises its ``UnknownTopic`` or
+    ``MessageTooLarge`` as before.
+    Records of one thread keep their send order.  An error that keeps a record from being
+    buffered (``MessageTooLarge``, ``UnknownTopic``, ``BufferExhausted``, an encoding error)
+    fails its future, and the next ``flush()`` raises the first such error, so a plain loop
+    of sends and a flush sees it.  ``flush()`` and ``close()`` first hand over and buffer
+    every record sent before them.
 
     Takes every ``Producer`` setting, among them the idempotence ones:
     ``enable_idempotence``, ``max_in_flight_per_partition``, and an explicit identity
@@ -166,8 +180,67 @@ class SyncProducer(_SyncBase):
     _client_cls = Producer
     _thread_name = "sluice-producer"
 
-    def send(self, topic: str, value: bytes | None, **kw) -> concurrent.futures.Future:
-        return self._call(_chained_send, topic, value, **kw)
+    def __init__(self, bootstrap, **config) -> None:
+        super().__init__(bootstrap, **config)
+        self._outbox: list[tuple] = []  # records sent, not handed to the loop yet
+        self._outbox_bytes = 0
+        self._handing = False  # a hand-over is scheduled on the loop
+        self._outbox_lock = threading.Lock()
+        self._unbuffered: list[BaseException] = []  # errors for the next flush to raise
+
+    def send(
+        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers=None,
+        partition: int | None = None, timestamp_ms: int | None = None,
+    ) -> concurrent.futures.Future:
+        """Queue one record for the producer's loop; return a future of its metadata."""
+        client, lt = self._ensure()
+        if not _surely_fits(client, topic, key, value, headers):
+            # topic not known yet, or the record near the size limit: wait until it is
+            # buffered (after every record before it), so that its errors raise here
+            return lt.run(self._hand_over_then(client, _chained_send, topic, value, key=key, headers=headers,
+                                               partition=partition, timestamp_ms=timestamp_ms))
+        cf: concurrent.futures.Future = concurrent.futures.Future()
+        size = len(value) if value is not None else 0
+        mem = client._memory
+        with self._outbox_lock:
+            self._outbox.append((topic, value, key, headers, partition, timestamp_ms, cf))
+            self._outbox_bytes += size
+            full = mem.used + self._outbox_bytes > mem.limit
+            if self._handing and not full:
+                return cf
+            self._handing = True
+        if full:  # wait until this record (and every one before it) is buffered
+            lt.run(self._hand_over_and_buffer(client))
+        else:
+            lt.call_soon(self._hand_over, client)
+        return cf
+
+    def _hand_over(self, client: Producer) -> None:
+        """On the loop: buffer (or queue in the producer's waiting line) every record sent."""
+        while True:
+            with self._outbox_lock:
+                items, self._outbox = self._outbox, []
+                self._outbox_bytes = 0
+                if not items:
+                    self._handing = False
+                    return
+            client.on_unbuffered = self._unbuffered.append
+            submit = client.submit
+            for topic, value, key, headers, partition, ts, cf in items:
+                submit(topic, value, key, headers, partition, ts, cf)
+
+    async def _hand_over_then(self, client: Producer, fn, *args, **kw):
+        self._hand_over(client)
+        await client._lane_drained()
+        return await fn(client, *args, **kw)
+
+    async def _hand_over_and_buffer(self, client: Producer) -> None:
+        self._hand_over(client)
+        await client._lane_drained()
+
+    def _failed_immediately(self) -> BaseException | None:
+        errs, self._unbuffered = self._unbuffered, []
+        return errs[0] if errs else None
 
     def send_many(self, topic: str, values: Sequence[bytes], **kw) -> concurrent.futures.Future:
         return self._call(_chained_send_many, topic, values, **kw)
@@ -197,7 +270,28 @@ class SyncProducer(_SyncBase):
         return self._call(_send_each, messages)
 
     def flush(self) -> None:
-        self._call(Producer.flush)
+        """Buffer every record sent before, send everything and wait until it is acked or
+        failed; then raise the first error that kept a record sent since the last flush
+        from being buffered (its future carries it too)."""
+        self._call(self._flush_all)
+        exc = self._failed_immediately()
+        if exc is not None:
+            raise exc
+
+    async def _flush_all(self, client: Producer) -> None:
+        self._hand_over(client)
+        await client.flush()
+
+    def close(self) -> None:
+        """Buffer every record sent before, then close as ``_SyncBase.close`` does."""
+        with self._lock:
+            client, lt = self._client, self._lt
+        if client is not None:
+            try:
+                lt.run(self._hand_over_and_buffer(client))
+            except errors.SluiceError:
+                pass  # closed meanwhile by another thread: close() below fails what is left
+        super().close()
 
 
 class SyncTransactionProducer(_SyncBase):
@@ -232,6 +326,20 @@ async def _chained(afut: asyncio.Future) -> concurrent.futures.Future:
 
     afut.add_done_callback(copy)
     return cf
+
+
+def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
+    """Whether a record can be handed over without waiting for its errors: its topic's
+    metadata is known and it is well within the topic's size limit (a read of the loop's
+    metadata from another thread: a stale answer only sends the record the blocking way)."""
+    info = client._cluster.topics.get(topic)
+    if info is None:
+        return False
+    try:
+        tail = tail_size(key, value, headers)
+    except (TypeError, AttributeError):
+        return False  # let send() raise it
+    return tail + 64 + records.HEADER_SIZE <= client._max_batch_bytes(info)
 
 
 async def _chained_send(p: Producer, topic, value, **kw):

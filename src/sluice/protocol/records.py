@@ -329,6 +329,11 @@ _NULL = b"\x01"  # zig-zag varint of -1
 _KEYLESS_HEAD = [b"\x00\x00" + _ZZ[i] + _NULL for i in range(_VARINT_TABLE_SIZE)]
 
 
+# Public names for the producer's per-record path, which encodes with the same tables.
+VARINTS = _ZZ  # VARINTS[n]: zig-zag varint of 0 <= n < VARINT_TABLE_SIZE
+VARINT_TABLE_SIZE = _VARINT_TABLE_SIZE
+
+
 def _zz(n: int) -> bytes:
     return _ZZ[n] if 0 <= n < _VARINT_TABLE_SIZE else encode_varint(n)
 

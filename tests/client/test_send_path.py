@@ -1,0 +1,165 @@
+"""The per-record send path: send() buffering at once, send_nowait, the waiting line, and
+SyncProducer.send from a plain loop (fake broker; no timing assertions)."""
+
+import asyncio
+
+import pytest
+
+from sluice import errors
+from sluice.client import Producer, RecordMetadata, SyncProducer
+
+from .fakebroker import FakeBroker
+
+
+def make(broker, **kw):
+    return Producer("fake:1", connection_factory=broker.factory, **kw)
+
+
+async def test_send_returns_a_done_future_and_offsets_follow_send_order():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0) as p:
+        await (await p.send("t", b"v0", partition=0))  # the topic's metadata: then no wait
+        buffered = [p.send("t", b"v%d" % i, partition=0) for i in range(1, 300)]
+        assert all(b.done() for b in buffered)  # buffered before send() returned
+        metas = await asyncio.gather(*[await b for b in buffered])
+    assert [m.offset for m in metas] == list(range(1, 300))
+    assert all(isinstance(m, RecordMetadata) and m.topic == "t" and m.partition == 0 for m in metas)
+    assert [r.value for r in broker.records("t", 0)] == [b"v%d" % i for i in range(300)]
+
+
+async def test_inline_encoding_matches_the_record_encoder():
+    """Keyed, keyless, empty, tombstone and headed records round-trip in one batch."""
+    broker = FakeBroker({"t": 1})
+    sent = [(None, b"a"), (b"k", b"b" * 300), (None, b""), (b"k2", None), (b"", b"c")]
+    async with make(broker, linger_ms=0) as p:
+        futs = [await p.send("t", v, key=k, partition=0, timestamp_ms=1000 + i) for i, (k, v) in enumerate(sent)]
+        futs.append(await p.send("t", b"h", headers=[("x", b"1")], partition=0, timestamp_ms=999))
+        metas = await asyncio.gather(*futs)
+    got = broker.records("t", 0)
+    assert [(r.key, r.value) for r in got] == [*sent, (None, b"h")]
+    assert [r.timestamp for r in got] == [1000, 1001, 1002, 1003, 1004, 999]
+    assert [m.offset for m in metas] == list(range(6))
+
+
+async def test_errors_are_per_record_and_nothing_is_buffered():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0, max_request_size=2000) as p:
+        ok1 = await p.send("t", b"a", partition=0)
+        with pytest.raises(errors.MessageTooLarge):
+            await p.send("t", b"x" * 5000, partition=0)
+        with pytest.raises(TypeError):
+            await p.send("t", "not bytes", partition=0)
+        ok2 = await p.send("t", b"b", partition=0)
+        assert [m.offset for m in await asyncio.gather(ok1, ok2)] == [0, 1]
+    assert [r.value for r in broker.records("t", 0)] == [b"a", b"b"]
+
+
+async def test_send_nowait_callback_and_future_forms():
+    broker = FakeBroker({"t": 1})
+    seen = []
+    async with make(broker, linger_ms=0) as p:
+        await (await p.send("t", b"", partition=0))
+        assert p.send_nowait("t", b"a", partition=0, callback=lambda m, e: seen.append((m, e))) is None
+        fut = p.send_nowait("t", b"b", partition=0)
+        p.send_nowait("t", b"x" * (1 << 25), partition=0, callback=lambda m, e: seen.append((m, e)))
+        await p.flush()
+        assert (await fut).offset == 2
+    # the record too large is refused at once, before the first one is acknowledged
+    assert seen[0][0] is None and isinstance(seen[0][1], errors.MessageTooLarge)
+    assert seen[1][0].offset == 1 and seen[1][1] is None
+    assert len(seen) == 2
+
+
+async def test_sends_to_a_new_topic_wait_in_line_in_order_without_holding_others():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0, unknown_topic_wait_ms=5000, retry_backoff_ms=5,
+                    retry_backoff_max_ms=10) as p:
+        late = [p.send_nowait("late", b"%d" % i, partition=0) for i in range(50)]
+        other = await (await p.send("t", b"x", partition=0))  # not held up by "late"
+        assert other.offset == 0 and not any(f.done() for f in late)
+        broker.partitions["late"] = 1
+        metas = await asyncio.gather(*late)
+    assert [m.offset for m in metas] == list(range(50))
+    assert [r.value for r in broker.records("late", 0)] == [b"%d" % i for i in range(50)]
+
+
+async def test_full_buffer_makes_send_wait_then_exhaust_and_send_nowait_fail():
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    async with make(broker, buffer_memory=2048, batch_size=1024, max_block_ms=50, linger_ms=0) as p:
+        futs = []
+        while p._memory.used + 224 <= 2048:
+            futs.append(await p.send("t", b"x" * 200, partition=0))
+        waiting = p.send("t", b"x" * 200, partition=0)
+        assert not waiting.done()  # waits for memory
+        dropped = p.send_nowait("t", b"y" * 200, partition=0)
+        with pytest.raises(errors.BufferExhausted):
+            await waiting
+        with pytest.raises(errors.BufferExhausted):
+            await dropped
+        broker.release()
+        await asyncio.gather(*futs)
+    assert p._memory.used == 0
+
+
+async def test_close_fails_sends_waiting_in_line():
+    broker = FakeBroker({"t": 1})
+    async with make(broker, unknown_topic_wait_ms=5000, retry_backoff_ms=5, retry_backoff_max_ms=10) as p:
+        waiting = p.send("late", b"v")
+        nowait = p.send_nowait("late", b"w")
+    with pytest.raises(errors.ClientClosed):
+        await waiting
+    with pytest.raises(errors.ClientClosed):
+        await nowait
+
+
+def test_sync_send_loop_then_flush():
+    broker = FakeBroker({"t": 1})
+    with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0) as p:
+        futs = [p.send("t", b"%d" % i, partition=0) for i in range(2000)]  # the first one waits
+        p.flush()
+        assert all(f.done() for f in futs)  # flush waited for every record
+        assert [f.result().offset for f in futs] == list(range(2000))
+    assert [r.value for r in broker.records("t", 0)] == [b"%d" % i for i in range(2000)]
+
+
+def test_sync_send_errors_fail_the_future_and_surface_in_flush():
+    broker = FakeBroker({"t": 1})
+    with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0, max_request_size=2000) as p:
+        with pytest.raises(errors.UnknownTopic):  # a topic not seen yet: send raises, as before
+            p.send("nope", b"x", partition=0)
+        good = p.send("t", b"a", partition=0)
+        with pytest.raises(errors.MessageTooLarge):  # near the limit: send raises, as before
+            p.send("t", b"x" * 5000, partition=0)
+        bad = p.send("t", "not bytes", partition=0)  # found on the loop: its future, then flush
+        with pytest.raises(TypeError):
+            p.flush()
+        p.flush()  # raised once
+        assert good.result().offset == 0
+        with pytest.raises(TypeError):
+            bad.result()
+
+
+def test_sync_send_blocks_while_buffer_memory_is_full():
+    broker = FakeBroker({"t": 1})
+    broker.hold = True
+    p = SyncProducer("fake:1", connection_factory=broker.factory, buffer_memory=2048, batch_size=1024,
+                     max_block_ms=50, linger_ms=0)
+    try:
+        futs = [p.send("t", b"x" * 200, partition=0) for _ in range(30)]
+        p_errors = [f.exception() for f in futs if f.done() and f.exception() is not None]
+        assert p_errors and all(isinstance(e, errors.BufferExhausted) for e in p_errors)
+        broker.release()
+        with pytest.raises(errors.BufferExhausted):
+            p.flush()
+        assert all(f.done() for f in futs)
+    finally:
+        p.close()
+
+
+def test_sync_close_buffers_and_sends_records_sent_before():
+    broker = FakeBroker({"t": 1})
+    p = SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=50)
+    futs = [p.send("t", b"%d" % i, partition=0) for i in range(500)]
+    p.close()
+    assert [f.result(0).offset for f in futs] == list(range(500))
