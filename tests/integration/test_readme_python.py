@@ -1,6 +1,7 @@
 """README's Python section, pasted as written (only the broker's address differs): the
-producer/consumer example, the Admin example and the transactional-messages example each
-run twice in a row, after the "Using it" commands have left no ``orders`` topic behind."""
+producer/consumer example, the Admin example, the transactional-messages and the
+subscription examples each run twice in a row, after the "Using it" commands have left no
+``orders`` topic behind; the delayed-message example is delivered when due."""
 
 from __future__ import annotations
 
@@ -99,3 +100,27 @@ def test_fast_sending_example_runs_twice(broker, tmp_path):
         out = run_block(code, broker.bootstrap, tmp_path).split("\n")
         assert out[0].startswith("acked 1000 up to offset ") and "failed:" not in out
         assert out[1] == "done"
+
+
+def test_subscription_example_runs_twice(broker, tmp_path):
+    """Each run sends ten payments and settles every message it is given once: the first
+    run all ten (one acked silently, nine printed by the handler), the second its own ten
+    (the first run's were acked, so they never come again)."""
+    code = block("sub.run(handle")
+    for _ in range(2):
+        lines = run_block(code, broker.bootstrap, tmp_path).splitlines()
+        values = sorted(ln.split(maxsplit=3)[3] for ln in lines)
+        assert len(values) == 9 and all(ln.split()[2] == "1" for ln in lines), lines  # attempt 1
+
+
+def test_delayed_example_runs(broker, tmp_path, cli):
+    """After the subscription example (which creates ``payments``), as the README runs."""
+    assert cli("topic", "create", "payments", "--partitions", "3", bootstrap=broker.bootstrap).returncode == 0
+    run_block(block("send_delayed"), broker.bootstrap, tmp_path)
+    out = cli("consume", "payments", "--from", "earliest", "--exit-at-end", bootstrap=broker.bootstrap)
+    assert out.returncode == 0 and b"reminder" not in out.stdout  # not due for 5 s
+    deadline = time.monotonic() + 30
+    while b"reminder" not in out.stdout:
+        assert time.monotonic() < deadline, "the delayed message was never delivered"
+        time.sleep(0.5)
+        out = cli("consume", "payments", "--from", "earliest", "--exit-at-end", bootstrap=broker.bootstrap)

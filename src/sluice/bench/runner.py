@@ -32,7 +32,7 @@ CLUSTER = ["R3", "F1"]  # 3 brokers + etcd (bench/cluster.py); run with --worklo
 # compare runs of each on its own broker (a second workload on one broker runs warmer)
 NOT_IDEMPOTENT = ["P1-1KiB-plain"]
 TRANSACTIONS = ["TX-1KiB"]  # transactional messages (bench/transactions.py)
-SUBSCRIPTIONS = ["C2"]  # per-message acks through a subscription (bench/subscriptions.py)
+SUBSCRIPTIONS = ["C2", "D1"]  # per-message acks (bench/subscriptions.py), delayed messages (bench/delayed.py)
 
 
 class CpuMeter:
@@ -139,6 +139,10 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
         from sluice.bench.subscriptions import run_c2
 
         return await run_c2(bootstrap, meter)
+    if name == "D1":
+        from sluice.bench.delayed import run_d1
+
+        return await run_d1(bootstrap, meter, meter.server.pid if meter.server else None)
     if name == "L1":
         return await w.run_l1(bootstrap, meter)
     raise ValueError(name)

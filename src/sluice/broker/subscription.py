@@ -41,7 +41,7 @@ from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count
 from sluice.protocol.records import HIDDEN_BITS, decode_batch, iter_batches
-from sluice.protocol.subscriptions import CursorState, SubscriptionConfig, tag_of
+from sluice.protocol.subscriptions import MAX_SAVED_RETRIES, CursorState, SubscriptionConfig, tag_of
 from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.broker.subscriptions")
@@ -50,6 +50,7 @@ READ_BYTES = 1024 * 1024
 PEEK_BYTES = 64 * 1024  # read with no consumer ready: only to pass batches nobody sees
 MAX_ACKED_RANGES = 10_000
 MAX_WAITING = 100_000  # key-ordered: messages held behind their keys before reading stops
+MAX_RETRIES = 100_000  # pending redeliveries before reading stops
 DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 
@@ -135,6 +136,7 @@ class Retry:
     ranges: Pairs = field(compare=False)
     attempt: int = field(compare=False)  # deliveries so far
     reason: str = field(compare=False, default="")
+    restored: bool = field(compare=False, default=False)  # read from the cursor record
 
 
 class SubscriptionPartition:
@@ -159,6 +161,13 @@ class SubscriptionPartition:
         self._retries: list[Retry] = []
         self._seq = itertools.count()
         self._dead_lettering = 0  # messages being copied to the dead-letter topic
+        # retries read from the cursor record: not delivered as new messages meanwhile
+        self._restored = RangeSet()
+        now_ms, mono = time.time() * 1000, time.monotonic()
+        for a, b, attempt, due_ms in state.retries:
+            self._restored.add(a, b)
+            due = mono + max(0.0, due_ms - now_ms) / 1000
+            heapq.heappush(self._retries, Retry(due, next(self._seq), [(a, b)], attempt, "restored", True))
         # key-ordered mode: key -> offsets of it waiting behind the one out (in flight,
         # retrying or being dead-lettered), and that one's key by offset
         self._keys: dict[bytes | None, deque[int]] = {}
@@ -171,16 +180,23 @@ class SubscriptionPartition:
     # ------------------------------------------------------------------ state
 
     def state(self) -> CursorState:
+        now_ms, mono = time.time() * 1000, time.monotonic()
+        unsettled = self.cursor.unsettled
+        saved = [
+            (x, y, r.attempt, int(now_ms + (r.due - mono) * 1000))
+            for r in heapq.nsmallest(MAX_SAVED_RETRIES, self._retries) for a, b in r.ranges for x, y in unsettled(a, b)
+        ][:MAX_SAVED_RETRIES]
         return CursorState(
             name=self.name, config=self.config, confirmed=self.cursor.confirmed, acked=self.cursor.acked.pairs(),
-            dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
+            retries=saved, dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
         )
 
     def in_flight(self) -> int:
         return sum(u.want.count() for units in self._units.values() for u in units)
 
     def retrying(self) -> int:
-        return sum(count(r.ranges) for r in self._retries) + self._dead_lettering
+        unsettled = self.cursor.unsettled
+        return sum(count(unsettled(a, b)) for r in self._retries for a, b in r.ranges) + self._dead_lettering
 
     @property
     def stalled(self) -> str:
@@ -188,6 +204,8 @@ class SubscriptionPartition:
             return f"ack state full: {len(self.cursor.acked)} acked ranges above offset {self.cursor.confirmed}"
         if self._waiting >= MAX_WAITING:
             return f"{self._waiting} messages wait behind their keys"
+        if len(self._retries) >= MAX_RETRIES:
+            return f"{len(self._retries)} redeliveries pending"
         return ""
 
     def info(self) -> m.SubscriptionPartitionInfo:
@@ -255,6 +273,7 @@ class SubscriptionPartition:
         self._keys.clear()
         self._key_of.clear()
         self._waiting = 0
+        self._restored = RangeSet()
         self.cursor.reset(offset)
         self.next_read = offset
         self._dirty()
@@ -345,6 +364,8 @@ class SubscriptionPartition:
     def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
         if ranges:
             heapq.heappush(self._retries, Retry(due, next(self._seq), list(ranges), attempt, reason))
+            if attempt > 0:
+                self._dirty()  # attempt counts and due times are in the cursor record
 
     def _expire(self, now: float) -> None:
         """Units past their deadline go back for redelivery after the backoff."""
@@ -410,6 +431,10 @@ class SubscriptionPartition:
         retries = self._retries
         while retries and retries[0].due <= now and not self.closed:
             r = retries[0]
+            if r.restored:
+                for a, b in r.ranges:
+                    self._restored.remove(a, b)
+                r.restored = False
             ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
             if not ranges:
                 heapq.heappop(retries)
@@ -501,6 +526,9 @@ class SubscriptionPartition:
         key-ordered mode are its records decoded: filtered ones are settled, and a key's
         messages behind one already out wait for it (``_release_keys``)."""
         want = RangeSet(self.cursor.unsettled(lo, hi))
+        if self._restored:  # waiting for their redelivery, with their attempt counts
+            for a, b in self._restored.overlap(lo, hi):
+                want.remove(a, b)
         cfg = self.config
         if not want or not (cfg.tags or cfg.mode == "key-ordered"):
             return want

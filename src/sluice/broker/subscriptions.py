@@ -49,6 +49,7 @@ from sluice.protocol.records import (
 log = logging.getLogger("sluice.broker.subscriptions")
 
 FLUSH_S = 0.01  # how often changed cursors are appended (group commit of acks)
+SNAPSHOT_CHECK_S = 1.0  # how often a partition with subscriptions checks for a new segment
 SCAN_BYTES = 4 * 1024 * 1024
 CLOSE_FLUSH_S = 5.0
 DLQ_PARTITIONS = 1
@@ -81,10 +82,11 @@ def _cursor_batches(plog, start: int, stop: int) -> list[tuple[bool, list[sub.Cu
     return out
 
 
-def scan_states(plog, end: int) -> dict[str, sub.CursorState]:
+def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool]:
     """Worker thread: every subscription of the partition as of log offset ``end``: the
     newest snapshot and the records after it (segments are scanned newest first until
-    one holds a snapshot)."""
+    one holds a snapshot; the whole log when none does).  Also whether a snapshot was
+    found."""
     later: list = []
     bases = plog.view.bases
     for i in range(len(bases) - 1, -1, -1):
@@ -94,9 +96,9 @@ def scan_states(plog, end: int) -> dict[str, sub.CursorState]:
         combined = found + later
         snaps = [k for k, (snap, _) in enumerate(found) if snap]
         if snaps:
-            return _fold(combined[snaps[-1]:])
+            return _fold(combined[snaps[-1]:]), True
         later = combined
-    return _fold(later)
+    return _fold(later), False
 
 
 def _fold(batches) -> dict[str, sub.CursorState]:
@@ -128,7 +130,8 @@ class PartitionSubscriptions:
         self.closed = False
         self._dirty: set[SubscriptionPartition] = set()
         self._snapshot_base: int | None = None  # the segment holding the newest snapshot
-        self._flushed = asyncio.Event()
+        self._need_snapshot = False  # the log holds none: write one, even of no subscription
+        self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._flusher: asyncio.Task | None = None
 
@@ -141,7 +144,7 @@ class PartitionSubscriptions:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            states = await loop.run_in_executor(
+            states, found = await loop.run_in_executor(
                 self.manager.executor, scan_states, self.part.log, self.part.log_end_offset
             )
         except BaseException as exc:
@@ -153,6 +156,7 @@ class PartitionSubscriptions:
                 "loaded %d subscription(s) of %s-%d in %.0f ms", len(states), self.part.topic,
                 self.part.index, (time.monotonic() - started) * 1000,
             )
+        self._need_snapshot = not found  # so that the next load reads only the newest segments
         for state in states.values():
             sp = self.subs[state.name] = SubscriptionPartition(self, state)
             sp.start()
@@ -161,6 +165,7 @@ class PartitionSubscriptions:
 
     def mark_dirty(self, sp: SubscriptionPartition) -> None:
         self._dirty.add(sp)
+        self._changed.set()
 
     def track(self, task: asyncio.Task) -> None:
         self._tasks.add(task)
@@ -180,21 +185,31 @@ class PartitionSubscriptions:
             self._snapshot_base = base
 
     async def _flush_loop(self) -> None:
+        """Write changed cursors ``FLUSH_S`` after the first change (group commit), and
+        look every ``SNAPSHOT_CHECK_S`` whether the log rolled a segment (a snapshot due)."""
         while True:
-            await asyncio.sleep(FLUSH_S)
+            try:
+                async with asyncio.timeout(SNAPSHOT_CHECK_S):
+                    await self._changed.wait()
+                await asyncio.sleep(FLUSH_S)
+            except TimeoutError:
+                pass
+            self._changed.clear()
             await self.flush()
 
     async def flush(self) -> None:
         """Append the changed cursors; a snapshot of all when the log rolled a segment
         since the last one.  A failed append keeps them changed (retried next time)."""
-        snapshot = bool(self.subs) and self._snapshot_base != self.part.log.active.base_offset
+        wanted = bool(self.subs) or self._need_snapshot
+        snapshot = wanted and self._snapshot_base != self.part.log.active.base_offset
         if not self._dirty and not snapshot:
             return
         dirty, self._dirty = self._dirty, set()
         chosen = list(self.subs.values()) if snapshot else [sp for sp in dirty if not sp.closed]
         try:
-            if chosen:
+            if chosen or snapshot:
                 await self.write([sp.state() for sp in chosen], snapshot=snapshot, acks_all=False)
+                self._need_snapshot = self._need_snapshot and not snapshot
         except asyncio.CancelledError:
             self._dirty |= dirty
             raise
@@ -356,10 +371,21 @@ class SubscriptionManager:
             await self._drop(key, NotLeader(f"{topic}-{index} changed leader"))
             ps = None
         if ps is None:
+            topic_obj = self.broker.topic(topic)
+            if topic_obj.internal or part.config.cleanup_policy == "compact":
+                raise InvalidSubscription(
+                    f"topic {topic!r} is {'internal' if topic_obj.internal else 'compacted'}: subscriptions need "
+                    "an ordinary topic (read compacted topics with a fetch consumer)"
+                )
             ps = self._parts[key] = PartitionSubscriptions(self, part)
             task = asyncio.ensure_future(ps.load())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        await asyncio.shield(ps.loaded)
+        try:
+            await asyncio.shield(ps.loaded)
+        except Exception:
+            if self._parts.get(key) is ps:  # a failed load (a read error): the next call tries again
+                del self._parts[key]
+            raise
         if not ps.current:
             raise NotLeader(f"{topic}-{index} changed leader")
         return ps

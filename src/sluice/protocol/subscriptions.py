@@ -54,6 +54,7 @@ MODES = ("unordered", "ordered", "key-ordered")
 Mode = Literal["unordered", "ordered", "key-ordered"]
 TAG_HEADER = "sluice.tag"  # a message's tag, for subscriptions' tag filters
 MAX_TAGS = 100
+MAX_SAVED_RETRIES = 1000
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 MAX_ATTEMPTS_LIMIT = 1000
@@ -139,6 +140,9 @@ class CursorState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     config: SubscriptionConfig = SubscriptionConfig()
     confirmed: int = 0  # every offset below is acked (or was skipped: hidden, or expired)
     acked: list[tuple[int, int]] = []  # acked ranges [start, end) above ``confirmed``
+    # pending redeliveries, soonest first: (start, end, deliveries so far, due ms since the
+    # epoch); at most MAX_SAVED_RETRIES, the others start again at attempt 1 after a reload
+    retries: list[tuple[int, int, int, int]] = []
     dead_lettered: int = 0  # messages copied to the dead-letter topic, ever
     expired: int = 0  # messages retention deleted before they were acked, ever
     created_ms: int = 0
