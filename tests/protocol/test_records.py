@@ -731,3 +731,11 @@ def test_stamp_producer_equals_building_with_the_fields(codec, pid, epoch, seq):
     span = records.validate_batches(bytearray(stamped), 1 << 20)[0]  # the CRC holds
     assert (span.producer_id, span.producer_epoch, span.base_sequence) == (pid, epoch, seq)
     assert records.stamp_producer(stamped, -1, -1, -1) == plain
+
+
+@settings(max_examples=100, deadline=None)
+@given(recs=st.lists(record_st, min_size=1, max_size=8), base_ts=TS, codec=st.sampled_from(CODECS))
+def test_decode_first_is_the_first_of_decode_batch(recs, base_ts, codec):
+    buf = build(recs, base_ts, codec)
+    h = parse_header(buf)
+    assert records.decode_first(buf, h, 0) == records.decode_batch(buf, h, 0)[0]

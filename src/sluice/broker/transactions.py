@@ -66,6 +66,7 @@ from sluice.protocol.records import (
     batch_attributes,
     build_batch,
     decode_batch,
+    decode_first,
     encode_record,
     iter_batches,
     validate_batches,
@@ -101,7 +102,7 @@ def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]
 
     ``("half", offset, timestamp, group, deliver_at)`` for a half message, ``("end", half_offset,
     state, at)`` for a commit or rollback batch at ``at``.  Batch headers are read for
-    every batch; only transactional, commit and control batches are decoded.  With
+    every batch; of transactional, commit and control batches the first record is decoded.  With
     ``only``, events of that half only.
     """
     events: list[tuple] = []
@@ -113,7 +114,8 @@ def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]
             nxt = h.next_offset
             if nxt <= offset or not h.attributes & tx.TXN_BITS:
                 continue
-            recs = decode_batch(data, h, pos)
+            first = decode_first(data, h, pos)  # what bookkeeping needs is in the first record
+            recs = [first] if first is not None else []
             if h.attributes & TRANSACTIONAL_BIT:
                 if only is None or h.base_offset == only:
                     group = tx.group_of(recs[0]) if recs else ""

@@ -565,6 +565,30 @@ def decode_batch(buf, h: BatchHeader, pos: int, topic: str = "", partition: int 
     return out
 
 
+def decode_first(buf, h: BatchHeader, pos: int) -> Record | None:
+    """The first record of the batch at ``buf[pos:]`` (any kind), without decoding the
+    others; None for an empty batch.  For the broker's bookkeeping, which reads markers
+    from a batch's first record."""
+    if not h.records_count:
+        return None
+    body = memoryview(buf)[pos + HEADER_SIZE : pos + h.size]
+    if h.compression:
+        body = decompress(h.compression, body)
+    body = body[: _first_record_end(body)]
+    out: list[Record] = []
+    _decode_body(bytes(body), h._replace(records_count=1), "", 0, 0, out)
+    return out[0]
+
+
+def _first_record_end(body) -> int:
+    """Where the first record of an uncompressed body ends (its length varint and bytes)."""
+    try:
+        length, at = decode_varint(body, 0)
+    except CorruptRecord:
+        return len(body)
+    return min(len(body), at + max(length, 0))
+
+
 def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
     """Decode the records of one batch body into ``out``.
 

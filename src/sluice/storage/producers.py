@@ -51,7 +51,7 @@ from sluice.protocol.records import (
     CONTROL_BIT,
     TRANSACTIONAL_BIT,
     crc32c,
-    decode_batch,
+    decode_first,
     parse_header,
 )
 from sluice.storage.checkpoint import write_atomic
@@ -268,7 +268,8 @@ def txn_change(attributes: int, base_offset: int, batch, pos: int) -> tuple[bool
         return None
     try:
         h = parse_header(batch, pos)
-        half = tx.resolved_offset(attributes, decode_batch(batch, h, pos))
+        first = decode_first(batch, h, pos)
+        half = tx.resolved_offset(attributes, [first] if first is not None else [])
     except (CorruptRecord, ValueError) as exc:
         log.warning("transaction batch at offset %d cannot be read: %s", base_offset, exc)
         return None
