@@ -53,7 +53,7 @@ DLQ_HEADERS = frozenset({DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET, DLQ_SUBSCRIPTION,
 MODES = ("unordered", "ordered")
 Mode = Literal["unordered", "ordered"]
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")  # fullmatch: "$" would let a final newline in
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 
@@ -105,7 +105,7 @@ def check_config(config: SubscriptionConfig) -> SubscriptionConfig:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidSubscription(f"invalid subscription name {name!r}: use 1-100 characters from A-Z a-z 0-9 . _ -")
     return name
 
