@@ -94,10 +94,13 @@ class Session:
         self.outstanding = 0  # delivered messages not settled yet
         self.parts: dict[int, SubscriptionPartition] = {}
         self.closed = False
+        self.draining = False  # it released messages: shutting down, given nothing more
 
     @property
     def ready(self) -> bool:
-        return not self.closed and self.outstanding < self.prefetch and self.conn.writable
+        return (
+            not self.closed and not self.draining and self.outstanding < self.prefetch and self.conn.writable
+        )
 
     def credit_freed(self, n: int) -> None:
         was_full = self.outstanding >= self.prefetch
@@ -269,6 +272,10 @@ class SubscriptionPartition:
         for pairs, counted in ((req.nacks, True), (req.releases, False)):
             for a, b in pairs:
                 for unit in self._overlapping(max(a, lo), min(b, hi)):
+                    if not counted:
+                        # a consumer hands messages back as it shuts down: given back to it
+                        # now, they would count as an attempt once its connection goes
+                        unit.session.draining = True
                     taken = self._take(unit, a, b)
                     if not taken:
                         continue
