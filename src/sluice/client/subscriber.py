@@ -463,6 +463,11 @@ class Subscriber:
             except TimeoutError:
                 pass
             self._changed.clear()
+            if self._failure is not None:
+                # before subscribing again: subscribing creates the subscription, and a
+                # deleted one must stay deleted
+                self._arrived.set()
+                return
             info = self._cluster.topic(self.topic)
             missing = info is None or any(p not in self._served for p in range(info.partitions))
             if missing or time.monotonic() - last_metadata > METADATA_S:
