@@ -160,6 +160,7 @@ class SubscriptionPartition:
         self._retries: list[Retry] = []
         self._seq = itertools.count()
         self._dead_lettering = 0  # messages being copied to the dead-letter topic
+        self._seeks = 0  # seeks so far: a read begun before one is stale when it returns
         self._wake = asyncio.Event()
         self._pump_task: asyncio.Task | None = None
         self.closed = False
@@ -247,6 +248,7 @@ class SubscriptionPartition:
         self._retries.clear()
         self.cursor.reset(offset)
         self.next_read = offset
+        self._seeks += 1
         self._dirty()
         self.wake()
 
@@ -423,6 +425,7 @@ class SubscriptionPartition:
         """Deliver the stored batches holding ``ranges`` to ``session``."""
         pending = RangeSet(ranges)
         deliveries, attachments = [], []
+        seeks = self._seeks
         while pending:
             start = pending.starts[0]
             if start < self.part.log_start_offset:
@@ -430,8 +433,8 @@ class SubscriptionPartition:
                 pending.remove(start, self.part.log_start_offset)
                 continue
             data = (await self.part.read(start, READ_BYTES, self.part.high_watermark)).data
-            if self.closed:
-                return
+            if self.closed or self._seeks != seeks:
+                return  # a seek forgot these ranges (and what was handed out of them) meanwhile
             moved = False
             for h, pos in iter_batches(data, check_crc=False):
                 if h.next_offset <= start:
@@ -460,12 +463,18 @@ class SubscriptionPartition:
             if self.next_read >= hw:
                 return
             session = self._ready_session()
+            seeks = self._seeks
             try:
                 data = (await part.read(self.next_read, READ_BYTES if session else PEEK_BYTES, hw)).data
             except OutOfRange:
                 continue  # retention moved the log start: expire and read again
             if self.closed:
                 return
+            if self._seeks != seeks:
+                # read from before a seek: taken from the new next_read, its batches would
+                # settle (hidden ones) or hand out (the client acking what they lack)
+                # everything from the seek's offset up to them
+                continue
             deliveries, attachments = [], []
             try:
                 for h, pos in iter_batches(data, check_crc=False):
