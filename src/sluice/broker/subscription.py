@@ -97,10 +97,13 @@ class Session:
         self.outstanding = 0  # delivered messages not settled yet
         self.parts: dict[int, SubscriptionPartition] = {}
         self.closed = False
+        self.draining = False  # it released messages: shutting down, given nothing more
 
     @property
     def ready(self) -> bool:
-        return not self.closed and self.outstanding < self.prefetch and self.conn.writable
+        return (
+            not self.closed and not self.draining and self.outstanding < self.prefetch and self.conn.writable
+        )
 
     def credit_freed(self, n: int) -> None:
         was_full = self.outstanding >= self.prefetch
@@ -173,6 +176,7 @@ class SubscriptionPartition:
         self._keys: dict[bytes | None, deque[int]] = {}
         self._key_of: dict[int, bytes | None] = {}
         self._waiting = 0
+        self._seeks = 0  # seeks so far: a read begun before one is stale when it returns
         self._wake = asyncio.Event()
         self._pump_task: asyncio.Task | None = None
         self.closed = False
@@ -276,6 +280,7 @@ class SubscriptionPartition:
         self._restored = RangeSet()
         self.cursor.reset(offset)
         self.next_read = offset
+        self._seeks += 1
         self._dirty()
         self.wake()
 
@@ -302,6 +307,10 @@ class SubscriptionPartition:
         for pairs, counted in ((req.nacks, True), (req.releases, False)):
             for a, b in pairs:
                 for unit in self._overlapping(max(a, lo), min(b, hi)):
+                    if not counted:
+                        # a consumer hands messages back as it shuts down: given back to it
+                        # now, they would count as an attempt once its connection goes
+                        unit.session.draining = True
                     taken = self._take(unit, a, b)
                     if not taken:
                         continue
@@ -457,6 +466,7 @@ class SubscriptionPartition:
         """Deliver the stored batches holding ``ranges`` to ``session``."""
         pending = RangeSet(ranges)
         deliveries, attachments = [], []
+        seeks = self._seeks
         while pending:
             start = pending.starts[0]
             if start < self.part.log_start_offset:
@@ -464,8 +474,8 @@ class SubscriptionPartition:
                 pending.remove(start, self.part.log_start_offset)
                 continue
             data = (await self.part.read(start, READ_BYTES, self.part.high_watermark)).data
-            if self.closed:
-                return
+            if self.closed or self._seeks != seeks:
+                return  # a seek forgot these ranges (and what was handed out of them) meanwhile
             moved = False
             for h, pos in iter_batches(data, check_crc=False):
                 if h.next_offset <= start:
@@ -494,12 +504,18 @@ class SubscriptionPartition:
             if self.next_read >= hw:
                 return
             session = self._ready_session()
+            seeks = self._seeks
             try:
                 data = (await part.read(self.next_read, READ_BYTES if session else PEEK_BYTES, hw)).data
             except OutOfRange:
                 continue  # retention moved the log start: expire and read again
             if self.closed:
                 return
+            if self._seeks != seeks:
+                # read from before a seek: taken from the new next_read, its batches would
+                # settle (hidden ones) or hand out (the client acking what they lack)
+                # everything from the seek's offset up to them
+                continue
             deliveries, attachments = [], []
             try:
                 for h, pos in iter_batches(data, check_crc=False):

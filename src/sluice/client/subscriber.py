@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -499,6 +500,11 @@ class Subscriber:
             except TimeoutError:
                 pass
             self._changed.clear()
+            if self._failure is not None:
+                # before subscribing again: subscribing creates the subscription, and a
+                # deleted one must stay deleted
+                self._arrived.set()
+                return
             info = self._cluster.topic(self.topic)
             missing = info is None or any(p not in self._served for p in range(info.partitions))
             if missing or time.monotonic() - last_metadata > METADATA_S:
@@ -540,7 +546,7 @@ class Subscriber:
             log.debug("cannot reach broker %d: %s", node, exc)
             return
         if conn.on_push is None:
-            conn.on_push = self._on_push
+            conn.on_push = functools.partial(self._on_push, conn)
             asyncio.ensure_future(self._watch(conn))
         req = m.SubscribeRequest(
             topic=self.topic, subscription=self.subscription, partitions=partitions, prefetch=self.prefetch,
@@ -590,8 +596,12 @@ class Subscriber:
         self._given.pop(partition, None)
         self._changed.set()
 
-    def _on_push(self, key: int, _version: int, push, attachments) -> None:
+    def _on_push(self, conn: Connection, key: int, _version: int, push, attachments) -> None:
         if key == m.Push.DELIVER and push.topic == self.topic and push.subscription == self.subscription:
+            if push.partition not in self._served and not conn.closed:
+                # a leader delivers as soon as a partition is attached, maybe before its
+                # SUBSCRIBE answer (other partitions still loading): the acks go back here
+                self._served[push.partition] = conn
             self._deliver(push, attachments)
         elif key == m.Push.SUBSCRIPTION_ENDED and push.topic == self.topic and push.subscription == self.subscription:
             exc = errors.error_for_code(push.error, push.message)

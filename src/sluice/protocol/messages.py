@@ -680,8 +680,9 @@ class AckPartition(Struct):
     """What a consumer settles on one partition.  ``acks``: done with.  ``nacks``: failed;
     redelivered after ``nack_delay_ms`` (-1: the subscription's backoff).  ``touches``:
     still working, the ack deadline starts again.  ``releases``: handed back unprocessed
-    (a consumer shutting down): redelivered at once, the attempt not counted.  Offsets not
-    delivered, or settled already, are ignored."""
+    (a consumer shutting down): redelivered at once, the attempt not counted, and to other
+    consumers only (the releasing connection is given nothing more of the subscription).
+    Offsets not delivered, or settled already, are ignored."""
 
     partition: int
     acks: Pairs = []

@@ -89,7 +89,9 @@ class RangeSet:
         return removed
 
     def overlap(self, a: int, b: int) -> Pairs:
-        """The parts of ``[a, b)`` in the set."""
+        """The parts of ``[a, b)`` in the set (none when ``[a, b)`` is empty)."""
+        if a >= b:
+            return []
         starts, ends = self.starts, self.ends
         i = bisect_right(ends, a)
         out = []

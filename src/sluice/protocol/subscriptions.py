@@ -56,7 +56,7 @@ TAG_HEADER = "sluice.tag"  # a message's tag, for subscriptions' tag filters
 MAX_TAGS = 100
 MAX_SAVED_RETRIES = 1000
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")  # fullmatch: "$" would let a final newline in
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 
@@ -124,7 +124,7 @@ def tag_of(headers) -> str | None:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidSubscription(f"invalid subscription name {name!r}: use 1-100 characters from A-Z a-z 0-9 . _ -")
     return name
 

@@ -1,0 +1,165 @@
+"""``sluice sub create|list|describe|seek|delete`` and ``sluice consume TOPIC --sub NAME``
+end to end against a real broker: output, exit codes, one-line errors (cli/sub.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import pytest
+from test_cli import assert_error, lines_in, ok
+
+from brokers import BrokerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One broker for the bad-input cases (each uses its own names); killed at the end."""
+    d = tmp_path_factory.mktemp("shared-sub-broker")
+    b = BrokerProcess(d / "data", d / "broker.log").start()
+    yield b
+    b.kill()
+
+
+def describe(cli, b: str, topic: str, name: str) -> list[dict]:
+    return json.loads(ok(cli("sub", "describe", topic, name, bootstrap=b)))
+
+
+def consume_sub(cli, b: str, topic: str, name: str, *extra: str) -> list[str]:
+    out = ok(cli("consume", topic, "--sub", name, "--exit-at-end", *extra, bootstrap=b, timeout=60))
+    return out.splitlines()
+
+
+def test_create_list_describe_consume_seek_delete(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", "--partitions", "2", bootstrap=b))
+    ok(cli("produce", "orders", "--partition", "0", bootstrap=b, input=lines_in("a", "b", "c")))
+    ok(cli("produce", "orders", "--partition", "1", bootstrap=b, input=lines_in("x", "y")))
+
+    out = ok(cli("sub", "create", "orders", "billing", "--mode", "ordered", "--max-attempts", "5",
+                 "--ack-timeout-ms", "2000", "--backoff-ms", "100", bootstrap=b))
+    assert out == "created subscription billing on orders\n"
+    ok(cli("sub", "create", "orders", "audit", "--from", "latest", bootstrap=b))
+    assert json.loads(ok(cli("sub", "list", bootstrap=b))) == {"orders": ["audit", "billing"]}
+    assert json.loads(ok(cli("sub", "list", "orders", bootstrap=b))) == {"orders": ["audit", "billing"]}
+
+    infos = describe(cli, b, "orders", "billing")
+    assert [(i["partition"], i["confirmed"], i["in_flight"], i["consumers"]) for i in infos] == [
+        (0, 0, 0, 0), (1, 0, 0, 0)
+    ]
+    assert infos[0]["backlog"] >= 3 and infos[1]["backlog"] >= 2  # see test_backlog_counts_messages_only
+    assert {(i["mode"], i["max_attempts"], i["ack_timeout_ms"]) for i in infos} == {("ordered", 5, 2000)}
+    assert [i["backlog"] for i in describe(cli, b, "orders", "audit")] == [0, 0]  # from the end
+
+    # consume through it: every message once, then nothing left
+    assert sorted(consume_sub(cli, b, "orders", "billing")) == ["a", "b", "c", "x", "y"]
+    assert consume_sub(cli, b, "orders", "billing") == []
+    assert [(i["backlog"], i["in_flight"], i["retrying"]) for i in describe(cli, b, "orders", "billing")] == [
+        (0, 0, 0), (0, 0, 0)
+    ]
+    assert consume_sub(cli, b, "orders", "audit") == []
+
+    # seek back to the start: everything again; to an offset; to a time after everything
+    out = ok(cli("sub", "seek", "orders", "billing", "earliest", bootstrap=b))
+    assert out == "moved subscription billing on orders to earliest\n"
+    assert sorted(consume_sub(cli, b, "orders", "billing")) == ["a", "b", "c", "x", "y"]
+    ok(cli("sub", "seek", "orders", "billing", "2", bootstrap=b))
+    assert sorted(consume_sub(cli, b, "orders", "billing")) == ["c"]  # offset 2 of each partition
+    later = datetime.fromtimestamp(time.time() + 3600, UTC).isoformat()
+    ok(cli("sub", "seek", "orders", "billing", later, bootstrap=b))
+    assert consume_sub(cli, b, "orders", "billing") == []
+
+    # consume --sub creates a missing subscription from --from (default earliest)
+    assert sorted(consume_sub(cli, b, "orders", "fresh")) == ["a", "b", "c", "x", "y"]
+    assert consume_sub(cli, b, "orders", "late", "--from", "latest") == []
+    lines = consume_sub(cli, b, "orders", "json", "--json", "--max-messages", "2")
+    assert len(lines) == 2 and all("value" in json.loads(ln) for ln in lines)
+
+    out = ok(cli("sub", "delete", "orders", "billing", bootstrap=b))
+    assert out == "deleted subscription billing of orders\n"
+    assert json.loads(ok(cli("sub", "list", "orders", bootstrap=b))) == {"orders": ["audit", "fresh", "json", "late"]}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "backlog is high watermark - confirmed - acked above it, and the partition's own subscription "
+    "records (one per creation, seek, and ack flush of every subscription) past the first "
+    "undelivered message are counted as messages: a new subscription over 3 messages shows 4 "
+    "(5 with a second subscription)"
+))
+def test_backlog_counts_messages_only(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    ok(cli("produce", "orders", bootstrap=b, input=lines_in("a", "b", "c")))
+    ok(cli("sub", "create", "orders", "billing", bootstrap=b))
+    ok(cli("sub", "create", "orders", "audit", bootstrap=b))
+    assert [i["backlog"] for i in describe(cli, b, "orders", "billing")] == [3]
+
+
+def test_consume_sub_max_messages_acks_only_what_it_printed(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    ok(cli("produce", "orders", bootstrap=b, input=lines_in(*"abcdef")))
+    out = ok(cli("consume", "orders", "--sub", "work", "--max-messages", "2", bootstrap=b))
+    assert out.splitlines() == ["a", "b"]
+    # the rest is handed back at exit: the next run gets it at once, not after an ack timeout
+    assert consume_sub(cli, b, "orders", "work") == ["c", "d", "e", "f"]
+
+
+def test_create_existing_and_if_not_exists(shared, cli):
+    b = shared.bootstrap
+    ok(cli("topic", "create", "exists-t", bootstrap=b))
+    ok(cli("sub", "create", "exists-t", "s", bootstrap=b))
+    assert_error(cli("sub", "create", "exists-t", "s", bootstrap=b),
+                 "SUBSCRIPTION_ALREADY_EXISTS", "(37)", "'s' already exists")
+    ok(cli("sub", "create", "exists-t", "s", "--if-not-exists", bootstrap=b))
+
+
+@pytest.mark.parametrize("name", ["bad name", "x" * 101, "slash/y", "é"])
+def test_bad_subscription_names(shared, cli, name):
+    b = shared.bootstrap
+    cli("topic", "create", "names-t", bootstrap=b)  # once for the module; "exists" afterwards
+    for args in (["sub", "create", "names-t", name], ["sub", "describe", "names-t", name],
+                 ["sub", "seek", "names-t", name, "earliest"], ["sub", "delete", "names-t", name],
+                 ["consume", "names-t", "--sub", name, "--exit-at-end"]):
+        assert_error(cli(*args, bootstrap=b), "INVALID_SUBSCRIPTION", "invalid subscription name")
+
+
+@pytest.mark.parametrize("args", [
+    ["sub", "create", "no-such-topic", "s"],
+    ["sub", "list", "no-such-topic"],
+    ["sub", "describe", "no-such-topic", "s"],
+    ["sub", "seek", "no-such-topic", "s", "earliest"],
+    ["sub", "delete", "no-such-topic", "s"],
+    ["consume", "no-such-topic", "--sub", "s", "--exit-at-end"],
+])
+def test_unknown_topic(shared, cli, args):
+    assert_error(cli(*args, bootstrap=shared.bootstrap), "UNKNOWN_TOPIC", "no-such-topic")
+
+
+@pytest.mark.parametrize("args", [
+    ["sub", "describe", "subless", "nope"],
+    ["sub", "seek", "subless", "nope", "latest"],
+    ["sub", "delete", "subless", "nope"],
+])
+def test_unknown_subscription(shared, cli, args):
+    b = shared.bootstrap
+    cli("topic", "create", "subless", bootstrap=b)  # once for the module
+    assert_error(cli(*args, bootstrap=b), "UNKNOWN_SUBSCRIPTION", "(36)", "'nope'")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["sub", "create", "opts-t", "s", "--mode", "fifo"], "fifo"),
+    (["sub", "create", "opts-t", "s", "--max-attempts", "1001"], "1001"),
+    (["sub", "create", "opts-t", "s", "--ack-timeout-ms", "0"], "0"),
+    (["sub", "seek", "opts-t", "s", "yesterday-ish"], "yesterday-ish"),
+    (["consume", "opts-t", "--sub", "s", "--group", "g"], "--group"),
+    (["consume", "opts-t", "--sub", "s", "--partition", "0"], "--partition"),
+])
+def test_bad_usage_exits_2(shared, cli, args, needle):
+    res = cli(*args, bootstrap=shared.bootstrap)
+    err = res.stderr.decode()
+    assert res.returncode == 2, (res.returncode, err)
+    assert "Traceback" not in err and needle in err, err
