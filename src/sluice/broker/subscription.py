@@ -139,7 +139,6 @@ class Retry:
     ranges: Pairs = field(compare=False)
     attempt: int = field(compare=False)  # deliveries so far
     reason: str = field(compare=False, default="")
-    restored: bool = field(compare=False, default=False)  # read from the cursor record
 
 
 class SubscriptionPartition:
@@ -164,13 +163,14 @@ class SubscriptionPartition:
         self._retries: list[Retry] = []
         self._seq = itertools.count()
         self._dead_lettering = 0  # messages being copied to the dead-letter topic
-        # retries read from the cursor record: not delivered as new messages meanwhile
+        # offsets of retries read from the cursor record, above next_read: the first read
+        # after a load passes them without delivering them as new messages
         self._restored = RangeSet()
         now_ms, mono = time.time() * 1000, time.monotonic()
         for a, b, attempt, due_ms in state.retries:
             self._restored.add(a, b)
             due = mono + max(0.0, due_ms - now_ms) / 1000
-            heapq.heappush(self._retries, Retry(due, next(self._seq), [(a, b)], attempt, "restored", True))
+            heapq.heappush(self._retries, Retry(due, next(self._seq), [(a, b)], attempt, "restored"))
         # key-ordered mode: key -> offsets of it waiting behind the one out (in flight,
         # retrying or being dead-lettered), and that one's key by offset
         self._keys: dict[bytes | None, deque[int]] = {}
@@ -440,10 +440,6 @@ class SubscriptionPartition:
         retries = self._retries
         while retries and retries[0].due <= now and not self.closed:
             r = retries[0]
-            if r.restored:
-                for a, b in r.ranges:
-                    self._restored.remove(a, b)
-                r.restored = False
             ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
             if not ranges:
                 heapq.heappop(retries)
@@ -533,6 +529,8 @@ class SubscriptionPartition:
                     if want:
                         mv = memoryview(data)[pos:pos + h.size]
                         self._hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
+                if self._restored:  # read past: those come as redeliveries only
+                    self._restored.pop_below(self.next_read)
             finally:
                 if session is not None:
                     self._push(session, deliveries, attachments)
