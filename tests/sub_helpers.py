@@ -52,9 +52,14 @@ async def wait_for(check, what: str, timeout: float = 30.0, every: float = 0.05)
 async def settled(bootstrap: str, topic: str, name: str, timeout: float = 30.0):
     """Wait until the subscription has nothing left (backlog, in flight, retrying all 0)
     on every partition; returns the descriptions."""
+    last = []
+
     async def check():
-        infos = await describe(bootstrap, topic, name)
+        infos = last[:] = await describe(bootstrap, topic, name)
         done = all(i.backlog == 0 and i.in_flight == 0 and i.retrying == 0 for i in infos)
         return infos if done else None
 
-    return await wait_for(check, f"{topic}/{name} to be settled", timeout)
+    try:
+        return await wait_for(check, f"{topic}/{name} to be settled", timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {last}") from None

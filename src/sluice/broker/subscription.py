@@ -290,8 +290,11 @@ class SubscriptionPartition:
         """Apply a consumer's acks, nacks, touches and releases (see messages.AckPartition)."""
         now = time.monotonic()
         lo, hi = self.cursor.confirmed, self.next_read
+        # an ack counts for any stored offset: after a restart or a leader change the acks
+        # of what the old leader delivered arrive before the new one has read that far
+        stored = self.part.high_watermark
         for a, b in req.acks:
-            a, b = max(a, lo), min(b, hi)
+            a, b = max(a, lo), min(b, stored)
             if a >= b:
                 continue
             if self.cursor.ack(a, b):

@@ -457,7 +457,13 @@ class Subscriber:
         for partition, p in pending.items():
             conn = self._served.get(partition)
             if conn is None or conn.closed:
-                continue  # the broker redelivers what it had given out on that connection
+                # not served now (a restart, a leader change): acked and nacked ones wait for
+                # the next leader (which takes acks of what it has not delivered itself);
+                # touches and releases concern deliveries that are gone with the connection
+                if p.acks or p.nack_delays:
+                    p.touches, p.releases = RangeSet(), RangeSet()
+                    self._pending[partition] = p
+                continue
             parts = by_conn.setdefault(conn, [])
             base = dict(partition=partition, touches=p.touches.pairs(), releases=p.releases.pairs(), reason=p.reason)
             acked = _runs(p.acks)

@@ -682,7 +682,9 @@ class AckPartition(Struct):
     still working, the ack deadline starts again.  ``releases``: handed back unprocessed
     (a consumer shutting down): redelivered at once, the attempt not counted, and to other
     consumers only (the releasing connection is given nothing more of the subscription).
-    Offsets not delivered, or settled already, are ignored."""
+    An ack counts for any stored offset (a new leader takes the acks of what the old one
+    delivered); nacks, touches and releases only for what this leader delivered and is
+    not settled.  Offsets settled already are ignored."""
 
     partition: int
     acks: Pairs = []
