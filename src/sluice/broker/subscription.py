@@ -476,6 +476,7 @@ class SubscriptionPartition:
                 # everything from the seek's offset up to them
                 continue
             deliveries, attachments = [], []
+            out_of_credit = False
             try:
                 for h, pos in iter_batches(data, check_crc=False):
                     lo, hi = self.next_read, h.next_offset
@@ -485,8 +486,11 @@ class SubscriptionPartition:
                         self.cursor.ack(lo, hi)
                         self.next_read = hi
                         continue
-                    if session is None or not session.ready or self._ordered_busy():
+                    if self._ordered_busy():
                         return
+                    if session is None or not session.ready:
+                        out_of_credit = True
+                        break
                     self.next_read = hi
                     want = RangeSet(self.cursor.unsettled(lo, hi))
                     if want:
@@ -495,6 +499,11 @@ class SubscriptionPartition:
             finally:
                 if session is not None:
                     self._push(session, deliveries, attachments)
+            if out_of_credit and self._ready_session() is None:
+                return  # woken when a consumer has credit again
+            # else another consumer has credit: the one chosen filled up (while the read
+            # ran, say, from another partition's deliveries), and only its own credit
+            # coming back would have woken this pump
 
     def _hand_out(self, session, base, end, mv, want, attempt, deliveries, attachments) -> None:
         deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
