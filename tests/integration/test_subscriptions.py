@@ -99,6 +99,28 @@ async def test_two_subscribers_share_a_subscription_every_message_once(broker):
     assert [i.consumers for i in infos] == [2, 2, 2]
 
 
+async def test_a_full_consumer_does_not_hold_up_one_with_credit(broker):
+    """Several batches arrive at once; the first consumer fills up on the first: the next
+    ones go to the other consumer, not wait for the first to ack."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with Admin(bs) as admin:
+        await admin.create_subscription("orders", "work", SubscriptionConfig(ack_timeout_ms=NEVER_MS))
+    a = Subscriber(bs, "orders", "work", prefetch=5, create=False)
+    b = Subscriber(bs, "orders", "work", prefetch=5, create=False)
+    await a.start()
+    await b.start()
+    try:
+        async with Producer(bs, batch_size=300) as p:  # one request, several batches
+            await (await p.send_many("orders", [b"v%03d" % i for i in range(60)], partition=0))
+        got_a = await take(a, 1)
+        got_b = await take(b, 1, timeout=20)  # a holds all it got, unacked
+        assert {m.value for m in got_a}.isdisjoint(m.value for m in got_b)
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_two_subscriptions_each_see_every_message(broker):
     bs = broker.bootstrap
     await make_topic(bs, "orders", 2)

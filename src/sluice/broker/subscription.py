@@ -516,6 +516,7 @@ class SubscriptionPartition:
                 # everything from the seek's offset up to them
                 continue
             deliveries, attachments = [], []
+            out_of_credit = False
             try:
                 for h, pos in iter_batches(data, check_crc=False):
                     lo, hi = self.next_read, h.next_offset
@@ -525,8 +526,11 @@ class SubscriptionPartition:
                         self.cursor.ack(lo, hi)
                         self.next_read = hi
                         continue
-                    if session is None or not session.ready or self._ordered_busy():
+                    if self._ordered_busy():
                         return
+                    if session is None or not session.ready:
+                        out_of_credit = True
+                        break
                     self.next_read = hi
                     want = self._select(data, h, pos, lo, hi)
                     if want:
@@ -537,6 +541,11 @@ class SubscriptionPartition:
             finally:
                 if session is not None:
                     self._push(session, deliveries, attachments)
+            if out_of_credit and self._ready_session() is None:
+                return  # woken when a consumer has credit again
+            # else another consumer has credit: the one chosen filled up (while the read
+            # ran, say, from another partition's deliveries), and only its own credit
+            # coming back would have woken this pump
 
     def _select(self, data, h, pos: int, lo: int, hi: int) -> RangeSet:
         """The offsets of the batch to deliver now.  Only with a tag filter or in
