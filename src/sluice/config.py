@@ -29,7 +29,7 @@ def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
     Legal: 1-249 characters from ``A-Z a-z 0-9 . _ -``, not ``.`` or ``..``; names starting
     with ``__`` are reserved for internal topics.
     """
-    if not isinstance(name, str) or not _TOPIC_NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
         raise InvalidTopicName(
             f"invalid topic name {name!r}: use 1-249 characters from A-Z a-z 0-9 . _ -"
         )

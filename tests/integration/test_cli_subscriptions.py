@@ -83,12 +83,6 @@ def test_create_list_describe_consume_seek_delete(broker, cli):
     assert json.loads(ok(cli("sub", "list", "orders", bootstrap=b))) == {"orders": ["audit", "fresh", "json", "late"]}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "backlog is high watermark - confirmed - acked above it, and the partition's own subscription "
-    "records (one per creation, seek, and ack flush of every subscription) past the first "
-    "undelivered message are counted as messages: a new subscription over 3 messages shows 4 "
-    "(5 with a second subscription)"
-))
 def test_backlog_counts_messages_only(broker, cli):
     b = broker.bootstrap
     ok(cli("topic", "create", "orders", bootstrap=b))

@@ -67,7 +67,7 @@ Offsets = dict[tuple[str, int], Committed]
 
 
 def check_group_name(name: str) -> None:
-    if not isinstance(name, str) or not _GROUP_NAME.match(name):
+    if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
         raise InvalidGroup(f"invalid group name {name!r}: use 1-200 characters from A-Z a-z 0-9 . _ -")
 
 

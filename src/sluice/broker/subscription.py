@@ -218,7 +218,8 @@ class SubscriptionPartition:
         return m.SubscriptionPartitionInfo(
             subscription=self.name, partition=self.part.index, config=self.config,
             confirmed=self.cursor.confirmed, next_read=self.next_read, high_watermark=hw,
-            backlog=max(0, hw - self.cursor.confirmed - settled_above), acked_ranges=len(self.cursor.acked),
+            backlog=max(0, hw - self.cursor.confirmed - settled_above - self.owner.records_from(self.next_read)),
+            acked_ranges=len(self.cursor.acked),
             in_flight=self.in_flight(), retrying=self.retrying(), waiting=self._waiting,
             dead_lettered=self.dead_lettered,
             expired=self.expired, consumers=len(self.sessions), stalled=self.stalled,
@@ -617,7 +618,14 @@ class SubscriptionPartition:
             deliveries=deliveries, ack_deadline_ms=deadline_ms,
         )
         if not session.conn.push(m.Push.DELIVER, 1, msg, attachments):
-            self.detach(session)  # gone: what was just handed out goes back at once
+            # gone: what was just handed out goes back at once, the attempt not counted
+            now = time.monotonic()
+            for d in deliveries:
+                for u in list(self._units.get(d.base_offset, ())):
+                    if u.session is session and u.attempt == d.attempt:
+                        self._drop(u)
+                        self._retry(u.want.pairs(), u.attempt - 1, now, "not delivered")
+            self.detach(session)
 
     def _expire_below(self, start: int) -> None:
         """Retention deleted the log below ``start``: unsettled messages there are gone.
@@ -646,6 +654,7 @@ class SubscriptionPartition:
         self.owner.track(task)
 
     async def _dead_letter_task(self, ranges: Pairs, r: Retry, n: int) -> None:
+        seeks = self._seeks
         try:
             await self.owner.dead_letter(self, ranges, r.attempt, r.reason)
         except asyncio.CancelledError:
@@ -660,8 +669,8 @@ class SubscriptionPartition:
         finally:
             self._dead_lettering -= n
             self.wake()
-        if self.closed:
-            return
+        if self.closed or self._seeks != seeks:
+            return  # a seek forgot these ranges meanwhile (the copies stay in the topic)
         for a, b in ranges:
             self.cursor.ack(a, b)
             self._release_keys(a, b)

@@ -131,6 +131,7 @@ class PartitionSubscriptions:
         self._dirty: set[SubscriptionPartition] = set()
         self._snapshot_base: int | None = None  # the segment holding the newest snapshot
         self._need_snapshot = False  # the log holds none: write one, even of no subscription
+        self.records: list[tuple[int, int]] = []  # (offset, count) of subscription records written
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._flusher: asyncio.Task | None = None
@@ -180,9 +181,18 @@ class PartitionSubscriptions:
         data = bytearray(sub.cursor_batch(states, _now_ms(), snapshot))
         spans = validate_batches(data, max(len(data), part.config.max_message_bytes), broker=True)
         base = part.log.active.base_offset
-        await part.append(data, spans, acks_all=acks_all)
+        result = await part.append(data, spans, acks_all=acks_all)
         if snapshot:
             self._snapshot_base = base
+        self.records.append((result.base_offset, len(states) + snapshot))
+        if len(self.records) > 64:  # those every subscription has read past count no more
+            low = min((sp.next_read for sp in self.subs.values()), default=part.high_watermark)
+            self.records = [r for r in self.records if r[0] >= low]
+
+    def records_from(self, offset: int) -> int:
+        """How many of the subscription records this leader wrote are at ``offset`` or
+        above (a backlog counts messages, not them)."""
+        return sum(n for at, n in self.records if at >= offset)
 
     async def _flush_loop(self) -> None:
         """Write changed cursors ``FLUSH_S`` after the first change (group commit), and
