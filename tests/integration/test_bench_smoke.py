@@ -32,3 +32,16 @@ def test_every_workload_runs_and_checks_its_counts(broker):
     row = l1.as_dict("test")
     assert set(row) >= {"system", "workload", "msgs", "bytes", "seconds", "msgs_per_s", "mb_per_s",
                         "p50_ms", "p99_ms", "p999_ms", "max_ms", "notes"}
+
+
+@pytest.mark.timeout(120)
+def test_subscription_and_delayed_workloads_run(broker):
+    from sluice.bench.delayed import run_d1
+    from sluice.bench.subscriptions import run_c2
+
+    meter = CpuMeter(broker.proc.pid)
+    c2 = asyncio.run(run_c2(broker.bootstrap, meter, count=3000))
+    assert c2.msgs == 3000 and c2.bytes == 3000 * 1024
+    d1 = asyncio.run(run_d1(broker.bootstrap, meter, broker.proc.pid, count=2000, lead_s=3.0, spread_s=1.0))
+    assert d1.msgs == 2000 and d1.p50_ms is not None and d1.p99_ms >= d1.p50_ms >= 0
+    assert "broker RSS" in d1.notes[0]

@@ -35,14 +35,17 @@ def _rss(pid: int | None) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-async def run_d1(bootstrap: str, meter, server_pid: int | None, count: int = COUNT) -> Row:
+async def run_d1(
+    bootstrap: str, meter, server_pid: int | None, count: int = COUNT, lead_s: float = LEAD_S,
+    spread_s: float = SPREAD_S,
+) -> Row:
     await reset_topic(bootstrap, PAGE_CACHE, partitions=PARTITIONS)
     rss0 = _rss(server_pid)
-    slots = int(SPREAD_S * 1000 / SLOT_MS)
+    slots = int(spread_s * 1000 / SLOT_MS)
     per_batch = max(1, count // (slots * PARTITIONS))
     pad = os.urandom(SIZE - 8)
     start_ms = int(time.time() * 1000)
-    first_due = start_ms + int(LEAD_S * 1000)
+    first_due = start_ms + int(lead_s * 1000)
     stored = 0
     async with DelayedProducer(bootstrap) as producer:
 
@@ -72,7 +75,7 @@ async def run_d1(bootstrap: str, meter, server_pid: int | None, count: int = COU
     meter.start()
     t1 = time.perf_counter()
     try:
-        deadline = time.monotonic() + LEAD_S + SPREAD_S + 60
+        deadline = time.monotonic() + lead_s + spread_s + 60
         while len(late) < stored and time.monotonic() < deadline:
             records = await consumer.getmany(timeout_ms=100, max_records=50_000)
             now = time.time() * 1000
@@ -94,7 +97,7 @@ async def run_d1(bootstrap: str, meter, server_pid: int | None, count: int = COU
         f"{stored} pending: broker RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MiB "
         f"(+{(rss1 - rss0) / 2**20:.0f} MiB)",
         f"stored in {store_s:.1f}s as {stored // per_batch} batches ({per_batch} per delivery time, "
-        f"{PARTITIONS} partitions, {SLOT_MS} ms apart over {SPREAD_S:.0f}s)",
+        f"{PARTITIONS} partitions, {SLOT_MS} ms apart over {spread_s:.0f}s)",
         "lateness: fetch consumer receive time - delivery time (p50/p99/p99.9/max)", cpu,
     ]
     return row

@@ -8,10 +8,9 @@ every message arrived once, and the subscription's backlog is 0 at the end.
 
 from __future__ import annotations
 
-import os
 import time
 
-from sluice.bench.workloads import PAGE_CACHE, TOPIC, Row, _producer, publish, reset_topic
+from sluice.bench.workloads import TOPIC, Row, fill_backlog
 from sluice.client import Admin
 from sluice.client.subscriber import Subscriber
 
@@ -19,16 +18,7 @@ SUBSCRIPTION = "bench-c2"
 
 
 async def run_c2(bootstrap: str, meter, count: int = 200_000, size: int = 1024) -> Row:
-    await reset_topic(bootstrap, PAGE_CACHE)
-    payloads = [os.urandom(size) for _ in range(count)]
-    producer = _producer(bootstrap)
-    await producer.start()
-    try:
-        t0 = time.perf_counter()
-        await publish(producer, payloads, t0 + 120)
-        fill = time.perf_counter() - t0
-    finally:
-        await producer.close()
+    fill = await fill_backlog(bootstrap, count, size)
     received = nbytes = redelivered = 0
     sub = Subscriber(bootstrap, TOPIC, SUBSCRIPTION, start="earliest", prefetch=10_000)
     meter.start()
@@ -58,7 +48,7 @@ async def run_c2(bootstrap: str, meter, count: int = 200_000, size: int = 1024) 
     row = Row("C2", received, nbytes, seconds)
     row.notes += [
         f"fill {fill:.2f}s", "page-cache ack",
-        "client: Subscriber.getmany, Message.ack() per message (acks sent as ranges every 5 ms)",
+        "client: Subscriber(prefetch=10,000).getmany, Message.ack() per message (acks sent as ranges every 5 ms)",
         f"redelivered {redelivered}", cpu,
     ]
     return row

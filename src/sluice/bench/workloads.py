@@ -226,7 +226,9 @@ async def run_publish(
     return row
 
 
-async def run_c1(bootstrap: str, meter, count: int = 200_000, size: int = 1024) -> Row:
+async def fill_backlog(bootstrap: str, count: int, size: int) -> float:
+    """A new ``bench`` topic (page-cache flush policy) holding ``count`` random messages of
+    ``size`` bytes, published by the P1 publisher; the seconds it took."""
     await reset_topic(bootstrap, PAGE_CACHE)
     payloads = [os.urandom(size) for _ in range(count)]
     producer = _producer(bootstrap)
@@ -234,9 +236,13 @@ async def run_c1(bootstrap: str, meter, count: int = 200_000, size: int = 1024) 
     try:
         t0 = time.perf_counter()
         await publish(producer, payloads, t0 + 120)
-        fill = time.perf_counter() - t0
+        return time.perf_counter() - t0
     finally:
         await producer.close()
+
+
+async def run_c1(bootstrap: str, meter, count: int = 200_000, size: int = 1024) -> Row:
+    fill = await fill_backlog(bootstrap, count, size)
     consumer = Consumer(bootstrap, group="bench-c1", auto_offset_reset="earliest", enable_auto_commit=False)
     received = nbytes = 0
     try:
