@@ -294,8 +294,10 @@ async def test_a_batch_that_may_be_stored_is_never_renumbered():
 
 
 async def test_a_gap_with_an_explicit_identity_fails_the_later_sends():
+    """The expired batch must have been sent (taken its sequence) before its deadline, or it
+    leaves no gap: a deadline long enough for a busy machine to send it at least once."""
     broker = FakeBroker({"t": 1})
-    async with make(broker, linger_ms=0, delivery_timeout_ms=300, producer_id=DERIVED, producer_epoch=0) as p:
+    async with make(broker, linger_ms=0, delivery_timeout_ms=1500, producer_id=DERIVED, producer_epoch=0) as p:
         await (await p.send("t", b"first"))
         broker.produce_errors = [errors.NotLeader.code] * 10_000
         with pytest.raises(errors.DeliveryTimeout):
