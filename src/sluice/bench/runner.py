@@ -155,7 +155,10 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
     groups = {"all": ALL, "spark": SPARK, "cluster": CLUSTER, "per-record": PER_RECORD}
     every = ALL + SPARK + CLUSTER + NOT_IDEMPOTENT + TRANSACTIONS + PER_RECORD + SUBSCRIPTIONS
     names = groups.get(workload.lower()) or [n for n in every if n.lower() == workload.lower()]
-    version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}"
+    from sluice.protocol.records import COMPILED
+
+    codec = "compiled codec" if COMPILED else "pure-Python codec"
+    version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}, {codec}"
     if names and all(n in CLUSTER for n in names):
         return _run_cluster(names, as_json, version)
     rows = []

@@ -41,6 +41,7 @@ Record (varints are zig-zag encoded, as in Kafka and protobuf ``sint``)::
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -84,6 +85,23 @@ _H16 = struct.Struct(">h")
 _PRODUCER = struct.Struct(">qhi")
 
 crc32c = _crc32c.crc32c
+
+
+def _compiled():
+    """The compiled codec (``sluice._crecords``), or None: not built, or turned off with
+    ``SLUICE_PURE_PYTHON=1``.  The pure-Python functions here are its reference."""
+    if os.environ.get("SLUICE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from sluice import _crecords
+    except ImportError:
+        return None
+    _crecords.init(CorruptRecord)
+    return _crecords
+
+
+_C = _compiled()
+COMPILED = _C is not None  # which codec this process runs: for `sluice bench` notes
 
 
 class BatchHeader(NamedTuple):
@@ -395,13 +413,21 @@ def encode_record(
 def encode_keyless_records(values: Sequence[bytes], first_delta: int = 0) -> bytes:
     """Bodies of keyless, header-less records with timestamp delta 0, concatenated.
 
-    The bulk path: a few list lookups and one join per record, no per-record calls.
+    The bulk path: one C call with the compiled codec, else ``_encode_keyless_py``.
     """
+    if first_delta + len(values) > _VARINT_TABLE_SIZE:
+        raise ValueError("too many records for one keyless batch")
+    if _C is not None:
+        return _C.encode_keyless(values, first_delta)
+    return _encode_keyless_py(values, first_delta)
+
+
+def _encode_keyless_py(values: Sequence[bytes], first_delta: int = 0) -> bytes:
+    """The pure-Python reference of ``encode_keyless_records``: a few list lookups and one
+    join per record, no per-record calls."""
     zz, head = _ZZ, _KEYLESS_HEAD
     parts: list[bytes] = []
     extend = parts.extend
-    if first_delta + len(values) > _VARINT_TABLE_SIZE:
-        raise ValueError("too many records for one keyless batch")
     for i, v in enumerate(values, first_delta):
         vlen = len(v)
         vl = zz[vlen] if vlen < _VARINT_TABLE_SIZE else encode_varint(vlen)
@@ -549,7 +575,7 @@ def decode_records(
         body = mv[pos + HEADER_SIZE : pos + h.size]
         if h.compression:
             body = decompress(h.compression, body)
-        _decode_body(bytes(body), h, topic, partition, min_offset, out)
+        _decode_body(body, h, topic, partition, min_offset, out)
     return out
 
 
@@ -561,7 +587,7 @@ def decode_batch(buf, h: BatchHeader, pos: int, topic: str = "", partition: int 
     body = memoryview(buf)[pos + HEADER_SIZE : pos + h.size]
     if h.compression:
         body = decompress(h.compression, body)
-    _decode_body(bytes(body), h, topic, partition, 0, out)
+    _decode_body(body, h, topic, partition, 0, out)
     return out
 
 
@@ -576,7 +602,7 @@ def decode_first(buf, h: BatchHeader, pos: int) -> Record | None:
         body = decompress(h.compression, body)
     body = body[: _first_record_end(body)]
     out: list[Record] = []
-    _decode_body(bytes(body), h._replace(records_count=1), "", 0, 0, out)
+    _decode_body(body, h._replace(records_count=1), "", 0, 0, out)
     return out[0]
 
 
@@ -589,8 +615,21 @@ def _first_record_end(body) -> int:
     return min(len(body), at + max(length, 0))
 
 
-def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
-    """Decode the records of one batch body into ``out``.
+def _decode_body(body, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
+    """Decode the records of one batch body into ``out``: with the compiled codec when it
+    was built, else with ``_decode_body_py``, its reference."""
+    if _C is not None:
+        append_ts = h.max_timestamp if h.log_append_time else None
+        _C.decode_body(
+            body, h.records_count, h.base_offset, h.base_timestamp, append_ts, min_offset,
+            topic, partition, Record, out,
+        )
+    else:
+        _decode_body_py(bytes(body), h, topic, partition, min_offset, out)
+
+
+def _decode_body_py(body: bytes, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
+    """Decode the records of one batch body into ``out``: the pure-Python reference.
 
     One- and two-byte varints (the common cases) are decoded inline; longer ones call
     decode_varint.

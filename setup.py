@@ -1,0 +1,19 @@
+"""Build the compiled record codec, ``sluice._crecords``.
+
+Everything else is in pyproject.toml.  The extension is optional: where it cannot be built
+(no C compiler), ``pip install`` still succeeds and ``sluice.protocol.records`` runs on its
+pure-Python codec.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "sluice._crecords",
+            sources=["src/sluice/_crecords.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall"],
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,439 @@
+/* The compiled half of protocol/records.py: decode a batch body into Record objects and
+ * encode keyless record bodies, byte for byte as the pure-Python functions do.
+ *
+ * protocol/records.py stays the reference: it uses these functions when this module was
+ * built (``pip install`` compiles it; a machine without a C compiler skips it) and the tests
+ * compare the two on random batches.  Errors are raised as the ``CorruptRecord`` given to
+ * ``init``, with the reference's messages.
+ *
+ * Record layout (varints zig-zag encoded):
+ *   length | attributes int8 | timestamp_delta | offset_delta | key_length | key |
+ *   value_length | value | header_count | { key_length | key utf-8 | value_length | value }*
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static PyObject *corrupt_record = NULL; /* sluice.errors.CorruptRecord, set by init() */
+static PyObject *empty_tuple = NULL;
+
+static PyObject *
+corrupt(const char *fmt, ...)
+{
+    va_list vargs;
+    va_start(vargs, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, vargs);
+    va_end(vargs);
+    if (msg != NULL) {
+        PyErr_SetObject(corrupt_record ? corrupt_record : PyExc_ValueError, msg);
+        Py_DECREF(msg);
+    }
+    return NULL;
+}
+
+/* Status of a varint read: 0 ok, -1 truncated (the reference's "record runs past its
+ * batch" inside a record), -2 overflow. */
+static inline int
+read_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, int64_t *out)
+{
+    Py_ssize_t i = *pos;
+    if (i < end && p[i] < 0x80) { /* the common case: one byte */
+        uint8_t b = p[i];
+        *out = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
+        *pos = i + 1;
+        return 0;
+    }
+    uint64_t result = 0;
+    int shift = 0;
+    for (;;) {
+        if (i >= end)
+            return -1;
+        uint8_t b = p[i++];
+        if (shift == 63 && b > 1)
+            return -2;
+        result |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80)
+            break;
+        shift += 7;
+    }
+    *out = (int64_t)(result >> 1) ^ -(int64_t)(result & 1);
+    *pos = i;
+    return 0;
+}
+
+/* An int64 sum as a Python int, exact even when it overflows int64 (as the reference's). */
+static PyObject *
+sum_as_long(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (!__builtin_add_overflow(a, b, &r))
+        return PyLong_FromLongLong(r);
+    PyObject *pa = PyLong_FromLongLong(a), *pb = PyLong_FromLongLong(b), *s = NULL;
+    if (pa && pb)
+        s = PyNumber_Add(pa, pb);
+    Py_XDECREF(pa);
+    Py_XDECREF(pb);
+    return s;
+}
+
+#define NEED_VARINT(var)                                                        \
+    do {                                                                        \
+        int st_ = read_varint(p, end, &pos, &(var));                            \
+        if (st_ == -1)                                                          \
+            goto truncated;                                                     \
+        if (st_ == -2) {                                                        \
+            corrupt("varint overflows 64 bits");                                \
+            goto fail;                                                          \
+        }                                                                       \
+    } while (0)
+
+static PyObject *
+decode_headers(const uint8_t *p, Py_ssize_t end, Py_ssize_t *ppos, int *truncated)
+{
+    Py_ssize_t pos = *ppos;
+    int64_t count, klen, vlen;
+    PyObject *headers = NULL;
+    *truncated = 0;
+    NEED_VARINT(count);
+    if (count < 0 || count > end) {
+        corrupt("bad header count %lld", (long long)count);
+        return NULL;
+    }
+    headers = PyTuple_New((Py_ssize_t)count);
+    if (headers == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        NEED_VARINT(klen);
+        if (klen < 0) {
+            corrupt("null header key");
+            goto fail;
+        }
+        if (klen > end - pos) /* the reference slices short, then runs past the batch */
+            goto truncated;
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)klen, NULL);
+        if (key == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyErr_Clear();
+                corrupt("header key is not UTF-8");
+            }
+            goto fail;
+        }
+        pos += (Py_ssize_t)klen;
+        int st = read_varint(p, end, &pos, &vlen);
+        if (st != 0) {
+            Py_DECREF(key);
+            if (st == -1)
+                goto truncated;
+            corrupt("varint overflows 64 bits");
+            goto fail;
+        }
+        PyObject *value;
+        if (vlen < 0) {
+            value = Py_NewRef(Py_None);
+        } else {
+            if (vlen > end - pos) {
+                /* the reference keeps the short slice and moves past the end: the record's
+                 * length check then fails, or the next read runs past the batch */
+                Py_DECREF(key);
+                goto truncated;
+            }
+            value = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)vlen);
+            if (value == NULL) {
+                Py_DECREF(key);
+                goto fail;
+            }
+            pos += (Py_ssize_t)vlen;
+        }
+        PyObject *pair = PyTuple_New(2);
+        if (pair == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(value);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(pair, 0, key);
+        PyTuple_SET_ITEM(pair, 1, value);
+        PyTuple_SET_ITEM(headers, i, pair);
+    }
+    *ppos = pos;
+    return headers;
+truncated:
+    *truncated = 1;
+fail:
+    Py_XDECREF(headers);
+    return NULL;
+}
+
+PyDoc_STRVAR(decode_body_doc,
+"decode_body(body, count, base_offset, base_ts, append_ts, min_offset, topic, partition,\n"
+"            record_type, out)\n\n"
+"Decode the ``count`` records of one uncompressed batch body into ``record_type(topic,\n"
+"partition, offset, timestamp, key, value, headers)`` objects appended to the list ``out``,\n"
+"skipping those below ``min_offset``.  ``append_ts`` (or None) replaces every record's\n"
+"timestamp.  Raises CorruptRecord as records._decode_body does.");
+
+static PyObject *
+decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "decode_body takes 10 arguments");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    long long base_offset = PyLong_AsLongLong(args[2]);
+    long long base_ts = PyLong_AsLongLong(args[3]);
+    PyObject *append_ts = args[4];
+    long long min_offset = PyLong_AsLongLong(args[5]);
+    PyObject *topic = args[6], *partition = args[7], *record_type = args[8], *out = args[9];
+    if (PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (!PyList_Check(out)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
+        return NULL;
+    }
+    const uint8_t *p = (const uint8_t *)view.buf;
+    Py_ssize_t pos = 0, end = view.len;
+    int64_t length, ts_delta, off_delta, klen, vlen;
+    PyObject *ts_fixed = append_ts == Py_None ? NULL : append_ts;
+    PyObject *key = NULL, *value = NULL, *headers = NULL;
+
+    for (Py_ssize_t n = 0; n < count; n++) {
+        NEED_VARINT(length);
+        if (length < 0 || length > end - pos) {
+            corrupt("record length runs past its batch");
+            goto fail;
+        }
+        Py_ssize_t rec_end = pos + (Py_ssize_t)length;
+        pos += 1; /* attributes */
+        NEED_VARINT(ts_delta);
+        NEED_VARINT(off_delta);
+        if (pos < end && p[pos] == 1) { /* -1: null, in its one-byte form only */
+            key = Py_NewRef(Py_None);
+            pos += 1;
+        } else {
+            NEED_VARINT(klen);
+            if (klen < 0) {
+                corrupt("bad key length %lld", (long long)klen);
+                goto fail;
+            }
+            if (klen > end - pos)
+                goto truncated;
+            key = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)klen);
+            if (key == NULL)
+                goto fail;
+            pos += (Py_ssize_t)klen;
+        }
+        if (pos < end && p[pos] == 1) {
+            value = Py_NewRef(Py_None);
+            pos += 1;
+        } else {
+            NEED_VARINT(vlen);
+            if (vlen < 0) {
+                corrupt("bad value length %lld", (long long)vlen);
+                goto fail;
+            }
+            if (vlen > end - pos)
+                goto truncated;
+            value = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)vlen);
+            if (value == NULL)
+                goto fail;
+            pos += (Py_ssize_t)vlen;
+        }
+        if (pos >= end)
+            goto truncated;
+        if (p[pos] == 0) {
+            headers = Py_NewRef(empty_tuple);
+            pos += 1;
+        } else {
+            int trunc;
+            headers = decode_headers(p, end, &pos, &trunc);
+            if (headers == NULL) {
+                if (trunc)
+                    goto truncated;
+                goto fail;
+            }
+        }
+        if (pos != rec_end) {
+            corrupt("record fields take %zd of its %lld bytes", pos - rec_end + (Py_ssize_t)length,
+                    (long long)length);
+            goto fail;
+        }
+        int64_t offset;
+        int big = __builtin_add_overflow((int64_t)base_offset, off_delta, &offset);
+        if (big ? off_delta < 0 : offset < min_offset) {
+            Py_CLEAR(key);
+            Py_CLEAR(value);
+            Py_CLEAR(headers);
+            continue;
+        }
+        PyObject *off_obj = big ? sum_as_long(base_offset, off_delta) : PyLong_FromLongLong(offset);
+        PyObject *ts_obj = ts_fixed ? Py_NewRef(ts_fixed) : sum_as_long(base_ts, ts_delta);
+        if (off_obj == NULL || ts_obj == NULL) {
+            Py_XDECREF(off_obj);
+            Py_XDECREF(ts_obj);
+            goto fail;
+        }
+        PyObject *rargs[7] = {topic, partition, off_obj, ts_obj, key, value, headers};
+        PyObject *rec = PyObject_Vectorcall(record_type, rargs, 7, NULL);
+        Py_DECREF(off_obj);
+        Py_DECREF(ts_obj);
+        Py_CLEAR(key);
+        Py_CLEAR(value);
+        Py_CLEAR(headers);
+        if (rec == NULL)
+            goto fail;
+        int rc = PyList_Append(out, rec);
+        Py_DECREF(rec);
+        if (rc < 0)
+            goto fail;
+    }
+    if (pos != end) {
+        corrupt("%zd stray bytes after the last record of a batch", end - pos);
+        goto fail;
+    }
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+
+truncated:
+    corrupt("record runs past its batch");
+fail:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(headers);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ encoding */
+
+static inline Py_ssize_t
+varint_size(int64_t n)
+{
+    uint64_t u = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    Py_ssize_t s = 1;
+    while (u >= 0x80) {
+        u >>= 7;
+        s++;
+    }
+    return s;
+}
+
+static inline uint8_t *
+put_varint(uint8_t *q, int64_t n)
+{
+    uint64_t u = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    while (u >= 0x80) {
+        *q++ = (uint8_t)((u & 0x7F) | 0x80);
+        u >>= 7;
+    }
+    *q++ = (uint8_t)u;
+    return q;
+}
+
+PyDoc_STRVAR(encode_keyless_doc,
+"encode_keyless(values, first_delta) -> bytes\n\n"
+"The bodies of keyless, header-less records with timestamp delta 0 and offset deltas from\n"
+"``first_delta``, concatenated: records.encode_keyless_records without its table limit.\n"
+"``values`` is a sequence of bytes-like objects.");
+
+static PyObject *
+encode_keyless(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "encode_keyless takes 2 arguments");
+        return NULL;
+    }
+    long long first = PyLong_AsLongLong(args[1]);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *seq = PySequence_Fast(args[0], "values must be a sequence of bytes");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(items[i], &b, PyBUF_SIMPLE) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        Py_ssize_t vlen = b.len;
+        PyBuffer_Release(&b);
+        /* attributes, timestamp delta 0, offset delta, null key, value length, value, 0 headers */
+        Py_ssize_t body = 2 + varint_size(first + i) + 1 + varint_size(vlen) + vlen + 1;
+        total += varint_size(body) + body;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint8_t *q = (uint8_t *)PyBytes_AS_STRING(result), *stop = q + total;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(items[i], &b, PyBUF_SIMPLE) < 0)
+            goto fail;
+        Py_ssize_t vlen = b.len;
+        Py_ssize_t body = 2 + varint_size(first + i) + 1 + varint_size(vlen) + vlen + 1;
+        if (varint_size(body) + body > stop - q) { /* a value that grew in between */
+            PyBuffer_Release(&b);
+            PyErr_SetString(PyExc_RuntimeError, "a record value changed size while encoding");
+            goto fail;
+        }
+        q = put_varint(q, body);
+        *q++ = 0; /* attributes */
+        *q++ = 0; /* timestamp delta */
+        q = put_varint(q, first + i);
+        *q++ = 1; /* null key */
+        q = put_varint(q, vlen);
+        memcpy(q, b.buf, (size_t)vlen);
+        q += vlen;
+        *q++ = 0; /* no headers */
+        PyBuffer_Release(&b);
+    }
+    if (q != stop) {
+        PyErr_SetString(PyExc_RuntimeError, "a record value changed size while encoding");
+        goto fail;
+    }
+    Py_DECREF(seq);
+    return result;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(result);
+    return NULL;
+}
+
+static PyObject *
+init(PyObject *self, PyObject *exc)
+{
+    Py_XSETREF(corrupt_record, Py_NewRef(exc));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_body", (PyCFunction)(void (*)(void))decode_body, METH_FASTCALL, decode_body_doc},
+    {"encode_keyless", (PyCFunction)(void (*)(void))encode_keyless, METH_FASTCALL, encode_keyless_doc},
+    {"init", init, METH_O, "init(CorruptRecord): the exception type to raise."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "sluice._crecords",
+    "The compiled record codec used by sluice.protocol.records when it is built.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__crecords(void)
+{
+    empty_tuple = PyTuple_New(0);
+    if (empty_tuple == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}
