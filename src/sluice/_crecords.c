@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 
 static PyObject *corrupt_record = NULL; /* sluice.errors.CorruptRecord, set by init() */
@@ -166,19 +167,31 @@ fail:
 
 PyDoc_STRVAR(decode_body_doc,
 "decode_body(body, count, base_offset, base_ts, append_ts, min_offset, topic, partition,\n"
-"            record_type, out)\n\n"
-"Decode the ``count`` records of one uncompressed batch body into ``record_type(topic,\n"
-"partition, offset, timestamp, key, value, headers)`` objects appended to the list ``out``,\n"
-"skipping those below ``min_offset``.  ``append_ts`` (or None) replaces every record's\n"
-"timestamp.  Raises CorruptRecord as records._decode_body does.");
+"            factory, out[, max_offset, extra])\n\n"
+"Decode the ``count`` records of one uncompressed batch body into ``factory(topic,\n"
+"partition, offset, timestamp, key, value, headers, *extra)`` objects appended to the list\n"
+"``out``, keeping those with ``min_offset <= offset`` (and ``offset < max_offset`` unless it\n"
+"is None).  ``append_ts`` (or None) replaces every record's timestamp.  Every record is\n"
+"checked, kept or not.  Raises CorruptRecord as records._decode_body_py does.");
+
+#define MAX_EXTRA 8
 
 static PyObject *
 decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "decode_body takes 10 arguments");
+    if (nargs != 10 && nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "decode_body takes 10 or 12 arguments");
         return NULL;
     }
+    PyObject *max_obj = nargs == 12 ? args[10] : Py_None;
+    PyObject *extra = nargs == 12 ? args[11] : NULL;
+    if (extra != NULL && (!PyTuple_Check(extra) || PyTuple_GET_SIZE(extra) > MAX_EXTRA)) {
+        PyErr_SetString(PyExc_TypeError, "extra must be a tuple of at most 8 items");
+        return NULL;
+    }
+    Py_ssize_t nextra = extra ? PyTuple_GET_SIZE(extra) : 0;
+    long long max_offset = max_obj == Py_None ? LLONG_MAX : PyLong_AsLongLong(max_obj);
+    int bounded = max_obj != Py_None;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -187,7 +200,7 @@ decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long base_ts = PyLong_AsLongLong(args[3]);
     PyObject *append_ts = args[4];
     long long min_offset = PyLong_AsLongLong(args[5]);
-    PyObject *topic = args[6], *partition = args[7], *record_type = args[8], *out = args[9];
+    PyObject *topic = args[6], *partition = args[7], *factory = args[8], *out = args[9];
     if (PyErr_Occurred()) {
         PyBuffer_Release(&view);
         return NULL;
@@ -266,7 +279,7 @@ decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         int64_t offset;
         int big = __builtin_add_overflow((int64_t)base_offset, off_delta, &offset);
-        if (big ? off_delta < 0 : offset < min_offset) {
+        if (big ? off_delta < 0 || bounded : offset < min_offset || (bounded && offset >= max_offset)) {
             Py_CLEAR(key);
             Py_CLEAR(value);
             Py_CLEAR(headers);
@@ -279,8 +292,10 @@ decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(ts_obj);
             goto fail;
         }
-        PyObject *rargs[7] = {topic, partition, off_obj, ts_obj, key, value, headers};
-        PyObject *rec = PyObject_Vectorcall(record_type, rargs, 7, NULL);
+        PyObject *rargs[7 + MAX_EXTRA] = {topic, partition, off_obj, ts_obj, key, value, headers};
+        for (Py_ssize_t e = 0; e < nextra; e++)
+            rargs[7 + e] = PyTuple_GET_ITEM(extra, e);
+        PyObject *rec = PyObject_Vectorcall(factory, rargs, 7 + nextra, NULL);
         Py_DECREF(off_obj);
         Py_DECREF(ts_obj);
         Py_CLEAR(key);

@@ -43,14 +43,17 @@ def test_compiled_where_a_compiler_is():
     assert records.COMPILED
 
 
-def both(body: bytes, count: int, base_offset: int, base_ts: int, append_ts, min_offset: int):
+def both(body: bytes, count: int, base_offset: int, base_ts: int, append_ts, min_offset: int,
+         max_offset=None, factory=Record, extra=()):
     """(records or the exception type) from the compiled codec and from the reference."""
     h = records.BatchHeader(base_offset, 0, 0, 2, 0, records.TIMESTAMP_TYPE_BIT if append_ts is not None else 0,
                             count - 1, base_ts, append_ts or 0, -1, -1, -1, count)
     out = []
     for decode in (
-        lambda o: crecords.decode_body(body, count, base_offset, base_ts, append_ts, min_offset, "t", 3, Record, o),
-        lambda o: records._decode_body_py(body, h, "t", 3, min_offset, o),
+        lambda o: crecords.decode_body(
+            body, count, base_offset, base_ts, append_ts, min_offset, "t", 3, factory, o, max_offset, extra
+        ),
+        lambda o: records._decode_body_py(body, h, "t", 3, min_offset, o, max_offset, factory, extra),
     ):
         got: list = []
         try:
@@ -68,12 +71,21 @@ def both(body: bytes, count: int, base_offset: int, base_ts: int, append_ts, min
     base_ts=st.integers(-(2**63), 2**63 - 1),
     append_ts=st.none() | st.integers(0, 2**42),
     min_offset=st.integers(0, 2**62),
+    max_offset=st.none() | st.integers(0, 2**62),
 )
-def test_same_records_as_the_reference(recs, base_offset, base_ts, append_ts, min_offset):
+def test_same_records_as_the_reference(recs, base_offset, base_ts, append_ts, min_offset, max_offset):
     body = b"".join(encode_record(od, td, k, v, h) for k, v, h, td, od in recs)
-    compiled, reference = both(body, len(recs), base_offset, base_ts, append_ts, min_offset)
+    compiled, reference = both(body, len(recs), base_offset, base_ts, append_ts, min_offset, max_offset)
     assert compiled == reference
     assert reference is not CorruptRecord
+
+
+def test_a_factory_of_the_callers_with_extra_arguments():
+    body = b"".join(encode_record(i, i, None, b"v%d" % i, [("h", b"x")]) for i in range(5))
+    compiled, reference = both(body, 5, 10, 1000, None, 11, 14, lambda *a: a, ("extra", 7))
+    assert compiled == reference == [
+        ("t", 3, o, 1000 + o - 10, None, b"v%d" % (o - 10), (("h", b"x"),), "extra", 7) for o in (11, 12, 13)
+    ]
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])

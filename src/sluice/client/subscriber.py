@@ -33,6 +33,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
+import msgspec
+
 from sluice import errors
 from sluice.client.transport import Cluster, Connection
 from sluice.protocol import messages as m
@@ -60,27 +62,27 @@ def position(start: str | int) -> m.Position:
     raise errors.ConfigError(f"start must be 'earliest', 'latest', an offset or 'time:<ms>', not {start!r}")
 
 
-class Message:
+class Message(msgspec.Struct, gc=False):
     """One delivered message.  Settle it once: ``ack()`` or ``nack()``; ``touch()`` while
-    working on it past its ack deadline (see ``keep_alive``)."""
+    working on it past its ack deadline (see ``keep_alive``).
 
-    __slots__ = (
-        "_sub", "attempt", "deadline", "headers", "key", "offset", "partition", "settled", "timestamp", "topic",
-        "value",
-    )
+    Built by the record decoder itself (``decode_records(..., factory=Message)``): the
+    fields up to ``headers`` are a ``Record``'s, then the delivery's.  Not tracked by the
+    garbage collector: the subscriber drops the messages it holds when a partition is lost
+    or it closes, which ends the only cycle (subscriber → message → subscriber).
+    """
 
-    def __init__(self, sub: Subscriber, rec, attempt: int, deadline: float) -> None:
-        self._sub = sub
-        self.topic = rec.topic
-        self.partition = rec.partition
-        self.offset = rec.offset
-        self.timestamp = rec.timestamp
-        self.key = rec.key
-        self.value = rec.value
-        self.headers = rec.headers
-        self.attempt = attempt
-        self.deadline = deadline  # monotonic time the broker redelivers it unless touched
-        self.settled = False
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple
+    attempt: int
+    deadline: float  # monotonic time the broker redelivers it unless touched
+    _sub: Subscriber
+    settled: bool = False
 
     def __repr__(self) -> str:
         return f"<Message {self.topic}-{self.partition}@{self.offset} attempt={self.attempt}>"
@@ -626,20 +628,19 @@ class Subscriber:
         for d in push.deliveries:
             data = attachments[pos:pos + d.size]
             pos += d.size
+            lo, hi = (d.want[0][0], d.want[-1][1]) if d.want else (0, 0)
             try:
-                records = decode_records(data, self.topic, partition, d.want[0][0] if d.want else 0)
+                msgs = decode_records(
+                    data, self.topic, partition, lo, max_offset=hi, factory=Message, extra=(d.attempt, deadline, self),
+                )
             except errors.SluiceError as exc:  # a corrupt batch: nack it, it comes again
                 log.warning("undecodable delivery of %s-%d at %d: %s", self.topic, partition, d.base_offset, exc)
                 for a, b in d.want:
                     self._pending_for(partition).nack_delays.setdefault(-1, RangeSet()).add(a, b)
                 continue
-            attempt = d.attempt
-            if len(d.want) == 1:
-                hi = d.want[0][1]
-                msgs = [Message(self, r, attempt, deadline) for r in records if r.offset < hi]
-            else:
+            if len(d.want) > 1:
                 want = RangeSet(d.want)
-                msgs = [Message(self, r, attempt, deadline) for r in records if r.offset in want]
+                msgs = [msg for msg in msgs if msg.offset in want]
             ready.extend(msgs)
             if len(msgs) != sum(b - a for a, b in d.want):  # compacted away: nothing to hand out
                 got = {msg.offset for msg in msgs}
@@ -702,8 +703,13 @@ class SyncSubscriber:
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:
     """Offsets (any order, repeats allowed) as sorted half-open ranges."""
+    offsets = sorted(offsets)
+    if not offsets:
+        return []
+    if offsets[-1] - offsets[0] + 1 == len(offsets):  # one run, no repeat: the usual case
+        return [(offsets[0], offsets[-1] + 1)]
     out: list[list[int]] = []
-    for o in sorted(offsets):
+    for o in offsets:
         if out and o <= out[-1][1]:
             out[-1][1] = max(out[-1][1], o + 1)
         else:

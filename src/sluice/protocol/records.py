@@ -41,6 +41,7 @@ Record (varints are zig-zag encoded, as in Kafka and protobuf ``sint``)::
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -561,21 +562,30 @@ def decode_records(
     partition: int,
     min_offset: int = 0,
     check_crc: bool = True,
-) -> list[Record]:
-    """Decode every record of every whole batch in ``buf`` with offset ≥ ``min_offset``.
+    *,
+    max_offset: int | None = None,
+    factory=Record,
+    extra: tuple = (),
+) -> list:
+    """Decode every record of every whole batch in ``buf`` with offset ≥ ``min_offset``
+    (and < ``max_offset`` unless None).
 
     Half messages (transactional batches) and control batches are skipped: no reader ever
-    sees them.
+    sees them.  Each record becomes ``factory(topic, partition, offset, timestamp, key, value,
+    headers, *extra)`` — a ``Record`` unless the caller has a type of its own (at most 8
+    ``extra`` arguments).
     """
-    out: list[Record] = []
+    out: list = []
     mv = memoryview(buf)
     for h, pos in iter_batches(mv, check_crc):
         if h.next_offset <= min_offset or h.attributes & HIDDEN_BITS:
             continue
+        if max_offset is not None and h.base_offset >= max_offset:
+            break
         body = mv[pos + HEADER_SIZE : pos + h.size]
         if h.compression:
             body = decompress(h.compression, body)
-        _decode_body(body, h, topic, partition, min_offset, out)
+        _decode_body(body, h, topic, partition, min_offset, out, max_offset, factory, extra)
     return out
 
 
@@ -615,20 +625,24 @@ def _first_record_end(body) -> int:
     return min(len(body), at + max(length, 0))
 
 
-def _decode_body(body, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
+def _decode_body(
+    body, h: BatchHeader, topic, partition, min_offset, out: list, max_offset=None, factory=Record, extra=(),
+) -> None:
     """Decode the records of one batch body into ``out``: with the compiled codec when it
     was built, else with ``_decode_body_py``, its reference."""
     if _C is not None:
         append_ts = h.max_timestamp if h.log_append_time else None
         _C.decode_body(
             body, h.records_count, h.base_offset, h.base_timestamp, append_ts, min_offset,
-            topic, partition, Record, out,
+            topic, partition, factory, out, max_offset, extra,
         )
     else:
-        _decode_body_py(bytes(body), h, topic, partition, min_offset, out)
+        _decode_body_py(bytes(body), h, topic, partition, min_offset, out, max_offset, factory, extra)
 
 
-def _decode_body_py(body: bytes, h: BatchHeader, topic, partition, min_offset, out: list) -> None:
+def _decode_body_py(
+    body: bytes, h: BatchHeader, topic, partition, min_offset, out: list, max_offset=None, factory=Record, extra=(),
+) -> None:
     """Decode the records of one batch body into ``out``: the pure-Python reference.
 
     One- and two-byte varints (the common cases) are decoded inline; longer ones call
@@ -639,6 +653,7 @@ def _decode_body_py(body: bytes, h: BatchHeader, topic, partition, min_offset, o
     append_ts = h.max_timestamp if h.log_append_time else None
     dv = decode_varint
     append = out.append
+    stop = math.inf if max_offset is None else max_offset
     try:
         for _ in range(h.records_count):
             b = body[pos]
@@ -704,10 +719,10 @@ def _decode_body_py(body: bytes, h: BatchHeader, topic, partition, min_offset, o
             if pos != rec_end:
                 raise CorruptRecord(f"record fields take {pos - rec_end + length} of its {length} bytes")
             offset = base_offset + off_delta
-            if offset < min_offset:
+            if offset < min_offset or offset >= stop:
                 continue
             append(
-                Record(
+                factory(
                     topic,
                     partition,
                     offset,
@@ -715,6 +730,7 @@ def _decode_body_py(body: bytes, h: BatchHeader, topic, partition, min_offset, o
                     key,
                     value,
                     headers,
+                    *extra,
                 )
             )
     except IndexError:
