@@ -29,6 +29,7 @@ from sluice.protocol.subscriptions import (
     check_name,
     cursor_batch,
     dlq_topic,
+    fold,
     read_cursor_records,
 )
 from sluice.protocol.transactions import commit_batch, rollback_batch
@@ -172,3 +173,73 @@ def test_check_name_refuses(name):
 
 def test_dlq_topic_name():
     assert dlq_topic("orders", "billing") == "orders.billing.dlq"
+
+
+# ------------------------------------------------------------------ the retry journal
+
+
+def st_(name="s", full=False, retries=(), **kw) -> CursorState:
+    return CursorState(name=name, full=full, retries=list(retries), **kw)
+
+
+def test_fold_keeps_the_last_record_and_journals_retries():
+    folded = fold([
+        (True, [st_(full=True, confirmed=5, retries=[(10, 20, 1, 500)])]),
+        (False, [st_(confirmed=6, retries=[(30, 31, 2, 100)])]),
+        (False, [st_(confirmed=7)]),  # an ack written down: the journal goes on
+        (False, [st_(confirmed=8, retries=[(15, 17, 3, 900)])]),  # overrides 15-17 of the first
+    ])
+    s = folded["s"]
+    assert s.confirmed == 8 and s.full
+    assert s.retries == [(30, 31, 2, 100), (10, 15, 1, 500), (17, 20, 1, 500), (15, 17, 3, 900)]
+
+
+def test_a_full_record_starts_the_journal_again():
+    folded = fold([
+        (False, [st_(retries=[(1, 2, 1, 10)])]),
+        (False, [st_(full=True, retries=[(5, 6, 2, 20)])]),  # a seek, say
+        (False, [st_(retries=[(7, 8, 1, 30)])]),
+    ])
+    assert folded["s"].retries == [(5, 6, 2, 20), (7, 8, 1, 30)]
+
+
+def test_records_of_before_the_journal_are_full():
+    """A record without the ``full`` field (as written before the journal) holds every
+    retry of its subscription: the last one wins, as it always did."""
+    old = msgspec.msgpack.encode({"name": "s", "confirmed": 3, "retries": [(4, 5, 1, 10)]})
+    state = msgspec.msgpack.decode(old, type=CursorState)
+    assert state.full
+    folded = fold([(False, [st_(full=True, retries=[(1, 2, 1, 1)])]), (False, [state])])
+    assert folded["s"].retries == [(4, 5, 1, 10)]
+
+
+def test_snapshots_and_deletions_forget():
+    folded = fold([
+        (False, [st_("a", retries=[(1, 2, 1, 1)]), st_("b")]),
+        (True, [st_("a", full=True)]),  # b is gone: not in the snapshot
+        (False, [st_("c", full=True), st_("a", deleted=True)]),
+        (False, [st_("a", retries=[(9, 10, 1, 1)])]),  # a again, after its deletion
+    ])
+    assert sorted(folded) == ["a", "c"]
+    assert folded["a"].retries == [(9, 10, 1, 1)]
+
+
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(0, 40), st.integers(1, 8)), max_size=4)),
+                max_size=12))
+def test_fold_gives_each_offset_its_newest_entry(records):
+    """Against a model: the journal as a dict offset -> (attempt, due), reset by full records."""
+    model: dict[int, tuple[int, int]] = {}
+    batches = []
+    for n, (full, spans) in enumerate(records):
+        retries = [(a, a + k, n, 1000 - n) for a, k in spans]
+        if full or not batches:
+            model = {}
+        for a, b, attempt, due in retries:
+            model.update({o: (attempt, due) for o in range(a, b)})
+        batches.append((False, [st_(full=full, retries=retries)]))
+    if not batches:
+        return
+    got = {o: (attempt, due) for a, b, attempt, due in fold(batches)["s"].retries for o in range(a, b)}
+    assert got == model
+    entries = fold(batches)["s"].retries
+    assert [e[3] for e in entries] == sorted(e[3] for e in entries)

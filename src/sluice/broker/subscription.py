@@ -20,8 +20,13 @@ them) are settled as they are read, so ``confirmed`` passes them.
 
 Bounds: in flight is bounded by the consumers' prefetch; acked ranges by
 ``MAX_ACKED_RANGES``: at the bound, no new message is read (``stalled`` says so in
-describe) until acks below close gaps — ack state is never dropped.  Retries are kept
-in memory only (a restart delivers them again at once, from ``confirmed``).
+describe) until acks below close gaps — ack state is never dropped.  Retries are offset
+ranges, and every one is a gap in the acked ranges above ``confirmed``, so that bound
+bounds them too (and ``MAX_RETRIES`` entries stall reading as well).  Every retry with an
+attempt counted is journaled in the partition's log with the next cursor record
+(protocol/subscriptions.py): a restart or a new leader redelivers it when due, with its
+attempt count.  In key-ordered mode a restored retry parks its key again when the first
+read passes its offset.
 
 Event loop only; reads go through ``Partition.read`` (off the loop).
 """
@@ -41,7 +46,7 @@ from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count
 from sluice.protocol.records import HIDDEN_BITS, decode_batch, iter_batches
-from sluice.protocol.subscriptions import MAX_SAVED_RETRIES, CursorState, SubscriptionConfig, tag_of
+from sluice.protocol.subscriptions import CursorState, SubscriptionConfig, tag_of
 from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.broker.subscriptions")
@@ -168,9 +173,16 @@ class SubscriptionPartition:
         self._restored = RangeSet()
         now_ms, mono = time.time() * 1000, time.monotonic()
         for a, b, attempt, due_ms in state.retries:
-            self._restored.add(a, b)
+            ranges = self.cursor.unsettled(a, b)  # journal entries outlive their acks
+            if not ranges:
+                continue
+            for x, y in ranges:
+                self._restored.add(x, y)
             due = mono + max(0.0, due_ms - now_ms) / 1000
-            heapq.heappush(self._retries, Retry(due, next(self._seq), [(a, b)], attempt, "restored"))
+            heapq.heappush(self._retries, Retry(due, next(self._seq), ranges, attempt, "restored"))
+        # retries scheduled since the last cursor record (journaled with the next one);
+        # None: the next record must hold them all (a failed write lost the journal)
+        self._journal: list[tuple[int, int, int, int]] | None = []
         # key-ordered mode: key -> offsets of it waiting behind the one out (in flight,
         # retrying or being dead-lettered), and that one's key by offset
         self._keys: dict[bytes | None, deque[int]] = {}
@@ -183,17 +195,26 @@ class SubscriptionPartition:
 
     # ------------------------------------------------------------------ state
 
-    def state(self) -> CursorState:
-        now_ms, mono = time.time() * 1000, time.monotonic()
+    def state(self, full: bool = False) -> CursorState:
+        """The record to write: with every pending retry when ``full`` (or when the
+        journal was lost), else with those scheduled since the last record."""
         unsettled = self.cursor.unsettled
-        saved = [
-            (x, y, r.attempt, int(now_ms + (r.due - mono) * 1000))
-            for r in heapq.nsmallest(MAX_SAVED_RETRIES, self._retries) for a, b in r.ranges for x, y in unsettled(a, b)
-        ][:MAX_SAVED_RETRIES]
+        full = full or self._journal is None
+        if full:
+            now_ms, mono = time.time() * 1000, time.monotonic()
+            entries = [(a, b, r.attempt, int(now_ms + (r.due - mono) * 1000)) for r in self._retries for a, b in r.ranges]
+        else:
+            entries = self._journal
+        self._journal = []
         return CursorState(
             name=self.name, config=self.config, confirmed=self.cursor.confirmed, acked=self.cursor.acked.pairs(),
-            retries=saved, dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
+            retries=[(x, y, n, due) for a, b, n, due in entries for x, y in unsettled(a, b)], full=full,
+            dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
         )
+
+    def unwritten(self) -> None:
+        """The record ``state()`` gave was not written: the next one holds every retry."""
+        self._journal = None
 
     def in_flight(self) -> int:
         return sum(u.want.count() for units in self._units.values() for u in units)
@@ -279,6 +300,7 @@ class SubscriptionPartition:
         self._key_of.clear()
         self._waiting = 0
         self._restored = RangeSet()
+        self._journal = []  # the seek's record holds every retry: none
         self.cursor.reset(offset)
         self.next_read = offset
         self._seeks += 1
@@ -377,8 +399,11 @@ class SubscriptionPartition:
     def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
         if ranges:
             heapq.heappush(self._retries, Retry(due, next(self._seq), list(ranges), attempt, reason))
-            if attempt > 0:
-                self._dirty()  # attempt counts and due times are in the cursor record
+            if attempt > 0:  # journaled: attempt counts and due times survive a restart
+                if self._journal is not None:
+                    due_ms = int(time.time() * 1000 + (due - time.monotonic()) * 1000)
+                    self._journal.extend((a, b, attempt, due_ms) for a, b in ranges)
+                self._dirty()
 
     def _expire(self, now: float) -> None:
         """Units past their deadline go back for redelivery after the backoff."""
@@ -553,19 +578,29 @@ class SubscriptionPartition:
         key-ordered mode are its records decoded: filtered ones are settled, and a key's
         messages behind one already out wait for it (``_release_keys``)."""
         want = RangeSet(self.cursor.unsettled(lo, hi))
-        if self._restored:  # waiting for their redelivery, with their attempt counts
+        restored = RangeSet()  # waiting for their redelivery, with their attempt counts
+        if self._restored:
             for a, b in self._restored.overlap(lo, hi):
                 want.remove(a, b)
+                for x, y in self.cursor.unsettled(a, b):
+                    restored.add(x, y)
         cfg = self.config
-        if not want or not (cfg.tags or cfg.mode == "key-ordered"):
+        keyed = cfg.mode == "key-ordered"
+        if not (want or (keyed and restored)) or not (cfg.tags or keyed):
             return want
         chosen = RangeSet()
         tags = set(cfg.tags)
         for r in decode_batch(data, h, pos, self.part.topic, self.part.index):
             o = r.offset
+            if keyed and o in restored and r.key not in self._keys:
+                # a retry from before a restart: its key waits for it again (the key's
+                # messages before it were settled, or it would not be first)
+                self._keys[r.key] = deque()
+                self._key_of[o] = r.key
+                continue
             if o not in want or (tags and tag_of(r.headers) not in tags):
                 continue
-            if cfg.mode == "key-ordered":
+            if keyed:
                 waiting = self._keys.get(r.key)
                 if waiting is not None:
                     waiting.append(o)

@@ -96,22 +96,9 @@ def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool]:
         combined = found + later
         snaps = [k for k, (snap, _) in enumerate(found) if snap]
         if snaps:
-            return _fold(combined[snaps[-1]:]), True
+            return sub.fold(combined[snaps[-1]:]), True
         later = combined
-    return _fold(later), False
-
-
-def _fold(batches) -> dict[str, sub.CursorState]:
-    states: dict[str, sub.CursorState] = {}
-    for snapshot, found in batches:
-        if snapshot:
-            states = {}
-        for s in found:
-            if s.deleted:
-                states.pop(s.name, None)
-            else:
-                states[s.name] = s
-    return states
+    return sub.fold(later), False
 
 
 # --------------------------------------------------------------------------- one partition
@@ -218,13 +205,14 @@ class PartitionSubscriptions:
         chosen = list(self.subs.values()) if snapshot else [sp for sp in dirty if not sp.closed]
         try:
             if chosen or snapshot:
-                await self.write([sp.state() for sp in chosen], snapshot=snapshot, acks_all=False)
+                await self.write([sp.state(full=snapshot) for sp in chosen], snapshot=snapshot, acks_all=False)
                 self._need_snapshot = self._need_snapshot and not snapshot
-        except asyncio.CancelledError:
+        except BaseException as exc:
             self._dirty |= dirty
-            raise
-        except BrokerError as exc:
-            self._dirty |= dirty
+            for sp in chosen:
+                sp.unwritten()  # the retries journaled in it: the next record holds them all
+            if not isinstance(exc, BrokerError):
+                raise
             log.warning("cannot write the cursors of %s-%d: %s; retrying", self.part.topic, self.part.index, exc)
             await asyncio.sleep(0.5)
 
@@ -272,7 +260,7 @@ class PartitionSubscriptions:
             offset = await self.position(pos)
             sp.seek(offset)
             self._dirty.discard(sp)
-            await self.write([sp.state()])
+            await self.write([sp.state(full=True)])
 
     def get(self, name: str) -> SubscriptionPartition:
         sp = self.subs.get(name)

@@ -8,8 +8,8 @@ settings, the confirmed offset (everything below it is acked), the acked ranges 
 and its counters — is kept **in that partition's own log**, as control batches the
 partition's leader appends (attribute bit 5, never shown to readers, like a transaction's
 rollback marker).  Replicating the partition replicates its subscriptions; a new leader
-rebuilds them by reading its log.  Each record is a whole state, so the last record of a
-subscription wins:
+rebuilds them by reading its log.  Each record is a whole state but for its pending
+redeliveries, so the last record of a subscription wins for everything else (``fold``):
 
 =====================  ==================================================================
 record key             value
@@ -20,8 +20,16 @@ record key             value
                        the newest snapshot on gives the whole state
 =====================  ==================================================================
 
+Pending redeliveries (retries: offset ranges, the deliveries so far, when due) are
+journaled: a record with ``full`` set (a snapshot's, a creation's, a seek's) holds all of
+them; the others only those scheduled since the record before, which override earlier
+entries for the same offsets.  Entries for offsets settled since are dropped by whoever
+reads them (``fold`` keeps them; the cursor tells).  So every pending retry is on disk,
+and the log does not rewrite them all each time an ack is written down.
+
 The leader writes a snapshot into each new segment, so retention, which never deletes
-the newest segment, never deletes the last state of a subscription.
+the newest segment, never deletes the last state of a subscription, and a load reads
+only from the newest snapshot on.
 
 A dead letter is a copy of the message in the ordinary topic ``<topic>.<subscription>.dlq``
 with the ``DLQ_*`` headers below; re-driving copies it back without them.
@@ -36,6 +44,7 @@ from typing import Literal
 import msgspec
 
 from sluice.errors import InvalidSubscription
+from sluice.protocol.ranges import RangeSet
 from sluice.protocol.records import CONTROL_BIT, Record, build_batch, encode_record
 
 STATE_PREFIX = b"sluice.sub:"
@@ -54,7 +63,6 @@ MODES = ("unordered", "ordered", "key-ordered")
 Mode = Literal["unordered", "ordered", "key-ordered"]
 TAG_HEADER = "sluice.tag"  # a message's tag, for subscriptions' tag filters
 MAX_TAGS = 100
-MAX_SAVED_RETRIES = 1000
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")  # fullmatch: "$" would let a final newline in
 MAX_ATTEMPTS_LIMIT = 1000
@@ -140,9 +148,10 @@ class CursorState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     config: SubscriptionConfig = SubscriptionConfig()
     confirmed: int = 0  # every offset below is acked (or was skipped: hidden, or expired)
     acked: list[tuple[int, int]] = []  # acked ranges [start, end) above ``confirmed``
-    # pending redeliveries, soonest first: (start, end, deliveries so far, due ms since the
-    # epoch); at most MAX_SAVED_RETRIES, the others start again at attempt 1 after a reload
+    # pending redeliveries: (start, end, deliveries so far, due ms since the epoch) — all
+    # of them with ``full``, else those scheduled since the subscription's record before
     retries: list[tuple[int, int, int, int]] = []
+    full: bool = True
     dead_lettered: int = 0  # messages copied to the dead-letter topic, ever
     expired: int = 0  # messages retention deleted before they were acked, ever
     created_ms: int = 0
@@ -180,3 +189,42 @@ def read_cursor_records(records: list[Record]) -> tuple[bool, list[CursorState]]
             except msgspec.DecodeError:
                 continue
     return first == SNAPSHOT_KEY, states
+
+
+def fold(batches: Iterable[tuple[bool, list[CursorState]]]) -> dict[str, CursorState]:
+    """Every subscription's state after the subscription batches ``batches`` (``(is a
+    snapshot, states)`` in log order, as ``read_cursor_records`` returns them): the last
+    record of each, with ``retries`` the journal folded — a ``full`` record starts it
+    again, later entries override earlier ones for the same offsets — and ``full`` set.
+    A snapshot forgets the subscriptions it does not hold; a ``deleted`` record, its own."""
+    states: dict[str, CursorState] = {}
+    journals: dict[str, list[list[tuple[int, int, int, int]]]] = {}
+    for snapshot, found in batches:
+        if snapshot:
+            states, journals = {}, {}
+        for s in found:
+            if s.deleted:
+                states.pop(s.name, None)
+                journals.pop(s.name, None)
+                continue
+            states[s.name] = s
+            if s.full or s.name not in journals:
+                journals[s.name] = [s.retries]
+            elif s.retries:
+                journals[s.name].append(s.retries)
+    return {
+        name: msgspec.structs.replace(s, retries=_newest_first(journals[name]), full=True)
+        for name, s in states.items()
+    }
+
+
+def _newest_first(chunks: list[list[tuple[int, int, int, int]]]) -> list[tuple[int, int, int, int]]:
+    """The journal's entries with those overridden by later ones cut out, soonest due first."""
+    covered = RangeSet()
+    out = []
+    for chunk in reversed(chunks):
+        for a, b, attempt, due in reversed(chunk):
+            out.extend((x, y, attempt, due) for x, y in covered.missing(a, b))
+            covered.add(a, b)
+    out.sort(key=lambda e: (e[3], e[0]))
+    return out
