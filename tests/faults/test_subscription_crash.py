@@ -135,7 +135,8 @@ async def test_acks_survive_broker_kills(broker_factory):
     async with Subscriber(bs, "orders", "work", create=False) as again:
         msg = await again.get(timeout=1.0)
         assert msg is None, msg
-    assert all(i.backlog == 0 for i in await describe(bs, "orders", "work"))
+    infos = await describe(bs, "orders", "work")
+    assert all(i.backlog == 0 for i in infos), infos
 
 
 async def settled_now(bs: str):

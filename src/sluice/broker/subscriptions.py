@@ -62,8 +62,9 @@ def _now_ms() -> int:
 # --------------------------------------------------------------------------- log scans
 
 
-def _cursor_batches(plog, start: int, stop: int) -> list[tuple[bool, list[sub.CursorState]]]:
-    """Worker thread: the subscription batches of ``plog`` in ``[start, stop)``, in order."""
+def _cursor_batches(plog, start: int, stop: int, where: list[tuple[int, int]]) -> list[tuple[bool, list[sub.CursorState]]]:
+    """Worker thread: the subscription batches of ``plog`` in ``[start, stop)``, in order;
+    their (base offset, record count) are added to ``where``."""
     out = []
     offset = start
     while offset < stop:
@@ -76,29 +77,31 @@ def _cursor_batches(plog, start: int, stop: int) -> list[tuple[bool, list[sub.Cu
             found = sub.read_cursor_records(decode_batch(data, h, pos))
             if found is not None:
                 out.append(found)
+                where.append((h.base_offset, h.records_count))
         if nxt is None:
             break
         offset = nxt
     return out
 
 
-def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool]:
+def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool, list[tuple[int, int]]]:
     """Worker thread: every subscription of the partition as of log offset ``end``: the
     newest snapshot and the records after it (segments are scanned newest first until
     one holds a snapshot; the whole log when none does).  Also whether a snapshot was
-    found."""
+    found, and where the subscription batches read are (base offset, record count)."""
     later: list = []
+    where: list[tuple[int, int]] = []
     bases = plog.view.bases
     for i in range(len(bases) - 1, -1, -1):
         start = max(bases[i], plog.log_start_offset)
         stop = min(bases[i + 1] if i + 1 < len(bases) else end, end)
-        found = _cursor_batches(plog, start, stop) if start < stop else []
+        found = _cursor_batches(plog, start, stop, where) if start < stop else []
         combined = found + later
         snaps = [k for k, (snap, _) in enumerate(found) if snap]
         if snaps:
-            return sub.fold(combined[snaps[-1]:]), True
+            return sub.fold(combined[snaps[-1]:]), True, sorted(where)
         later = combined
-    return sub.fold(later), False
+    return sub.fold(later), False, sorted(where)
 
 
 # --------------------------------------------------------------------------- one partition
@@ -119,6 +122,7 @@ class PartitionSubscriptions:
         self._snapshot_base: int | None = None  # the segment holding the newest snapshot
         self._need_snapshot = False  # the log holds none: write one, even of no subscription
         self.records: list[tuple[int, int]] = []  # (offset, count) of subscription records written
+        self._writing = 0  # subscription records being appended now
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._flusher: asyncio.Task | None = None
@@ -132,7 +136,7 @@ class PartitionSubscriptions:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            states, found = await loop.run_in_executor(
+            states, found, where = await loop.run_in_executor(
                 self.manager.executor, scan_states, self.part.log, self.part.log_end_offset
             )
         except BaseException as exc:
@@ -145,6 +149,8 @@ class PartitionSubscriptions:
                 self.part.index, (time.monotonic() - started) * 1000,
             )
         self._need_snapshot = not found  # so that the next load reads only the newest segments
+        low = min((st.confirmed for st in states.values()), default=self.part.high_watermark)
+        self.records = [w for w in where if w[0] >= low]  # not messages: no backlog
         for state in states.values():
             sp = self.subs[state.name] = SubscriptionPartition(self, state)
             sp.start()
@@ -168,18 +174,23 @@ class PartitionSubscriptions:
         data = bytearray(sub.cursor_batch(states, _now_ms(), snapshot))
         spans = validate_batches(data, max(len(data), part.config.max_message_bytes), broker=True)
         base = part.log.active.base_offset
-        result = await part.append(data, spans, acks_all=acks_all)
+        n = len(states) + snapshot
+        self._writing += n  # counted from now: the high watermark may pass them before we resume
+        try:
+            result = await part.append(data, spans, acks_all=acks_all)
+        finally:
+            self._writing -= n
         if snapshot:
             self._snapshot_base = base
-        self.records.append((result.base_offset, len(states) + snapshot))
+        self.records.append((result.base_offset, n))
         if len(self.records) > 64:  # those every subscription has read past count no more
             low = min((sp.next_read for sp in self.subs.values()), default=part.high_watermark)
             self.records = [r for r in self.records if r[0] >= low]
 
     def records_from(self, offset: int) -> int:
-        """How many of the subscription records this leader wrote are at ``offset`` or
-        above (a backlog counts messages, not them)."""
-        return sum(n for at, n in self.records if at >= offset)
+        """How many of the subscription records this leader wrote, or is writing, are at
+        ``offset`` or above (a backlog counts messages, not them)."""
+        return sum(n for at, n in self.records if at >= offset) + self._writing
 
     async def _flush_loop(self) -> None:
         """Write changed cursors ``FLUSH_S`` after the first change (group commit), and
