@@ -100,3 +100,53 @@ async def test_key_ordered_restored_retry_still_parks_its_key(broker):
         assert (second[0].value, second[0].attempt) == (b"k0-1", 1)
         second[0].ack()
         await sub.flush()
+
+
+async def test_at_the_acked_ranges_bound_reading_stops_and_says_why(broker):
+    """Every other message acked, the rest held: at 10,000 acked ranges the broker reads
+    no new message (describe's ``stalled``, a warning in its log), and once the held ones
+    are acked it reads on and delivers the rest."""
+    from sluice.broker.subscription import MAX_ACKED_RANGES
+
+    bs = broker.bootstrap
+    await make_topic(bs)
+    total = 2 * MAX_ACKED_RANGES + 5000
+    await produce(bs, "orders", total, chunk=500)
+    # credit for the held half and 2,000 more: the broker reads as acks come back
+    prefetch = MAX_ACKED_RANGES + 2000
+    async with Subscriber(bs, "orders", "work", ack_timeout_ms=NEVER_MS, prefetch=prefetch) as sub:
+        held = []
+        got = 0
+
+        async def stalled():
+            infos = await describe(bs, "orders", "work")
+            return infos[0] if infos[0].stalled else None
+
+        info = None
+        while info is None:
+            for m in await sub.getmany(5000, timeout=0.2):
+                got += 1
+                if m.offset % 2:
+                    m.ack()
+                else:
+                    held.append(m)
+            await sub.flush()
+            info = await stalled()
+        assert "acked ranges" in info.stalled and info.acked_ranges >= MAX_ACKED_RANGES  # + acks of what was out
+        while batch := await sub.getmany(5000, timeout=0.5):  # what was on its way
+            got += len(batch)
+            held += batch
+        assert await sub.get(timeout=0.5) is None  # nothing new while stalled
+        info = (await describe(bs, "orders", "work"))[0]
+        assert got < total and info.backlog == total - (got - len(held)) and info.stalled  # backlog: unacked
+        assert "reads no new message until acks close gaps" in broker.log()
+        for m in held:
+            m.ack()
+        await sub.flush()
+        while got < total:
+            for m in await sub.getmany(5000, timeout=1.0):
+                got += 1
+                m.ack()
+        await sub.flush()
+        info = (await describe(bs, "orders", "work"))[0]
+        assert info.stalled == "" and info.acked_ranges <= 1

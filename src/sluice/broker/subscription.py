@@ -189,6 +189,7 @@ class SubscriptionPartition:
         self._key_of: dict[int, bytes | None] = {}
         self._waiting = 0
         self._seeks = 0  # seeks so far: a read begun before one is stale when it returns
+        self._stalled_logged = False
         self._wake = asyncio.Event()
         self._pump_task: asyncio.Task | None = None
         self.closed = False
@@ -430,6 +431,7 @@ class SubscriptionPartition:
             try:
                 await self._deliver_retries(now)
                 await self._deliver_new()
+                self._note_stall()
             except asyncio.CancelledError:
                 raise
             except NotLeader:
@@ -449,6 +451,18 @@ class SubscriptionPartition:
                 pass
             finally:
                 part.remove_waiter(self._wake.set)
+
+    def _note_stall(self) -> None:
+        """Log when reading stops at a bound, and when it goes on (describe's ``stalled``
+        says the same)."""
+        reason = self.stalled
+        if bool(reason) != self._stalled_logged:
+            self._stalled_logged = bool(reason)
+            where = f"subscription {self.name} of {self.part.topic}-{self.part.index}"
+            if reason:
+                log.warning("%s reads no new message until acks close gaps: %s", where, reason)
+            else:
+                log.info("%s reads new messages again", where)
 
     def _ready_session(self) -> Session | None:
         sessions = self.sessions
