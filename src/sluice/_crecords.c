@@ -425,6 +425,153 @@ fail:
     return NULL;
 }
 
+/* A bytes-like object or None, held for encoding; len -1 for None. */
+typedef struct {
+    Py_buffer view;
+    Py_ssize_t len;
+    int held;
+} field_t;
+
+static int
+hold_field(PyObject *obj, field_t *f, const char *what)
+{
+    f->held = 0;
+    if (obj == Py_None) {
+        f->len = -1;
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &f->view, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes or None, not %.80s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    f->held = 1;
+    f->len = f->view.len;
+    return 0;
+}
+
+static void
+release_field(field_t *f)
+{
+    if (f->held)
+        PyBuffer_Release(&f->view);
+    f->held = 0;
+}
+
+static inline Py_ssize_t
+field_size(const field_t *f)
+{
+    return f->len < 0 ? 1 : varint_size(f->len) + f->len;
+}
+
+static inline uint8_t *
+put_field(uint8_t *q, const field_t *f)
+{
+    if (f->len < 0) {
+        *q++ = 1;
+        return q;
+    }
+    q = put_varint(q, f->len);
+    memcpy(q, f->view.buf, (size_t)f->len);
+    return q + f->len;
+}
+
+PyDoc_STRVAR(encode_record_doc,
+"encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes\n\n"
+"One record, length-prefixed: records.encode_record.  ``key`` and ``value`` are bytes-like\n"
+"or None; ``headers`` a sequence of (str, bytes-like or None) pairs, or None.");
+
+typedef struct {
+    PyObject *pair; /* the header as a fast sequence of 2 (owned) */
+    const char *name; /* utf-8 of its name, borrowed from the str */
+    Py_ssize_t name_len;
+    field_t value;
+} header_t;
+
+static PyObject *
+encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "encode_record takes 5 arguments");
+        return NULL;
+    }
+    long long od = PyLong_AsLongLong(args[0]);
+    if (od == -1 && PyErr_Occurred())
+        return NULL;
+    long long td = PyLong_AsLongLong(args[1]);
+    if (td == -1 && PyErr_Occurred())
+        return NULL;
+    field_t key, value;
+    if (hold_field(args[2], &key, "record key") < 0)
+        return NULL;
+    if (hold_field(args[3], &value, "record value") < 0) {
+        release_field(&key);
+        return NULL;
+    }
+    PyObject *seq = NULL, *result = NULL;
+    Py_ssize_t nh = 0, ready = 0;
+    header_t *hs = NULL;
+    if (args[4] != Py_None) {
+        seq = PySequence_Fast(args[4], "headers must be a sequence of (str, bytes) pairs");
+        if (seq == NULL)
+            goto done;
+        nh = PySequence_Fast_GET_SIZE(seq);
+        if (nh && (hs = PyMem_Calloc((size_t)nh, sizeof(header_t))) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    Py_ssize_t body = 1 + varint_size(td) + varint_size(od) + field_size(&key) + field_size(&value) + varint_size(nh);
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        header_t *h = &hs[i];
+        h->pair = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "a header is a (name, value) pair");
+        if (h->pair == NULL)
+            goto done;
+        ready = i + 1;
+        if (PySequence_Fast_GET_SIZE(h->pair) != 2) {
+            PyErr_SetString(PyExc_ValueError, "a header is a (name, value) pair");
+            goto done;
+        }
+        PyObject *name = PySequence_Fast_GET_ITEM(h->pair, 0);
+        if (!PyUnicode_Check(name)) {
+            PyErr_Format(PyExc_TypeError, "header name must be str, not %.80s", Py_TYPE(name)->tp_name);
+            goto done;
+        }
+        h->name = PyUnicode_AsUTF8AndSize(name, &h->name_len);
+        if (h->name == NULL)
+            goto done;
+        if (hold_field(PySequence_Fast_GET_ITEM(h->pair, 1), &h->value, "header value") < 0)
+            goto done;
+        body += varint_size(h->name_len) + h->name_len + field_size(&h->value);
+    }
+    result = PyBytes_FromStringAndSize(NULL, varint_size(body) + body);
+    if (result == NULL)
+        goto done;
+    uint8_t *q = (uint8_t *)PyBytes_AS_STRING(result);
+    q = put_varint(q, body);
+    *q++ = 0; /* attributes */
+    q = put_varint(q, td);
+    q = put_varint(q, od);
+    q = put_field(q, &key);
+    q = put_field(q, &value);
+    q = put_varint(q, nh);
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        q = put_varint(q, hs[i].name_len);
+        memcpy(q, hs[i].name, (size_t)hs[i].name_len);
+        q += hs[i].name_len;
+        q = put_field(q, &hs[i].value);
+    }
+done:
+    for (Py_ssize_t i = 0; i < ready; i++) {
+        release_field(&hs[i].value);
+        Py_XDECREF(hs[i].pair);
+    }
+    PyMem_Free(hs);
+    release_field(&key);
+    release_field(&value);
+    Py_XDECREF(seq);
+    return result;
+}
+
 static PyObject *
 init(PyObject *self, PyObject *exc)
 {
@@ -435,6 +582,7 @@ init(PyObject *self, PyObject *exc)
 static PyMethodDef methods[] = {
     {"decode_body", (PyCFunction)(void (*)(void))decode_body, METH_FASTCALL, decode_body_doc},
     {"encode_keyless", (PyCFunction)(void (*)(void))encode_keyless, METH_FASTCALL, encode_keyless_doc},
+    {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL, encode_record_doc},
     {"init", init, METH_O, "init(CorruptRecord): the exception type to raise."},
     {NULL, NULL, 0, NULL},
 };

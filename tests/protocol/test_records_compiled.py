@@ -171,3 +171,36 @@ def test_keyless_bodies_byte_for_byte(values, first, kind):
 def test_keyless_refuses_what_is_not_bytes():
     with pytest.raises(TypeError):
         crecords.encode_keyless(["text"], 0)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rec=record_st,
+    kind=st.sampled_from([bytes, bytearray, memoryview]),
+    pairs=st.sampled_from([tuple, list]),
+    none_headers=st.booleans(),
+)
+def test_records_byte_for_byte(rec, kind, pairs, none_headers):
+    key, value, headers, td, od = rec
+    key = None if key is None else kind(key)
+    value = None if value is None else kind(value)
+    headers = None if none_headers and not headers else [pairs((k, v)) for k, v in headers]
+    assert crecords.encode_record(od, td, key, value, headers) == records._encode_record_py(od, td, key, value, headers)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, 0, None, "text", None),  # a value that is not bytes
+        (0, 0, 5, b"v", None),  # nor a key
+        (0, 0, None, b"v", [(b"name", b"v")]),  # a header name that is not str
+        (0, 0, None, b"v", [("name", b"v", b"extra")]),  # a header that is not a pair
+        (0, 0, None, b"v", [("name", "text")]),  # a header value that is not bytes
+        (0, 0, None, b"v", 5),  # headers that are not a sequence
+    ],
+)
+def test_encode_record_refuses_what_the_reference_refuses(args):
+    with pytest.raises((TypeError, ValueError, AttributeError)):
+        records._encode_record_py(*args)
+    with pytest.raises((TypeError, ValueError)):
+        crecords.encode_record(*args)

@@ -386,7 +386,21 @@ def encode_record(
     value: bytes | None,
     headers: Headers | None = None,
 ) -> bytes:
-    """One record, length-prefixed, ready to concatenate into a batch body."""
+    """One record, length-prefixed, ready to concatenate into a batch body: one C call
+    with the compiled codec, else ``_encode_record_py``."""
+    if _C is not None:
+        return _C.encode_record(offset_delta, timestamp_delta, key, value, headers)
+    return _encode_record_py(offset_delta, timestamp_delta, key, value, headers)
+
+
+def _encode_record_py(
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers | None = None,
+) -> bytes:
+    """The pure-Python reference of ``encode_record``."""
     parts = [b"\x00", _zz(timestamp_delta), _zz(offset_delta)]
     if key is None:
         parts.append(_NULL)
