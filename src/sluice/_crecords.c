@@ -592,11 +592,21 @@ static struct PyModuleDef module = {
     "The compiled record codec used by sluice.protocol.records when it is built.", -1, methods,
 };
 
+/* Raised whenever a function's arguments or results change: records.py uses a build
+ * only if it says the version records.py expects (an old build left in place by an
+ * editable install falls back to pure Python instead of failing). */
+#define ABI_VERSION 3
+
 PyMODINIT_FUNC
 PyInit__crecords(void)
 {
     empty_tuple = PyTuple_New(0);
     if (empty_tuple == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -88,14 +88,28 @@ _PRODUCER = struct.Struct(">qhi")
 crc32c = _crc32c.crc32c
 
 
+_ABI_VERSION = 3  # the version of sluice._crecords this module calls (see _crecords.c)
+
+
 def _compiled():
-    """The compiled codec (``sluice._crecords``), or None: not built, or turned off with
+    """The compiled codec (``sluice._crecords``), or None: not built, built from another
+    version of its source (reinstall to rebuild it), or turned off with
     ``SLUICE_PURE_PYTHON=1``.  The pure-Python functions here are its reference."""
     if os.environ.get("SLUICE_PURE_PYTHON", "") not in ("", "0"):
         return None
     try:
         from sluice import _crecords
     except ImportError:
+        return None
+    if getattr(_crecords, "ABI_VERSION", None) != _ABI_VERSION:
+        import warnings
+
+        warnings.warn(
+            "sluice._crecords was built from another version of its source: the pure-Python "
+            "record codec runs instead (reinstall sluice to rebuild it)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     _crecords.init(CorruptRecord)
     return _crecords
