@@ -580,6 +580,21 @@ def decode_first(buf, h: BatchHeader, pos: int) -> Record | None:
     return out[0]
 
 
+def split_first_record(body: bytes) -> tuple[Record, int]:
+    """The first record of an uncompressed batch body, and where it ends: per-batch work
+    for whoever rewrites one record and copies the others' bytes as they are.  The record's
+    ``offset`` and ``timestamp`` are its offset and timestamp *deltas*.  Raises
+    ``CorruptRecord`` when the body does not start with a whole, well-formed record."""
+    end = _first_record_end(body)
+    out: list[Record] = []
+    _decode_body(body[:end], _DELTAS, "", 0, 0, out)
+    return out[0], end
+
+
+# A header under which _decode_body yields deltas: base offset and timestamp 0, create time.
+_DELTAS = BatchHeader(0, 0, 0, MAGIC, 0, 0, 0, 0, 0, -1, -1, -1, 1)
+
+
 def _first_record_end(body) -> int:
     """Where the first record of an uncompressed body ends (its length varint and bytes)."""
     try:
