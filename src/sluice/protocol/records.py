@@ -700,24 +700,55 @@ def _decode_body(body: bytes, h: BatchHeader, topic, partition, min_offset, out:
 
 
 def _decode_headers(body: bytes, pos: int) -> tuple[tuple, int]:
-    count, pos = decode_varint(body, pos)
+    """The headers at ``body[pos:]`` and where they end.  One-byte varints (header counts,
+    key lengths, values up to 63 bytes: the common cases) are decoded inline, and keys seen
+    before are not decoded again (``_KEYS``)."""
+    b = body[pos]
+    if b < 0x80:
+        count = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        count, pos = decode_varint(body, pos)
     if count < 0 or count > len(body):
         raise CorruptRecord(f"bad header count {count}")
     headers = []
+    append = headers.append
+    keys = _KEYS
     for _ in range(count):
-        klen, pos = decode_varint(body, pos)
+        b = body[pos]
+        if b < 0x80:
+            klen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            klen, pos = decode_varint(body, pos)
         if klen < 0:
             raise CorruptRecord("null header key")
-        try:
-            key = body[pos : pos + klen].decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptRecord("header key is not UTF-8") from exc
+        raw = body[pos : pos + klen]
+        key = keys.get(raw)
+        if key is None:
+            try:
+                key = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise CorruptRecord("header key is not UTF-8") from exc
+            if klen <= _MAX_KEY_BYTES and len(keys) < _MAX_KEYS:
+                keys[raw] = key
         pos += klen
-        vlen, pos = decode_varint(body, pos)
+        b = body[pos]
+        if b < 0x80:
+            vlen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            vlen, pos = decode_varint(body, pos)
         if vlen < 0:
             value = None
         else:
             value = body[pos : pos + vlen]
             pos += vlen
-        headers.append((key, value))
+        append((key, value))
     return tuple(headers), pos
+
+
+# Header keys decoded so far (bytes -> str): applications use a few names, over and over.
+_KEYS: dict[bytes, str] = {}
+_MAX_KEYS = 4096
+_MAX_KEY_BYTES = 64
