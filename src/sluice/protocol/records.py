@@ -20,8 +20,8 @@ Batch header (61 bytes, all big-endian)::
                                       bit 5 control: broker markers (a rollback),
                                       never shown to readers,
                                       bit 6 commit: the visible copy of a half message
-                                      written by the broker on commit; its records
-                                      carry the header ``sluice.txn.id``
+                                      written by the broker on commit; its first
+                                      record carries the header ``sluice.txn.id``
     23     4    last_offset_delta     int32, record count - 1 for a producer's batch
     27     8    base_timestamp        int64 ms
     35     8    max_timestamp         int64 ms (the append time with log-append time)
