@@ -14,9 +14,9 @@ entries as they have distinct times, not a million.
 
 The due ones are committed at the earliest delivery time known, looking at least every
 ``TICK_S`` for halves stored meanwhile (lateness: a millisecond or so of timer, plus the
-commit — the half's batch read back and copied, not its records decoded: ``tx.commit_copy``
-— appended and acknowledged by the in-sync replicas).  A commit that fails (a leader change, a full disk)
-is tried again ``RETRY_S`` later while this broker leads the partition.  Retention never
+commit — the half's batch read back and copied, its records not decoded: ``tx.commit_copy``
+— appended and acknowledged by the in-sync replicas).  A commit that fails (a leader
+change, a full disk) is tried again ``RETRY_S`` later while this broker leads the partition.  Retention never
 deletes a segment holding an open half message (storage/log.py ``expired_segments``), so
 a delay longer than ``retention.ms`` is kept until delivered.
 """

@@ -311,7 +311,7 @@ class PartitionTransactions:
             raise UnknownTransaction(f"{self.txn_id(offset)} holds no half message")
         half_id = self.txn_id(offset)
         if commit:
-            data = bytearray(tx.commit_copy(half, half_id))  # per-batch work: no record decoded but the first
+            data = bytearray(tx.commit_copy(half, half_id))  # per-batch work: only the first record decoded
         else:
             data = bytearray(tx.rollback_batch(half_id, offset, reason or "rolled back by its producer", _now_ms()))
         spans = validate_batches(data, max(len(data), self.part.config.max_message_bytes), broker=True)
