@@ -13,7 +13,7 @@ from sluice.broker.partition import Partition
 from sluice.broker.transactions import PartitionTransactions
 from sluice.config import TopicConfig
 from sluice.protocol import transactions as tx
-from sluice.protocol.records import decode_batch, iter_batches, validate_batches
+from sluice.protocol.records import iter_batches, validate_batches
 from sluice.storage.log import PartitionLog
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,7 +28,7 @@ async def end(part: Partition, offset: int, commit: bool) -> None:
     h, pos = next(iter_batches(data))
     half_id = tx.format_id("t", 0, offset)
     if commit:
-        batch = bytearray(tx.commit_batch(half_id, decode_batch(data, h, pos)))
+        batch = bytearray(tx.commit_copy(data[pos : pos + h.size], half_id))
     else:
         batch = bytearray(tx.rollback_batch(half_id, offset, "test", 2_000))
     await part.append(batch, validate_batches(batch, 1 << 30, broker=True))

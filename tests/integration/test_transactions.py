@@ -214,3 +214,31 @@ async def test_cli_list_commit_rollback(broker, cli):
     assert bad.returncode != 0 and b"topic/partition/offset" in bad.stderr
     assert json.loads(cli("txn", "list", bootstrap=bs).stdout) == []
     assert [r.value for r in await read_all(bs, "orders")] == [b"a"]
+
+
+async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker):
+    """The commit copies the stored batch: every message keeps its key, value and headers,
+    all share one timestamp; the first also carries the id of the batch it was stored as."""
+    from sluice.client import DelayedProducer
+
+    bs = broker.bootstrap
+    await make_topic(bs)
+    sent = [(b"k%d" % i if i % 3 else None, b"v%d" % i * (i % 50), [("app", b"%d" % i)] * (i % 3))
+            for i in range(200)]
+    due = int(time.time() * 1000) + 800
+    async with DelayedProducer(bs) as producer:
+        stored_at = await producer.send_delayed("orders", sent, deliver_at_ms=due)
+        sent_ms = int(time.time() * 1000)
+    deadline = time.monotonic() + 15
+    recs = []
+    while len(recs) < len(sent) and time.monotonic() < deadline:
+        recs = await read_all(bs, "orders", wait=0.3)
+    assert time.time() * 1000 >= due
+    assert [(r.key, r.value) for r in recs] == [(k, v) for k, v, _ in sent]
+    for i, (r, (_, _, hs)) in enumerate(zip(recs, sent, strict=True)):
+        h = list(r.headers)
+        extra = [("sluice.txn.id", f"orders/0/{stored_at}".encode())] if i == 0 else []
+        assert h == [*hs, ("sluice.txn.group", b"sluice.delay"), ("sluice.deliver_at", b"%d" % due), *extra]
+    stamps = {r.timestamp for r in recs}  # the time it was stored (create time) or delivered (append time)
+    assert len(stamps) == 1 and sent_ms - 5_000 <= stamps.pop() <= time.time() * 1000
+    assert [r.offset for r in recs] == list(range(recs[0].offset, recs[0].offset + len(sent)))

@@ -665,6 +665,25 @@ def test_record_length_must_match_its_fields():
         decode_records(build_batch(body, 1, 0, 0), "t", 0)
 
 
+def test_header_keys_decode_the_same_first_and_again_long_and_multibyte():
+    long_key = "k" * 200
+    hdrs = [("sluice.deliver_at", b"1"), ("é", None), (long_key, b"x" * 70), ("", b"")]
+    body = b"".join(encode_record(i, 0, None, b"v", hdrs) for i in range(3))
+    got = decode_records(build_batch(body, 3, 0, 0), "t", 0)
+    assert [list(r.headers) for r in got] == [hdrs] * 3
+    assert all(type(k) is str for r in got for k, _ in r.headers)
+    assert long_key.encode() not in records._KEYS  # only short keys are kept
+    assert len(records._KEYS) <= records._MAX_KEYS
+
+
+def test_a_bad_header_key_is_corrupt_after_good_ones():
+    good = encode_record(0, 0, None, b"v", [("ok", b"1")])
+    bad = bytes.fromhex("12 00 00 02 01 01 02 02 ff 01")  # key 0xff: not UTF-8
+    decode_records(build_batch(good, 1, 0, 0), "t", 0)
+    with pytest.raises(CorruptRecord, match="UTF-8"):
+        decode_records(build_batch(good + bad, 2, 0, 0), "t", 0)
+
+
 @pytest.mark.parametrize("codec", [records.LZ4, records.ZSTD])
 def test_undecompressible_body(codec):
     buf = bytearray(build_batch(REC1, 1, 0, 0))

@@ -32,7 +32,7 @@ from sluice.protocol.subscriptions import (
     fold,
     read_cursor_records,
 )
-from sluice.protocol.transactions import commit_batch, rollback_batch
+from sluice.protocol.transactions import commit_copy, half_batch, rollback_batch
 
 NAME_CHARS = "abcXYZ019._-"
 
@@ -91,8 +91,8 @@ def test_deleted_state_round_trips_with_defaults():
 def test_other_control_batches_are_not_cursor_records():
     _, rollback = records_of(rollback_batch("orders/0/5", 5, "timed out", 1000))
     assert read_cursor_records(rollback) is None
-    half = [Record("orders", 0, 5, 1000, b"k", b"v", (("sluice.txn.id", b"orders/0/5"),))]
-    _, commit = records_of(commit_batch("orders/0/5", half))
+    half = half_batch("g", b"k", b"v", (), 1000)
+    _, commit = records_of(commit_copy(half, "orders/0/5"))
     assert read_cursor_records(commit) is None
     plain = build_batch(encode_record(0, 0, b"sluice.subx", b"v", []), 1, 0, 0, flags=CONTROL_BIT)
     assert read_cursor_records(records_of(plain)[1]) is None

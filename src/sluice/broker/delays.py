@@ -12,9 +12,11 @@ halves (``PartitionTransactions.due``), one entry per stored batch — clients p
 messages of one delivery time into one batch, so a million pending messages are as many
 entries as they have distinct times, not a million.
 
-Every ``TICK_S`` the due ones are committed (lateness: the tick, plus the commit's append
-acknowledged by the in-sync replicas).  A commit that fails (a leader change, a full disk)
-is tried again ``RETRY_S`` later while this broker leads the partition.  Retention never
+The due ones are committed at the earliest delivery time known, looking at least every
+``TICK_S`` for halves stored meanwhile (lateness: a millisecond or so of timer, plus the
+commit — the half's batch read back and copied, its records not decoded: ``tx.commit_copy``
+— appended and acknowledged by the in-sync replicas).  A commit that fails (a leader
+change, a full disk) is tried again ``RETRY_S`` later while this broker leads the partition.  Retention never
 deletes a segment holding an open half message (storage/log.py ``expired_segments``), so
 a delay longer than ``retention.ms`` is kept until delivered.
 """
@@ -30,7 +32,8 @@ from sluice.errors import BrokerError, TransactionEnded, UnknownTransaction
 
 log = logging.getLogger("sluice.broker.delays")
 
-TICK_S = 0.01
+TICK_S = 0.01  # the longest wait between two looks at the due halves
+MIN_WAIT_S = 0.001
 DISCOVER_S = 0.5  # how often led partitions are looked at for open halves not tracked yet
 RETRY_S = 1.0
 COMMIT_TIMEOUT_S = 30.0
@@ -50,13 +53,21 @@ class DelayedDelivery:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(self._wait())
             try:
                 await self.deliver_due()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep delivering: the cause may pass
                 log.exception("delivering delayed messages failed")
+
+    def _wait(self) -> float:
+        """Seconds until the earliest delivery time known here, at most ``TICK_S`` (so that
+        halves stored meanwhile are seen) and at least a millisecond."""
+        first = min((st.due[0][0] for st in self.txns.states.values() if st.due and st.current), default=None)
+        if first is None:
+            return TICK_S
+        return min(TICK_S, max((first + 0.5 - time.time() * 1000) / 1000, MIN_WAIT_S))
 
     def _discover(self) -> None:
         """Partitions led here with open halves get a transaction state (after a restart

@@ -3,7 +3,8 @@ led here, ending them (commit / rollback), check-back, and the APIs.
 
 Where the state lives (DESIGN §0): only in the data partitions.  A half message is a
 transactional batch in its target partition; its commit is the visible copy of its records
-(commit bit, header ``sluice.txn.id``) appended to the same partition, its rollback a
+(commit bit, header ``sluice.txn.id`` on the first record: ``tx.commit_copy`` copies the
+half's bytes, it decodes no other record) appended to the same partition, its rollback a
 control batch there (protocol/transactions.py).  The copy *is* the record of the commit —
 one append — so no crash can leave a copy without its record or the reverse, and
 replicating the partition replicates the transaction with it.
@@ -69,6 +70,7 @@ from sluice.protocol.records import (
     decode_first,
     encode_record,
     iter_batches,
+    parse_header,
     validate_batches,
 )
 from sluice.storage.log import OutOfRange
@@ -132,18 +134,27 @@ def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]
     return events
 
 
-def read_half(plog, offset: int) -> list:
-    """Worker thread: the records of the half message at ``offset``; [] if there is none."""
+def read_half_batch(plog, offset: int) -> bytes | None:
+    """Worker thread: the batch of the half message at ``offset`` as stored (its CRC
+    checked, its records not decoded); None if there is none."""
     try:
         data = plog.read(offset, 1, plog.log_end_offset).data
     except OutOfRange:
-        return []
+        return None
     for h, pos in iter_batches(data, check_crc=True):
         if h.base_offset == offset and h.attributes & TRANSACTIONAL_BIT:
-            return decode_batch(data, h, pos)
+            return data[pos : pos + h.size]
         if h.base_offset >= offset:
             break
-    return []
+    return None
+
+
+def read_half(plog, offset: int) -> list:
+    """Worker thread: the records of the half message at ``offset``; [] if there is none."""
+    batch = read_half_batch(plog, offset)
+    if batch is None:
+        return []
+    return decode_batch(batch, parse_header(batch), 0)
 
 
 # --------------------------------------------------------------------------- one partition
@@ -295,12 +306,12 @@ class PartitionTransactions:
             return self._answer(offset, commit, *done, True)
         loop = asyncio.get_running_loop()
         plog = self.part.log
-        recs = await loop.run_in_executor(self._executor, read_half, plog, offset)
-        if not recs:
+        half = await loop.run_in_executor(self._executor, read_half_batch, plog, offset)
+        if half is None:
             raise UnknownTransaction(f"{self.txn_id(offset)} holds no half message")
         half_id = self.txn_id(offset)
         if commit:
-            data = bytearray(tx.commit_batch(half_id, recs))
+            data = bytearray(tx.commit_copy(half, half_id))  # per-batch work: only the first record decoded
         else:
             data = bytearray(tx.rollback_batch(half_id, offset, reason or "rolled back by its producer", _now_ms()))
         spans = validate_batches(data, max(len(data), self.part.config.max_message_bytes), broker=True)

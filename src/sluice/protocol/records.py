@@ -20,8 +20,8 @@ Batch header (61 bytes, all big-endian)::
                                       bit 5 control: broker markers (a rollback),
                                       never shown to readers,
                                       bit 6 commit: the visible copy of a half message
-                                      written by the broker on commit; its records
-                                      carry the header ``sluice.txn.id``
+                                      written by the broker on commit; its first
+                                      record carries the header ``sluice.txn.id``
     23     4    last_offset_delta     int32, record count - 1 for a producer's batch
     27     8    base_timestamp        int64 ms
     35     8    max_timestamp         int64 ms (the append time with log-append time)
@@ -644,6 +644,21 @@ def decode_first(buf, h: BatchHeader, pos: int) -> Record | None:
     return out[0]
 
 
+def split_first_record(body: bytes) -> tuple[Record, int]:
+    """The first record of an uncompressed batch body, and where it ends: per-batch work
+    for whoever rewrites one record and copies the others' bytes as they are.  The record's
+    ``offset`` and ``timestamp`` are its offset and timestamp *deltas*.  Raises
+    ``CorruptRecord`` when the body does not start with a whole, well-formed record."""
+    end = _first_record_end(body)
+    out: list[Record] = []
+    _decode_body(body[:end], _DELTAS, "", 0, 0, out)
+    return out[0], end
+
+
+# A header under which _decode_body yields deltas: base offset and timestamp 0, create time.
+_DELTAS = BatchHeader(0, 0, 0, MAGIC, 0, 0, 0, 0, 0, -1, -1, -1, 1)
+
+
 def _first_record_end(body) -> int:
     """Where the first record of an uncompressed body ends (its length varint and bytes)."""
     try:
@@ -768,24 +783,55 @@ def _decode_body_py(
 
 
 def _decode_headers(body: bytes, pos: int) -> tuple[tuple, int]:
-    count, pos = decode_varint(body, pos)
+    """The headers at ``body[pos:]`` and where they end.  One-byte varints (header counts,
+    key lengths, values up to 63 bytes: the common cases) are decoded inline, and keys seen
+    before are not decoded again (``_KEYS``)."""
+    b = body[pos]
+    if b < 0x80:
+        count = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        count, pos = decode_varint(body, pos)
     if count < 0 or count > len(body):
         raise CorruptRecord(f"bad header count {count}")
     headers = []
+    append = headers.append
+    keys = _KEYS
     for _ in range(count):
-        klen, pos = decode_varint(body, pos)
+        b = body[pos]
+        if b < 0x80:
+            klen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            klen, pos = decode_varint(body, pos)
         if klen < 0:
             raise CorruptRecord("null header key")
-        try:
-            key = body[pos : pos + klen].decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptRecord("header key is not UTF-8") from exc
+        raw = body[pos : pos + klen]
+        key = keys.get(raw)
+        if key is None:
+            try:
+                key = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise CorruptRecord("header key is not UTF-8") from exc
+            if klen <= _MAX_KEY_BYTES and len(keys) < _MAX_KEYS:
+                keys[raw] = key
         pos += klen
-        vlen, pos = decode_varint(body, pos)
+        b = body[pos]
+        if b < 0x80:
+            vlen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            vlen, pos = decode_varint(body, pos)
         if vlen < 0:
             value = None
         else:
             value = body[pos : pos + vlen]
             pos += vlen
-        headers.append((key, value))
+        append((key, value))
     return tuple(headers), pos
+
+
+# Header keys decoded so far (bytes -> str): applications use a few names, over and over.
+_KEYS: dict[bytes, str] = {}
+_MAX_KEYS = 4096
+_MAX_KEY_BYTES = 64

@@ -10,9 +10,11 @@ by the partition's leader:
 =========  ===================================  =========================================
 end        batch                                records
 =========  ===================================  =========================================
-commit     attribute bit 6 (``COMMIT_BIT``),    the half's records, each with the header
-           a normal batch: readers see it       ``sluice.txn.id`` = the id: the copy *is*
-                                                the record of the commit (one append)
+commit     attribute bit 6 (``COMMIT_BIT``),    the half's records, the first with the
+           a normal batch: readers see it       header ``sluice.txn.id`` = the id: the
+                                                copy *is* the record of the commit (one
+                                                append); the others' bytes are copied as
+                                                they are (``commit_copy``)
 rollback   attribute bit 5 (``CONTROL_BIT``),   one record: key ``sluice.txn.rollback``,
            never shown to readers               value the half's offset (ASCII), headers
                                                 ``sluice.txn.id`` and ``sluice.txn.reason``
@@ -27,13 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sluice.errors import CorruptRecord
 from sluice.protocol.records import (
     COMMIT_BIT,
+    COMPRESSION_MASK,
     CONTROL_BIT,
+    HEADER_SIZE,
     TRANSACTIONAL_BIT,
     Record,
     build_batch,
+    decompress,
     encode_record,
+    parse_header,
+    split_first_record,
 )
 
 GROUP_HEADER = "sluice.txn.group"
@@ -119,14 +127,29 @@ def group_of(record: Record) -> str:
     return ""
 
 
-def commit_batch(half_id: str, recs: Sequence[Record]) -> bytes:
-    """The visible copy of a half message's records that commits it."""
-    base = min(r.timestamp for r in recs)
-    body = b"".join(
-        encode_record(i, r.timestamp - base, r.key, r.value, [*r.headers, (ID_HEADER, half_id.encode())])
-        for i, r in enumerate(recs)
-    )
-    return build_batch(body, len(recs), base, max(r.timestamp for r in recs), flags=COMMIT_BIT)
+def commit_copy(half, half_id: str) -> bytes:
+    """The visible copy of the half message batch ``half`` (its bytes as stored) that
+    commits it: the same batch with the commit bit for the transactional bit, no producer
+    id, a fresh CRC, and the header ``sluice.txn.id`` added to its first record.
+
+    Per-batch work, whatever the number of records: only the first record is decoded and
+    encoded again (with the id, which is what ends the half for whoever reads the log:
+    ``resolved_offset``); the others are copied byte for byte, so they keep their keys,
+    values, headers and timestamp and offset deltas, and a compressed half is decompressed
+    and compressed again as a whole (one C call each).  The timestamp type and the batch
+    timestamps are kept: readers see the records' timestamps of the half.  Raises
+    ``CorruptRecord`` when ``half`` is not one whole batch or its first record is malformed.
+    """
+    h = parse_header(half)
+    if h.size != len(half) or not h.records_count:
+        raise CorruptRecord(f"a half message is one whole batch: {len(half)} bytes, header says {h.size}")
+    body = memoryview(half)[HEADER_SIZE : h.size]
+    raw = decompress(h.compression, body) if h.compression else bytes(body)
+    first, end = split_first_record(raw)
+    headers = [*first.headers, (ID_HEADER, half_id.encode())]
+    records = encode_record(first.offset, first.timestamp, first.key, first.value, headers) + raw[end:]
+    flags = (h.attributes & ~(COMPRESSION_MASK | TRANSACTIONAL_BIT)) | COMMIT_BIT
+    return build_batch(records, h.records_count, h.base_timestamp, h.max_timestamp, h.compression, flags=flags)
 
 
 def rollback_batch(half_id: str, offset: int, reason: str, now_ms: int) -> bytes:
