@@ -3,7 +3,7 @@ record decoder."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sluice.client.subscriber import Message, _runs
@@ -11,6 +11,7 @@ from sluice.protocol.records import build_batch, decode_records, encode_record
 
 
 @given(st.lists(st.integers(0, 200), max_size=60))
+@example([1, 1, 3])  # a repeat and a gap of the same size: still two runs
 def test_runs_are_the_sorted_ranges_of_the_offsets(offsets):
     got = _runs(list(offsets))
     covered = [o for a, b in got for o in range(a, b)]

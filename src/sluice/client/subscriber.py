@@ -703,10 +703,10 @@ class SyncSubscriber:
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:
     """Offsets (any order, repeats allowed) as sorted half-open ranges."""
-    offsets = sorted(offsets)
+    offsets = sorted(set(offsets))
     if not offsets:
         return []
-    if offsets[-1] - offsets[0] + 1 == len(offsets):  # one run, no repeat: the usual case
+    if offsets[-1] - offsets[0] + 1 == len(offsets):  # one run: the usual case
         return [(offsets[0], offsets[-1] + 1)]
     out: list[list[int]] = []
     for o in offsets:
