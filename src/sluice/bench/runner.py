@@ -23,7 +23,7 @@ import psutil
 
 from sluice.bench import workloads as w
 
-ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1"]
+ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "L1-fsync"]
 # P1 with one send() per record (asyncio), and with SyncProducer.send from a plain loop
 PER_RECORD = ["P1-send-100B", "P1-send-1KiB", "P1-syncsend-100B"]
 SPARK = ["S1", "S2"]  # need the spark extra; run with --workload S1, S2 or spark
@@ -145,6 +145,8 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
         return await run_d1(bootstrap, meter, meter.server.pid if meter.server else None)
     if name == "L1":
         return await w.run_l1(bootstrap, meter)
+    if name == "L1-fsync":
+        return await w.run_l1(bootstrap, meter, name=name, config=w.FSYNC_ALWAYS)
     raise ValueError(name)
 
 

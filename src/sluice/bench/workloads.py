@@ -5,7 +5,7 @@ Each workload function takes the broker address and returns a result row in the 
 records unacknowledged, payloads ``os.urandom`` generated before the clock starts, topic
 deleted and re-created before each workload, ``time.perf_counter`` around the measured part
 only, nearest-rank percentiles.  P1 / C1 / L1 ack from the page cache (``flush.messages=0``,
-background fsync every second); P2 fsyncs before every ack (``flush.messages=1``).
+background fsync every second); P2 and L1-fsync fsync before every ack (``flush.messages=1``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ class Row:
             "max_ms": self.max_ms,
             "notes": "; ".join(self.notes),
         }
+
+
+def durability(config: dict[str, str]) -> str:
+    """The flush policy of a workload's topic, for its notes."""
+    if config is FSYNC_ALWAYS:
+        return "fsync before ack (flush.messages=1)"
+    return "page-cache ack (flush.messages=0, flush.ms=1000)"
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -226,9 +233,8 @@ async def run_publish(
     if not stopped and (acked != count or stored != count):
         raise RuntimeError(f"{acked} acked and {stored} stored of {count} sent")
     row = Row(name, acked, acked * size, seconds)
-    durability = "fsync before ack (flush.messages=1)" if config is FSYNC_ALWAYS else "page-cache ack (flush.messages=0, flush.ms=1000)"
     idempotent = "idempotent" if producer_kw.get("enable_idempotence", True) else "not idempotent"
-    row.notes += [durability, f"client: {CLIENTS[client]} ({idempotent}), ≤{WINDOW} unacked", cpu]
+    row.notes += [durability(config), f"client: {CLIENTS[client]} ({idempotent}), ≤{WINDOW} unacked", cpu]
     if stopped:
         row.notes.append("STOPPED at the 60s cap")
     return row
@@ -287,8 +293,13 @@ async def run_c1(bootstrap: str, meter, count: int = 200_000, size: int = 1024) 
     return row
 
 
-async def run_l1(bootstrap: str, meter, rate: int = 5000, seconds: float = 20.0, size: int = 1024) -> Row:
-    await reset_topic(bootstrap, PAGE_CACHE)
+async def run_l1(
+    bootstrap: str, meter, rate: int = 5000, seconds: float = 20.0, size: int = 1024,
+    name: str = "L1", config: dict[str, str] = PAGE_CACHE,
+) -> Row:
+    """L1 (page-cache acks) or, with ``config=FSYNC_ALWAYS``, L1-fsync: the same paced
+    end-to-end latency with an fsync before every acknowledgement."""
+    await reset_topic(bootstrap, config)
     total = int(rate * seconds)
     tails = [os.urandom(size - 8) for _ in range(total)]
     producer = _producer(bootstrap)
@@ -326,13 +337,13 @@ async def run_l1(bootstrap: str, meter, rate: int = 5000, seconds: float = 20.0,
             consumer.wait()
     result = json.loads(out.strip().splitlines()[-1])
     lat = sorted(result["latencies_ms"])
-    row = Row("L1", len(lat), len(lat) * size, elapsed)
+    row = Row(name, len(lat), len(lat) * size, elapsed)
     if lat:
         row.p50_ms, row.p99_ms = round(percentile(lat, 50), 3), round(percentile(lat, 99), 3)
         row.p999_ms, row.max_ms = round(percentile(lat, 99.9), 3), round(lat[-1], 3)
     row.notes += [
         f"target {rate} msg/s; achieved {total / elapsed:.0f} msg/s; worst backlog {worst_backlog} msgs",
-        "page-cache ack; producer linger_ms=0, 1 ms tick; consumer: separate process, fetch long-poll",
+        f"{durability(config)}; producer linger_ms=0, 1 ms tick; consumer: separate process, fetch long-poll",
         cpu,
     ]
     if len(lat) != total:

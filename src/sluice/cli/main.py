@@ -495,7 +495,7 @@ def _reached(consumer, ends: dict) -> bool:
 @click.option(
     "--workload", default="all", show_default=True,
     type=click.Choice(
-        ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "all", "S1", "S2", "spark", "R3", "F1", "cluster",
+        ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "L1-fsync", "all", "S1", "S2", "spark", "R3", "F1", "cluster",
          "P1-1KiB-plain", "TX-1KiB", "P1-send-100B", "P1-send-1KiB", "P1-syncsend-100B", "per-record", "C2", "D1"],
         case_sensitive=False
     ),
