@@ -29,6 +29,9 @@ def test_every_workload_runs_and_checks_its_counts(broker):
     l1 = asyncio.run(w.run_l1(broker.bootstrap, meter, rate=500, seconds=1.0))
     assert l1.msgs == 500 and l1.p50_ms is not None and l1.p99_ms >= l1.p50_ms
     assert not any("FAILED" in n for n in l1.notes)
+    l1f = asyncio.run(w.run_l1(broker.bootstrap, meter, rate=500, seconds=1.0, name="L1-fsync", config=w.FSYNC_ALWAYS))
+    assert l1f.workload == "L1-fsync" and l1f.msgs == 500 and l1f.p99_ms >= l1f.p50_ms
+    assert not any("FAILED" in n for n in l1f.notes) and "flush.messages=1" in " ".join(l1f.notes)
     row = l1.as_dict("test")
     assert set(row) >= {"system", "workload", "msgs", "bytes", "seconds", "msgs_per_s", "mb_per_s",
                         "p50_ms", "p99_ms", "p999_ms", "max_ms", "notes"}
