@@ -165,6 +165,38 @@ fail:
     return NULL;
 }
 
+/* A key's or value's length and bytes at p[*pos]: bytes, or None for the length -1 in its
+ * one-byte form (any other negative length is corrupt, as in the reference).  0 ok, -1
+ * truncated, -2 an error set. */
+static int
+read_nullable(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, PyObject **out, const char *what)
+{
+    if (*pos < end && p[*pos] == 1) {
+        *out = Py_NewRef(Py_None);
+        *pos += 1;
+        return 0;
+    }
+    int64_t len;
+    int st = read_varint(p, end, pos, &len);
+    if (st == -2) {
+        corrupt("varint overflows 64 bits");
+        return -2;
+    }
+    if (st == -1)
+        return -1;
+    if (len < 0) {
+        corrupt("bad %s length %lld", what, (long long)len);
+        return -2;
+    }
+    if (len > end - *pos)
+        return -1;
+    *out = PyBytes_FromStringAndSize((const char *)p + *pos, (Py_ssize_t)len);
+    if (*out == NULL)
+        return -2;
+    *pos += (Py_ssize_t)len;
+    return 0;
+}
+
 PyDoc_STRVAR(decode_body_doc,
 "decode_body(body, count, base_offset, base_ts, append_ts, min_offset, topic, partition,\n"
 "            factory, out[, max_offset, extra])\n\n"
@@ -212,7 +244,7 @@ decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     const uint8_t *p = (const uint8_t *)view.buf;
     Py_ssize_t pos = 0, end = view.len;
-    int64_t length, ts_delta, off_delta, klen, vlen;
+    int64_t length, ts_delta, off_delta;
     PyObject *ts_fixed = append_ts == Py_None ? NULL : append_ts;
     PyObject *key = NULL, *value = NULL, *headers = NULL;
 
@@ -226,38 +258,13 @@ decode_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         pos += 1; /* attributes */
         NEED_VARINT(ts_delta);
         NEED_VARINT(off_delta);
-        if (pos < end && p[pos] == 1) { /* -1: null, in its one-byte form only */
-            key = Py_NewRef(Py_None);
-            pos += 1;
-        } else {
-            NEED_VARINT(klen);
-            if (klen < 0) {
-                corrupt("bad key length %lld", (long long)klen);
-                goto fail;
-            }
-            if (klen > end - pos)
-                goto truncated;
-            key = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)klen);
-            if (key == NULL)
-                goto fail;
-            pos += (Py_ssize_t)klen;
-        }
-        if (pos < end && p[pos] == 1) {
-            value = Py_NewRef(Py_None);
-            pos += 1;
-        } else {
-            NEED_VARINT(vlen);
-            if (vlen < 0) {
-                corrupt("bad value length %lld", (long long)vlen);
-                goto fail;
-            }
-            if (vlen > end - pos)
-                goto truncated;
-            value = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)vlen);
-            if (value == NULL)
-                goto fail;
-            pos += (Py_ssize_t)vlen;
-        }
+        int st = read_nullable(p, end, &pos, &key, "key");
+        if (st == 0)
+            st = read_nullable(p, end, &pos, &value, "value");
+        if (st == -1)
+            goto truncated;
+        if (st < 0)
+            goto fail;
         if (pos >= end)
             goto truncated;
         if (p[pos] == 0) {

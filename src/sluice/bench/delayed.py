@@ -42,14 +42,17 @@ async def run_d1(
     await reset_topic(bootstrap, PAGE_CACHE, partitions=PARTITIONS)
     rss0 = _rss(server_pid)
     slots = int(spread_s * 1000 / SLOT_MS)
-    per_batch = max(1, count // (slots * PARTITIONS))
+    per_batch = max(1, -(-count // (slots * PARTITIONS)))  # rounded up: all `count` fit
     pad = os.urandom(SIZE - 8)
     start_ms = int(time.time() * 1000)
     first_due = start_ms + int(lead_s * 1000)
     stored = 0
     async with DelayedProducer(bootstrap) as producer:
 
+        batches = 0
+
         async def store(p: int) -> int:
+            nonlocal batches
             n = 0
             for s in range(slots):
                 at = first_due + s * SLOT_MS
@@ -59,6 +62,7 @@ async def run_d1(
                 value = struct.pack(">q", at) + pad
                 await producer.send_delayed(TOPIC, [(None, value, ())] * k, deliver_at_ms=at, partition=p)
                 n += k
+                batches += 1
             return n
 
         t0 = time.perf_counter()
@@ -96,7 +100,7 @@ async def run_d1(
     row.notes += [
         f"{stored} pending: broker RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MiB "
         f"(+{(rss1 - rss0) / 2**20:.0f} MiB)",
-        f"stored in {store_s:.1f}s as {stored // per_batch} batches ({per_batch} per delivery time, "
+        f"stored in {store_s:.1f}s as {batches} batches (up to {per_batch} per delivery time, "
         f"{PARTITIONS} partitions, {SLOT_MS} ms apart over {spread_s:.0f}s)",
         "lateness: fetch consumer receive time - delivery time (p50/p99/p99.9/max)", cpu,
     ]
