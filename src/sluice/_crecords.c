@@ -482,17 +482,120 @@ put_field(uint8_t *q, const field_t *f)
     return q + f->len;
 }
 
-PyDoc_STRVAR(encode_record_doc,
-"encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes\n\n"
-"One record, length-prefixed: records.encode_record.  ``key`` and ``value`` are bytes-like\n"
-"or None; ``headers`` a sequence of (str, bytes-like or None) pairs, or None.");
-
 typedef struct {
     PyObject *pair; /* the header as a fast sequence of 2 (owned) */
     const char *name; /* utf-8 of its name, borrowed from the str */
     Py_ssize_t name_len;
     field_t value;
 } header_t;
+
+/* One record's fields held for encoding, and its size. */
+typedef struct {
+    long long od, td;
+    field_t key, value;
+    PyObject *seq; /* the headers as a fast sequence, or NULL */
+    header_t *hs;
+    Py_ssize_t nh, ready;
+    Py_ssize_t body; /* bytes after the length varint */
+} record_t;
+
+static void
+release_record(record_t *r)
+{
+    for (Py_ssize_t i = 0; i < r->ready; i++) {
+        release_field(&r->hs[i].value);
+        Py_XDECREF(r->hs[i].pair);
+    }
+    PyMem_Free(r->hs);
+    release_field(&r->key);
+    release_field(&r->value);
+    Py_XDECREF(r->seq);
+}
+
+/* Hold (offset_delta, timestamp_delta, key, value, headers) and size the record; -1 with an
+ * exception set (and nothing held) when an argument is not what the format takes. */
+static int
+hold_record(record_t *r, PyObject *const *args)
+{
+    memset(r, 0, sizeof(*r));
+    r->od = PyLong_AsLongLong(args[0]);
+    if (r->od == -1 && PyErr_Occurred())
+        return -1;
+    r->td = PyLong_AsLongLong(args[1]);
+    if (r->td == -1 && PyErr_Occurred())
+        return -1;
+    if (hold_field(args[2], &r->key, "record key") < 0)
+        return -1;
+    if (hold_field(args[3], &r->value, "record value") < 0)
+        goto fail;
+    if (args[4] != Py_None) {
+        r->seq = PySequence_Fast(args[4], "headers must be a sequence of (str, bytes) pairs");
+        if (r->seq == NULL)
+            goto fail;
+        r->nh = PySequence_Fast_GET_SIZE(r->seq);
+        if (r->nh && (r->hs = PyMem_Calloc((size_t)r->nh, sizeof(header_t))) == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
+    r->body = 1 + varint_size(r->td) + varint_size(r->od) + field_size(&r->key) + field_size(&r->value)
+        + varint_size(r->nh);
+    for (Py_ssize_t i = 0; i < r->nh; i++) {
+        header_t *h = &r->hs[i];
+        h->pair = PySequence_Fast(PySequence_Fast_GET_ITEM(r->seq, i), "a header is a (name, value) pair");
+        if (h->pair == NULL)
+            goto fail;
+        r->ready = i + 1;
+        if (PySequence_Fast_GET_SIZE(h->pair) != 2) {
+            PyErr_SetString(PyExc_ValueError, "a header is a (name, value) pair");
+            goto fail;
+        }
+        PyObject *name = PySequence_Fast_GET_ITEM(h->pair, 0);
+        if (!PyUnicode_Check(name)) {
+            PyErr_Format(PyExc_TypeError, "header name must be str, not %.80s", Py_TYPE(name)->tp_name);
+            goto fail;
+        }
+        h->name = PyUnicode_AsUTF8AndSize(name, &h->name_len);
+        if (h->name == NULL)
+            goto fail;
+        if (hold_field(PySequence_Fast_GET_ITEM(h->pair, 1), &h->value, "header value") < 0)
+            goto fail;
+        r->body += varint_size(h->name_len) + h->name_len + field_size(&h->value);
+    }
+    return 0;
+fail:
+    release_record(r);
+    return -1;
+}
+
+static inline Py_ssize_t
+record_size(const record_t *r)
+{
+    return varint_size(r->body) + r->body;
+}
+
+static void
+write_record(uint8_t *q, const record_t *r)
+{
+    q = put_varint(q, r->body);
+    *q++ = 0; /* attributes */
+    q = put_varint(q, r->td);
+    q = put_varint(q, r->od);
+    q = put_field(q, &r->key);
+    q = put_field(q, &r->value);
+    q = put_varint(q, r->nh);
+    for (Py_ssize_t i = 0; i < r->nh; i++) {
+        q = put_varint(q, r->hs[i].name_len);
+        memcpy(q, r->hs[i].name, (size_t)r->hs[i].name_len);
+        q += r->hs[i].name_len;
+        q = put_field(q, &r->hs[i].value);
+    }
+}
+
+PyDoc_STRVAR(encode_record_doc,
+"encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes\n\n"
+"One record, length-prefixed: records.encode_record.  ``key`` and ``value`` are bytes-like\n"
+"or None; ``headers`` a sequence of (str, bytes-like or None) pairs, or None.");
 
 static PyObject *
 encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -501,82 +604,52 @@ encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "encode_record takes 5 arguments");
         return NULL;
     }
-    long long od = PyLong_AsLongLong(args[0]);
-    if (od == -1 && PyErr_Occurred())
+    record_t r;
+    if (hold_record(&r, args) < 0)
         return NULL;
-    long long td = PyLong_AsLongLong(args[1]);
-    if (td == -1 && PyErr_Occurred())
-        return NULL;
-    field_t key, value;
-    if (hold_field(args[2], &key, "record key") < 0)
-        return NULL;
-    if (hold_field(args[3], &value, "record value") < 0) {
-        release_field(&key);
-        return NULL;
-    }
-    PyObject *seq = NULL, *result = NULL;
-    Py_ssize_t nh = 0, ready = 0;
-    header_t *hs = NULL;
-    if (args[4] != Py_None) {
-        seq = PySequence_Fast(args[4], "headers must be a sequence of (str, bytes) pairs");
-        if (seq == NULL)
-            goto done;
-        nh = PySequence_Fast_GET_SIZE(seq);
-        if (nh && (hs = PyMem_Calloc((size_t)nh, sizeof(header_t))) == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    }
-    Py_ssize_t body = 1 + varint_size(td) + varint_size(od) + field_size(&key) + field_size(&value) + varint_size(nh);
-    for (Py_ssize_t i = 0; i < nh; i++) {
-        header_t *h = &hs[i];
-        h->pair = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "a header is a (name, value) pair");
-        if (h->pair == NULL)
-            goto done;
-        ready = i + 1;
-        if (PySequence_Fast_GET_SIZE(h->pair) != 2) {
-            PyErr_SetString(PyExc_ValueError, "a header is a (name, value) pair");
-            goto done;
-        }
-        PyObject *name = PySequence_Fast_GET_ITEM(h->pair, 0);
-        if (!PyUnicode_Check(name)) {
-            PyErr_Format(PyExc_TypeError, "header name must be str, not %.80s", Py_TYPE(name)->tp_name);
-            goto done;
-        }
-        h->name = PyUnicode_AsUTF8AndSize(name, &h->name_len);
-        if (h->name == NULL)
-            goto done;
-        if (hold_field(PySequence_Fast_GET_ITEM(h->pair, 1), &h->value, "header value") < 0)
-            goto done;
-        body += varint_size(h->name_len) + h->name_len + field_size(&h->value);
-    }
-    result = PyBytes_FromStringAndSize(NULL, varint_size(body) + body);
-    if (result == NULL)
-        goto done;
-    uint8_t *q = (uint8_t *)PyBytes_AS_STRING(result);
-    q = put_varint(q, body);
-    *q++ = 0; /* attributes */
-    q = put_varint(q, td);
-    q = put_varint(q, od);
-    q = put_field(q, &key);
-    q = put_field(q, &value);
-    q = put_varint(q, nh);
-    for (Py_ssize_t i = 0; i < nh; i++) {
-        q = put_varint(q, hs[i].name_len);
-        memcpy(q, hs[i].name, (size_t)hs[i].name_len);
-        q += hs[i].name_len;
-        q = put_field(q, &hs[i].value);
-    }
-done:
-    for (Py_ssize_t i = 0; i < ready; i++) {
-        release_field(&hs[i].value);
-        Py_XDECREF(hs[i].pair);
-    }
-    PyMem_Free(hs);
-    release_field(&key);
-    release_field(&value);
-    Py_XDECREF(seq);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, record_size(&r));
+    if (result != NULL)
+        write_record((uint8_t *)PyBytes_AS_STRING(result), &r);
+    release_record(&r);
     return result;
+}
+
+PyDoc_STRVAR(append_record_doc,
+"append_record(buf, limit, offset_delta, timestamp_delta, key, value, headers) -> int\n\n"
+"Append one record (as encode_record encodes it) to the bytearray ``buf`` if ``buf`` then\n"
+"holds at most ``limit`` bytes; return the record's size, or 0 when it would not fit\n"
+"(``buf`` unchanged).  Raises, leaving ``buf`` unchanged, on arguments encode_record rejects.");
+
+static PyObject *
+append_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes 7 arguments");
+        return NULL;
+    }
+    if (!PyByteArray_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "append_record needs a bytearray");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    record_t r;
+    if (hold_record(&r, args + 2) < 0)
+        return NULL;
+    PyObject *buf = args[0];
+    Py_ssize_t have = PyByteArray_GET_SIZE(buf), size = record_size(&r);
+    if (have + size > limit) {
+        release_record(&r);
+        return PyLong_FromLong(0);
+    }
+    if (PyByteArray_Resize(buf, have + size) < 0) {
+        release_record(&r);
+        return NULL;
+    }
+    write_record((uint8_t *)PyByteArray_AS_STRING(buf) + have, &r);
+    release_record(&r);
+    return PyLong_FromSsize_t(size);
 }
 
 static PyObject *
@@ -590,6 +663,7 @@ static PyMethodDef methods[] = {
     {"decode_body", (PyCFunction)(void (*)(void))decode_body, METH_FASTCALL, decode_body_doc},
     {"encode_keyless", (PyCFunction)(void (*)(void))encode_keyless, METH_FASTCALL, encode_keyless_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL, encode_record_doc},
+    {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL, append_record_doc},
     {"init", init, METH_O, "init(CorruptRecord): the exception type to raise."},
     {NULL, NULL, 0, NULL},
 };
@@ -602,7 +676,7 @@ static struct PyModuleDef module = {
 /* Raised whenever a function's arguments or results change: records.py uses a build
  * only if it says the version records.py expects (an old build left in place by an
  * editable install falls back to pure Python instead of failing). */
-#define ABI_VERSION 3
+#define ABI_VERSION 4
 
 PyMODINIT_FUNC
 PyInit__crecords(void)

@@ -346,7 +346,7 @@ def _batch(count=1):
     from sluice.client.accumulator import Batch
 
     b = Batch("t", 0, 0, 1e18)
-    b.parts, b.count, b.size = [b"x" * count], count, count
+    b.buf, b.count, b.size = b"x" * count, count, count
     return b
 
 

@@ -2,11 +2,14 @@
 SyncProducer.send from a plain loop (fake broker; no timing assertions)."""
 
 import asyncio
+import concurrent.futures
+import threading
 
 import pytest
 
 from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
+from sluice.client.sync import RecordFuture
 
 from .fakebroker import FakeBroker
 
@@ -163,3 +166,50 @@ def test_sync_close_buffers_and_sends_records_sent_before():
     futs = [p.send("t", b"%d" % i, partition=0) for i in range(500)]
     p.close()
     assert [f.result(0).offset for f in futs] == list(range(500))
+
+
+def test_sync_sends_from_many_threads_keep_each_threads_order():
+    """Senders append to the outbox without a lock while the loop hands records over:
+    every record is buffered once, each thread's records in its send order."""
+    broker = FakeBroker({"t": 1})
+    with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0) as p:
+        p.send("t", b"first", partition=0).result()
+
+        def sender(n: int) -> list:
+            return [p.send("t", b"%d-%d" % (n, i), partition=0) for i in range(3000)]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            per_thread = list(pool.map(sender, range(4)))
+        p.flush()
+    for futs in per_thread:
+        offsets = [f.result(0).offset for f in futs]
+        assert offsets == sorted(offsets)
+    values = [r.value for r in broker.records("t", 0)][1:]
+    assert sorted(values) == sorted(b"%d-%d" % (n, i) for n in range(4) for i in range(3000))
+    for n in range(4):
+        mine = [v for v in values if v.startswith(b"%d-" % n)]
+        assert mine == [b"%d-%d" % (n, i) for i in range(3000)]
+
+
+def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome():
+    """A RecordFuture woken by another future's outcome goes on waiting for its own; the
+    futures work with concurrent.futures.wait, as_completed and done callbacks."""
+    condition = threading.Condition()
+    a, b = RecordFuture(condition), RecordFuture(condition)
+    seen = []
+    a.add_done_callback(lambda f: seen.append(f.result()))
+    threading.Timer(0.05, b.set_result, ("b",)).start()  # wakes a's waiter too
+    threading.Timer(0.3, a.set_result, ("a",)).start()
+    assert a.result(timeout=5) == "a" and seen == ["a"]
+    assert b.result(0) == "b"
+    with pytest.raises(concurrent.futures.TimeoutError):
+        RecordFuture(condition).result(timeout=0.01)
+    c, d = RecordFuture(condition), RecordFuture(condition)
+    threading.Timer(0.05, d.set_exception, (ValueError("d"),)).start()
+    done, pending = concurrent.futures.wait([c, d], timeout=5, return_when=concurrent.futures.FIRST_COMPLETED)
+    assert done == {d} and pending == {c}
+    assert isinstance(d.exception(0), ValueError)
+    assert c.cancel() and c.cancelled()
+    with pytest.raises(concurrent.futures.CancelledError):
+        c.result()
+    assert list(concurrent.futures.as_completed([a, b, d], timeout=1)) != []

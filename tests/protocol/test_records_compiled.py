@@ -204,3 +204,28 @@ def test_encode_record_refuses_what_the_reference_refuses(args):
         records._encode_record_py(*args)
     with pytest.raises((TypeError, ValueError)):
         crecords.encode_record(*args)
+    buf = bytearray(b"before")
+    with pytest.raises((TypeError, ValueError)):
+        crecords.append_record(buf, 1 << 20, *args)
+    assert buf == b"before"  # nothing appended
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=st.lists(record_st, max_size=8), room=st.integers(0, 2000))
+def test_append_record_byte_for_byte(recs, room):
+    """Records appended one by one under a byte limit: the same bytes and the same
+    verdicts (size, or 0 when a record would not fit) from both codecs."""
+    limit = len(b"start") + room
+    ours, reference = bytearray(b"start"), bytearray(b"start")
+    for key, value, headers, td, od in recs:
+        got = crecords.append_record(ours, limit, od, td, key, value, headers or None)
+        want = records._append_record_py(reference, limit, od, td, key, value, headers or None)
+        assert got == want
+        assert ours == reference
+        if got:
+            assert ours.endswith(encode_record(od, td, key, value, headers or None))
+
+
+def test_append_record_needs_a_bytearray():
+    with pytest.raises(TypeError):
+        crecords.append_record(b"bytes", 100, 0, 0, None, b"v", None)

@@ -19,6 +19,8 @@ from typing import NamedTuple
 from sluice import errors
 from sluice.protocol import records
 
+_append = records.append_record  # the C function with the compiled codec
+
 
 class RecordMetadata(NamedTuple):
     """Where an acknowledged record landed.  ``offset`` is -1 with ``acks="none"``."""
@@ -161,8 +163,9 @@ class Bulk:
 class Batch:
     """One record batch of one partition: open (growing), queued, in flight, then done.
 
-    Per-record state is three parallel lists (encoded records, futures, timestamps) so
-    resolving costs one loop per batch.  A bulk batch has neither futures nor timestamps.
+    Records are encoded into ``buf`` as they are added (``add``: one C call with the
+    compiled codec); per-record state is two parallel lists (sinks, timestamps) so resolving
+    costs one loop per batch.  A bulk batch holds its encoded body and neither.
 
     Outcome bookkeeping for a failed send (``errors.send_failure``): ``in_flight`` is true
     while an attempt has been written to a connection and not answered; ``maybe_stored``
@@ -178,7 +181,7 @@ class Batch:
     """
 
     __slots__ = (
-        "topic", "partition", "parts", "futures", "timestamps", "count", "size", "base_ts",
+        "topic", "partition", "buf", "futures", "timestamps", "count", "size", "base_ts",
         "max_ts", "deadline", "linger_at", "reserved", "bulk", "bulk_index", "data",
         "attempts", "last_error", "in_flight", "maybe_stored", "_done",
         "producer_id", "producer_epoch", "sequence", "drain_no",
@@ -187,7 +190,7 @@ class Batch:
     def __init__(self, topic: str, partition: int, base_ts: int, deadline: float) -> None:
         self.topic = topic
         self.partition = partition
-        self.parts: list[bytes] | None = []
+        self.buf: bytearray | bytes | None = bytearray()
         self.futures: list[asyncio.Future] = []
         self.timestamps: list[int] = []
         self.count = 0
@@ -206,11 +209,15 @@ class Batch:
         self._done: asyncio.Future | None = None
         self.producer_id = self.producer_epoch = self.sequence = self.drain_no = -1
 
-    def append(self, parts: tuple[bytes, ...], size: int, sink, ts: int, reserved: int) -> None:
-        """Add one record: ``parts`` concatenate to its ``size`` encoded bytes; ``sink`` (an
-        asyncio or concurrent future, or any object with ``done``, ``set_result`` and
-        ``set_exception``) is told its outcome."""
-        self.parts.extend(parts)
+    def add(self, limit: int, key, value, headers, ts: int, sink, reserved: int) -> bool:
+        """Encode one record into the batch if the batch's records then take at most
+        ``limit`` bytes; False (nothing added) when they would not.  ``sink`` (an asyncio
+        or concurrent future, or any object with ``done``, ``set_result`` and
+        ``set_exception``) is told its outcome.  Raises, adding nothing, on a record the
+        format cannot encode (``records.append_record``)."""
+        size = _append(self.buf, limit, self.count, ts - self.base_ts, key, value, headers)
+        if not size:
+            return False
         self.futures.append(sink)
         self.timestamps.append(ts)
         self.count += 1
@@ -218,16 +225,17 @@ class Batch:
         self.reserved += reserved
         if ts > self.max_ts:
             self.max_ts = ts
+        return True
 
     def build(self, codec: int) -> bytes:
         """The batch's bytes (built, and compressed, once; kept for retries), with the
         producer fields it has now."""
         if self.data is None:
             self.data = records.build_batch(
-                b"".join(self.parts), self.count, self.base_ts, self.max_ts, codec,
+                self.buf, self.count, self.base_ts, self.max_ts, codec,
                 self.producer_id, self.producer_epoch, self.sequence,
             )
-            self.parts = None
+            self.buf = None
         return self.data
 
     def wire_size(self, codec: int) -> int:
@@ -322,13 +330,18 @@ class Accumulator:
         return {tp[0] for tp in self.open} | {tp[0] for tp, q in self.queues.items() if q}
 
     def new_batch(self, topic: str, partition: int, ts: int) -> Batch:
+        """A batch for ``topic[partition]``, not open yet: ``adopt`` opens it (after its
+        first record was added, so that a record failing to encode opens none)."""
         now = time.monotonic()
         b = Batch(topic, partition, ts, now + self.delivery_timeout)
         b.linger_at = now + self.linger
-        self.open[(topic, partition)] = b
+        return b
+
+    def adopt(self, b: Batch) -> None:
+        """Open ``b`` (from ``new_batch``) as its partition's batch."""
+        self.open[(b.topic, b.partition)] = b
         self.incomplete[b] = None
         self.on_ready()
-        return b
 
     def close(self, b: Batch) -> None:
         tp = (b.topic, b.partition)
@@ -345,7 +358,7 @@ class Accumulator:
         bulk: Bulk,
     ) -> Batch:
         b = Batch(topic, partition, ts, time.monotonic() + self.delivery_timeout)
-        b.parts = [body]
+        b.buf = body
         b.count = count
         b.size = len(body)
         b.reserved = reserved

@@ -1,5 +1,5 @@
-"""Record framing for the producer's per-record path: exact encoded sizes and the varints
-around a record, as ``protocol.records.encode_record`` writes them, and the callback sink of
+"""Record sizes for the producer: exact encoded sizes of a record, as
+``protocol.records.encode_record`` writes it, and the callback sink of
 ``Producer.send_nowait``.  Pure functions and one small class; no asyncio.
 """
 
@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from sluice.protocol import records
-
 log = logging.getLogger("sluice.client.producer")
-
-VARINTS = records.VARINTS
-TABLE = records.VARINT_TABLE_SIZE
-
 
 def zz_len(n: int) -> int:
     """Bytes of the zig-zag varint of ``n`` (``records.encode_varint``)."""
@@ -42,20 +36,6 @@ def record_size(tail: int, timestamp_delta: int, offset_delta: int) -> int:
     """Exact ``len(records.encode_record(offset_delta, timestamp_delta, ...))``."""
     body = 1 + zz_len(timestamp_delta) + zz_len(offset_delta) + tail
     return zz_len(body) + body
-
-
-def varint(n: int) -> bytes:
-    return VARINTS[n] if 0 <= n < TABLE else records.encode_varint(n)
-
-
-def framing(tail: int, timestamp_delta: int, offset_delta: int) -> tuple[bytes, bytes, bytes, int]:
-    """The varints around a record's tail: (length, timestamp delta, offset delta) and the
-    record's exact size, as ``records.encode_record`` writes them."""
-    zt = varint(timestamp_delta)
-    zo = varint(offset_delta)
-    body = 1 + len(zt) + len(zo) + tail
-    zb = varint(body)
-    return zb, zt, zo, len(zb) + body
 
 
 class Callback:

@@ -44,9 +44,7 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
-from sluice.client.framing import TABLE as _TABLE
-from sluice.client.framing import VARINTS as _VARINTS
-from sluice.client.framing import Callback, framing, record_size, tail_size, zz_len
+from sluice.client.framing import Callback, record_size, tail_size, zz_len
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.sender import Sender, backoff_delay
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
@@ -61,9 +59,12 @@ _MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
 # Upper bound of a record's framing around its value in the bulk path: length varint,
 # attributes, timestamp delta, offset delta, null key, value length varint, header count.
 _BULK_OVERHEAD = 16
-# Bytes a record can grow by between its size in a batch of its own (deltas 0) and its size
-# in any batch: timestamp delta (up to 10 bytes, not 1), offset delta, length varint.
-_DELTA_SLACK = 16
+# A record's framing around its key, value and headers, at most: length varint (5),
+# attributes (1), timestamp delta (10), offset delta (5).
+_FRAMING_MAX = 21
+# ... and around a bytes key (or none) and value without headers: the two length varints
+# (5 each) and the header count (1) too.
+_PLAIN_SLACK = _FRAMING_MAX + 11
 
 
 def default_partitioner(key: bytes, partitions: int) -> int:
@@ -213,7 +214,8 @@ class Producer:
         self._memory = MemoryPool(int(buffer_memory))
         self._acc = Accumulator(self.linger, self.delivery_timeout)
         self._sticky: dict[str, int] = {}
-        self._caps: dict[str, tuple] = {}  # topic -> (metadata, batch byte limit, record bytes per batch)
+        # topic -> (metadata, partitions, batch byte limit, record bytes per batch)
+        self._routes: dict[str, tuple] = {}
         # per topic: sends waiting for metadata or memory, in send order, and the task
         # that buffers them (a waiting topic holds up no other)
         self._lanes: dict[str, deque[tuple]] = {}
@@ -538,8 +540,8 @@ class Producer:
                 if partition is not None and not 0 <= partition < info.partitions:
                     raise errors.UnknownPartition(f"{topic!r} has {info.partitions} partitions, not {partition}")
                 if not reserved:
-                    tail = tail_size(key, value, headers)
-                    reserve = self._fitting(topic, info, tail) + _DELTA_SLACK
+                    self._fitting(topic, info, tail_size(key, value, headers))
+                    reserve = self._reserve(key, value, headers)
                     await mem.acquire(reserve, self.max_block)
                     reserved = reserve
                     if self._closing:
@@ -588,50 +590,33 @@ class Producer:
         """Put one record in its partition's open batch now, ``sink`` to be told its
         outcome; False (nothing buffered) when it must wait: no metadata of the topic, a
         partition beyond those known, or too little free memory.  ``prepaid``: memory the
-        waiting line reserved for it.  Raises, buffering nothing, when the record cannot be
-        sent (closed or fenced producer, ``MessageTooLarge``, ``UnknownPartition``, an
-        encoding error).
+        waiting line reserved for it (``_reserve``).  Raises, buffering nothing, when the
+        record cannot be sent (closed or fenced producer, ``MessageTooLarge``,
+        ``UnknownPartition``, an encoding error).
 
-        The per-record path: a keyless or keyed record of bytes without headers is encoded
-        inline from varint tables; others with ``records.encode_record``, before the
-        accumulator changes, so an encoding error leaves no empty open batch behind.
-        Synchronous: no await between choice and append.
+        The per-record path: a few dict lookups, then one C call encodes the record into
+        the batch (``Batch.add``).  Synchronous: no await between choice and append.
         """
         if self._closing or self._sender.fenced is not None:
             self._check_open()
         info = self._cluster.topics.get(topic)
-        if info is None or info.partitions <= 0:
-            return False
-        n = info.partitions
+        route = self._routes.get(topic)
+        if route is None or route[0] is not info:
+            if info is None or not info.leaders:
+                return False
+            limit = self._max_batch_bytes(info)
+            route = self._routes[topic] = (info, len(info.leaders), limit, min(self.batch_size, limit) - records.HEADER_SIZE)
+        _, n, limit, cap = route
         if partition is not None and not 0 <= partition < n:
             if partition >= 0:
                 return False  # the topic may have grown: the line refreshes metadata
             raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
-        zz = _VARINTS
-        if (
-            headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes)
-            and len(value) < _TABLE and (key is None or len(key) < _TABLE)
-        ):
-            vl = len(value)
-            zv = zz[vl]
-            if key is None:
-                tail = len(zv) + vl + 2
-            else:
-                zk = zz[len(key)]
-                tail = len(zk) + len(key) + len(zv) + vl + 1
-            plain = True
+        if headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes):
+            reserve = len(value) + (0 if key is None else len(key)) + _PLAIN_SLACK
         else:
-            tail = tail_size(key, value, headers)
-            plain = False
-        caps = self._caps.get(topic)
-        if caps is None or caps[0] is not info:
-            limit = self._max_batch_bytes(info)
-            caps = self._caps[topic] = (info, limit, min(self.batch_size, limit) - records.HEADER_SIZE)
-        body = 3 + tail  # attributes, timestamp delta 0, offset delta 0: the record alone
-        alone = body + len(zz[body]) if body < _TABLE else record_size(tail, 0, 0)
-        if alone + records.HEADER_SIZE > caps[1]:
-            self._fitting(topic, info, tail)  # raises MessageTooLarge
-        reserve = alone + _DELTA_SLACK
+            reserve = self._reserve(key, value, headers)
+        if reserve + records.HEADER_SIZE > limit:
+            self._fitting(topic, info, tail_size(key, value, headers))  # raises MessageTooLarge
         mem = self._memory
         if not prepaid and (mem.used + reserve > mem.limit or mem.waiters):
             return False
@@ -643,45 +628,39 @@ class Producer:
         if ts is None:
             ts = int(_time() * 1000)
         acc = self._acc
-        cap = caps[2]
         batch = acc.open.get((topic, partition))
-        if batch is not None:
-            frame = framing(tail, ts - batch.base_ts, batch.count)
-            if batch.size + frame[3] > cap:
-                acc.close(batch)
-                batch = None
-                if sticky:
-                    partition = self._switch_sticky(topic, n, partition)
-                    batch = acc.open.get((topic, partition))
-                    if batch is not None:
-                        frame = framing(tail, ts - batch.base_ts, batch.count)
-                        if batch.size + frame[3] > cap:
-                            acc.close(batch)
-                            batch = None
-        if batch is None:
-            frame = framing(tail, 0, 0)
-            count = tdelta = 0
-        else:
-            count, tdelta = batch.count, ts - batch.base_ts
-        zb, zt, zo, size = frame
-        if not plain:
-            parts = (records.encode_record(count, tdelta, key, value, headers),)
-        elif key is None:
-            parts = (zb, b"\x00", zt, zo, b"\x01", zv, value, b"\x00")
-        else:
-            parts = (zb, b"\x00", zt, zo, zk, key, zv, value, b"\x00")
+        if batch is not None and not batch.add(cap, key, value, headers, ts, sink, reserve):
+            acc.close(batch)  # full
+            batch = None
+            if sticky:
+                partition = self._switch_sticky(topic, n, partition)
+                batch = acc.open.get((topic, partition))
+                if batch is not None and not batch.add(cap, key, value, headers, ts, sink, reserve):
+                    acc.close(batch)
+                    batch = None
         if batch is None:
             batch = acc.new_batch(topic, partition, ts)
+            # alone in a batch it fits whatever ``cap`` (``_fitting`` checked the limit)
+            batch.add(limit - records.HEADER_SIZE, key, value, headers, ts, sink, reserve)
+            acc.adopt(batch)
         if not prepaid:
             mem.used += reserve
-        elif prepaid != reserve:  # reserved before the topic's limits changed: settle up
+        elif prepaid != reserve:  # cannot happen (same _reserve), but never leak memory
             mem.release(prepaid - reserve)
-        batch.append(parts, size, sink, ts, reserve)
         if batch.size >= cap:
             acc.close(batch)
             if sticky:
                 self._switch_sticky(topic, n, partition)
         return True
+
+    @staticmethod
+    def _reserve(key, value, headers) -> int:
+        """Memory a record reserves while buffered: an upper bound of its encoded size in
+        any batch (what ``_append_now`` reserves; raises ``TypeError`` for fields that are
+        not bytes-like)."""
+        if headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes):
+            return len(value) + (0 if key is None else len(key)) + _PLAIN_SLACK
+        return tail_size(key, value, headers) + _FRAMING_MAX
 
     async def send_many(
         self,

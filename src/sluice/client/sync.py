@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import _base as _futures
 
 from sluice import errors
 from sluice.client.admin import Admin
@@ -110,6 +112,9 @@ class _SyncBase:
 
     def _ensure(self) -> tuple:
         """``(client, loop thread)``, created on first use; ``ClientClosed`` once closed."""
+        lt, client = self._lt, self._client  # _lt is set last, under the lock
+        if lt is not None and not self._closed:
+            return client, lt
         with self._lock:
             if self._closed:
                 raise errors.ClientClosed(f"{type(self).__name__} is closed")
@@ -155,6 +160,42 @@ class _SyncBase:
         self.close()
 
 
+_DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
+
+
+class RecordFuture(concurrent.futures.Future):
+    """The ``concurrent.futures.Future`` of one record sent with ``SyncProducer.send``.
+
+    A plain future builds its own ``threading.Condition``, which costs more than buffering
+    the record; the futures of one producer share one.  A waiter may then be woken by
+    another future's outcome, so ``result`` and ``exception`` wait until this one is done
+    (or ``timeout`` passed).  Everything else, ``concurrent.futures.wait`` and
+    ``as_completed`` included, works as on any future.
+    """
+
+    def __init__(self, condition: threading.Condition) -> None:
+        # not super().__init__(), which builds a Condition of its own
+        self._condition = condition
+        self._state = _futures.PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._state not in _DONE:
+            with self._condition:
+                self._condition.wait_for(lambda: self._state in _DONE, timeout)
+
+    def result(self, timeout: float | None = None):
+        self._wait(timeout)
+        return super().result(0)  # raises TimeoutError if still pending
+
+    def exception(self, timeout: float | None = None):
+        self._wait(timeout)
+        return super().exception(0)
+
+
 class SyncProducer(_SyncBase):
     """Blocking ``Producer``: ``send`` returns at once a ``concurrent.futures.Future`` of
     the record's ``RecordMetadata``.
@@ -182,11 +223,15 @@ class SyncProducer(_SyncBase):
 
     def __init__(self, bootstrap, **config) -> None:
         super().__init__(bootstrap, **config)
-        self._outbox: list[tuple] = []  # records sent, not handed to the loop yet
-        self._outbox_bytes = 0
-        self._handing = False  # a hand-over is scheduled on the loop
-        self._outbox_lock = threading.Lock()
+        # Records sent, not handed to the loop yet: appended by senders, popped by the loop,
+        # without a lock (deque appends and pops are atomic).  Sent minus handed bytes of
+        # values is what the outbox holds (approximately, with several sending threads: a
+        # sender's += may be lost; it only informs backpressure).
+        self._outbox: deque[tuple] = deque()
+        self._sent_bytes = self._handed_bytes = 0
+        self._handing = False  # a hand-over is scheduled or running on the loop
         self._unbuffered: list[BaseException] = []  # errors for the next flush to raise
+        self._futures_condition = threading.Condition()  # shared by the RecordFutures
 
     def send(
         self, topic: str, value: bytes | None, *, key: bytes | None = None, headers=None,
@@ -199,35 +244,35 @@ class SyncProducer(_SyncBase):
             # buffered (after every record before it), so that its errors raise here
             return lt.run(self._hand_over_then(client, _chained_send, topic, value, key=key, headers=headers,
                                                partition=partition, timestamp_ms=timestamp_ms))
-        cf: concurrent.futures.Future = concurrent.futures.Future()
-        size = len(value) if value is not None else 0
+        cf = RecordFuture(self._futures_condition)
+        self._outbox.append((topic, value, key, headers, partition, timestamp_ms, cf))
+        self._sent_bytes += len(value) if value is not None else 0
         mem = client._memory
-        with self._outbox_lock:
-            self._outbox.append((topic, value, key, headers, partition, timestamp_ms, cf))
-            self._outbox_bytes += size
-            full = mem.used + self._outbox_bytes > mem.limit
-            if self._handing and not full:
-                return cf
+        if mem.used + self._sent_bytes - self._handed_bytes > mem.limit:
+            lt.run(self._hand_over_and_buffer(client))  # until this record and every one before it is buffered
+        elif not self._handing:
             self._handing = True
-        if full:  # wait until this record (and every one before it) is buffered
-            lt.run(self._hand_over_and_buffer(client))
-        else:
             lt.call_soon(self._hand_over, client)
         return cf
 
     def _hand_over(self, client: Producer) -> None:
-        """On the loop: buffer (or queue in the producer's waiting line) every record sent."""
+        """On the loop: buffer (or queue in the producer's waiting line) every record sent.
+
+        Ends only after it cleared ``_handing`` and then found the outbox empty, so a
+        record a sender appended while ``_handing`` was set is never left behind."""
+        outbox = self._outbox
+        client.on_unbuffered = self._unbuffered.append
+        submit = client.submit
         while True:
-            with self._outbox_lock:
-                items, self._outbox = self._outbox, []
-                self._outbox_bytes = 0
-                if not items:
-                    self._handing = False
-                    return
-            client.on_unbuffered = self._unbuffered.append
-            submit = client.submit
-            for topic, value, key, headers, partition, ts, cf in items:
+            while outbox:
+                topic, value, key, headers, partition, ts, cf = outbox.popleft()
+                if value is not None:
+                    self._handed_bytes += len(value)
                 submit(topic, value, key, headers, partition, ts, cf)
+            self._handing = False
+            if not outbox:
+                return
+            self._handing = True
 
     async def _hand_over_then(self, client: Producer, fn, *args, **kw):
         self._hand_over(client)

@@ -88,7 +88,7 @@ _PRODUCER = struct.Struct(">qhi")
 crc32c = _crc32c.crc32c
 
 
-_ABI_VERSION = 3  # the version of sluice._crecords this module calls (see _crecords.c)
+_ABI_VERSION = 4  # the version of sluice._crecords this module calls (see _crecords.c)
 
 
 def _compiled():
@@ -437,6 +437,23 @@ def _encode_record_py(
         parts.append(b"\x00")
     body = b"".join(parts)
     return _zz(len(body)) + body
+
+
+def _append_record_py(buf, limit, offset_delta, timestamp_delta, key, value, headers=None) -> int:
+    """The pure-Python reference of ``append_record``."""
+    rec = _encode_record_py(offset_delta, timestamp_delta, key, value, headers)
+    if len(buf) + len(rec) > limit:
+        return 0
+    buf += rec
+    return len(rec)
+
+
+# append_record(buf, limit, offset_delta, timestamp_delta, key, value, headers) -> int:
+# append one record (``encode_record``'s bytes) to the bytearray ``buf`` if ``buf`` then
+# holds at most ``limit`` bytes; return its size, or 0 when it would not fit (``buf``
+# unchanged).  Raises, leaving ``buf`` unchanged, where ``encode_record`` raises.  The
+# producer's per-record path, so the C function itself when compiled (no Python frame).
+append_record = _C.append_record if _C is not None else _append_record_py
 
 
 def encode_keyless_records(values: Sequence[bytes], first_delta: int = 0) -> bytes:
