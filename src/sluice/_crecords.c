@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <limits.h>
 #include <string.h>
+#include <time.h>
+#include <structmember.h>
 
 static PyObject *corrupt_record = NULL; /* sluice.errors.CorruptRecord, set by init() */
 static PyObject *empty_tuple = NULL;
@@ -512,24 +514,20 @@ release_record(record_t *r)
     Py_XDECREF(r->seq);
 }
 
-/* Hold (offset_delta, timestamp_delta, key, value, headers) and size the record; -1 with an
- * exception set (and nothing held) when an argument is not what the format takes. */
+/* Hold a record's fields and size it; -1 with an exception set (and nothing held) when a
+ * field is not what the format takes. */
 static int
-hold_record(record_t *r, PyObject *const *args)
+hold_record(record_t *r, long long od, long long td, PyObject *key, PyObject *value, PyObject *headers)
 {
     memset(r, 0, sizeof(*r));
-    r->od = PyLong_AsLongLong(args[0]);
-    if (r->od == -1 && PyErr_Occurred())
+    r->od = od;
+    r->td = td;
+    if (hold_field(key, &r->key, "record key") < 0)
         return -1;
-    r->td = PyLong_AsLongLong(args[1]);
-    if (r->td == -1 && PyErr_Occurred())
-        return -1;
-    if (hold_field(args[2], &r->key, "record key") < 0)
-        return -1;
-    if (hold_field(args[3], &r->value, "record value") < 0)
+    if (hold_field(value, &r->value, "record value") < 0)
         goto fail;
-    if (args[4] != Py_None) {
-        r->seq = PySequence_Fast(args[4], "headers must be a sequence of (str, bytes) pairs");
+    if (headers != Py_None) {
+        r->seq = PySequence_Fast(headers, "headers must be a sequence of (str, bytes) pairs");
         if (r->seq == NULL)
             goto fail;
         r->nh = PySequence_Fast_GET_SIZE(r->seq);
@@ -604,14 +602,43 @@ encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "encode_record takes 5 arguments");
         return NULL;
     }
+    long long od = PyLong_AsLongLong(args[0]);
+    if (od == -1 && PyErr_Occurred())
+        return NULL;
+    long long td = PyLong_AsLongLong(args[1]);
+    if (td == -1 && PyErr_Occurred())
+        return NULL;
     record_t r;
-    if (hold_record(&r, args) < 0)
+    if (hold_record(&r, od, td, args[2], args[3], args[4]) < 0)
         return NULL;
     PyObject *result = PyBytes_FromStringAndSize(NULL, record_size(&r));
     if (result != NULL)
         write_record((uint8_t *)PyBytes_AS_STRING(result), &r);
     release_record(&r);
     return result;
+}
+
+/* Append a record to the bytearray ``buf`` if ``buf`` then holds at most ``limit`` bytes:
+ * its size, 0 when it would not fit, -1 with an exception set (``buf`` unchanged). */
+static Py_ssize_t
+append_to(PyObject *buf, Py_ssize_t limit, long long od, long long td, PyObject *key, PyObject *value,
+          PyObject *headers)
+{
+    record_t r;
+    if (hold_record(&r, od, td, key, value, headers) < 0)
+        return -1;
+    Py_ssize_t have = PyByteArray_GET_SIZE(buf), size = record_size(&r);
+    if (have + size > limit) {
+        release_record(&r);
+        return 0;
+    }
+    if (PyByteArray_Resize(buf, have + size) < 0) {
+        release_record(&r);
+        return -1;
+    }
+    write_record((uint8_t *)PyByteArray_AS_STRING(buf) + have, &r);
+    release_record(&r);
+    return size;
 }
 
 PyDoc_STRVAR(append_record_doc,
@@ -634,23 +661,454 @@ append_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;
-    record_t r;
-    if (hold_record(&r, args + 2) < 0)
+    long long od = PyLong_AsLongLong(args[2]);
+    if (od == -1 && PyErr_Occurred())
         return NULL;
-    PyObject *buf = args[0];
-    Py_ssize_t have = PyByteArray_GET_SIZE(buf), size = record_size(&r);
-    if (have + size > limit) {
-        release_record(&r);
-        return PyLong_FromLong(0);
-    }
-    if (PyByteArray_Resize(buf, have + size) < 0) {
-        release_record(&r);
+    long long td = PyLong_AsLongLong(args[3]);
+    if (td == -1 && PyErr_Occurred())
         return NULL;
-    }
-    write_record((uint8_t *)PyByteArray_AS_STRING(buf) + have, &r);
-    release_record(&r);
-    return PyLong_FromSsize_t(size);
+    Py_ssize_t size = append_to(args[0], limit, od, td, args[4], args[5], args[6]);
+    return size < 0 ? NULL : PyLong_FromSsize_t(size);
 }
+
+/* ------------------------------------------------------------ the producer's batches */
+
+/* The per-record state of an open batch (client/accumulator.py subclasses it as Batch):
+ * the records encoded so far in ``buf`` (a bytearray; the built batch's bytes later, or
+ * None), the sink and timestamp of each, and their count, size, reserved memory and
+ * timestamp range.  ``add`` and ``resolve_records`` are the per-record work of a batch. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *buf, *futures, *timestamps;
+    long long count, size, reserved, base_ts, max_ts;
+} RecordBuffer;
+
+static PyTypeObject RecordBufferType;
+
+static PyObject *
+RecordBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    RecordBuffer *self = (RecordBuffer *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->buf = PyByteArray_FromStringAndSize(NULL, 0);
+    self->futures = PyList_New(0);
+    self->timestamps = PyList_New(0);
+    if (self->buf == NULL || self->futures == NULL || self->timestamps == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int
+RecordBuffer_traverse(RecordBuffer *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->buf);
+    Py_VISIT(self->futures);
+    Py_VISIT(self->timestamps);
+    return 0;
+}
+
+static int
+RecordBuffer_clear(RecordBuffer *self)
+{
+    Py_CLEAR(self->buf);
+    Py_CLEAR(self->futures);
+    Py_CLEAR(self->timestamps);
+    return 0;
+}
+
+static void
+RecordBuffer_dealloc(RecordBuffer *self)
+{
+    PyObject_GC_UnTrack(self);
+    RecordBuffer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* RecordBuffer.add without argument parsing: 1 added, 0 would not fit, -1 error. */
+static int
+buffer_add(RecordBuffer *self, Py_ssize_t limit, PyObject *key, PyObject *value, PyObject *headers,
+           long long ts, PyObject *sink, long long reserved)
+{
+    if (self->buf == NULL || !PyByteArray_CheckExact(self->buf) || self->futures == NULL
+        || self->timestamps == NULL || !PyList_CheckExact(self->futures) || !PyList_CheckExact(self->timestamps)) {
+        PyErr_SetString(PyExc_RuntimeError, "a record added to a batch already built");
+        return -1;
+    }
+    Py_ssize_t size = append_to(self->buf, limit, self->count, ts - self->base_ts, key, value, headers);
+    if (size <= 0)
+        return (int)size;
+    PyObject *t = PyLong_FromLongLong(ts);
+    if (t == NULL || PyList_Append(self->timestamps, t) < 0) {
+        Py_XDECREF(t);
+        goto undo;
+    }
+    Py_DECREF(t);
+    if (PyList_Append(self->futures, sink) < 0) {
+        PyList_SetSlice(self->timestamps, self->count, self->count + 1, NULL);
+        goto undo;
+    }
+    self->count++;
+    self->size += size;
+    self->reserved += reserved;
+    if (ts > self->max_ts)
+        self->max_ts = ts;
+    return 1;
+undo: /* out of memory: take the record back out */
+    PyByteArray_Resize(self->buf, PyByteArray_GET_SIZE(self->buf) - size);
+    return -1;
+}
+
+PyDoc_STRVAR(add_doc,
+"add(limit, key, value, headers, timestamp, sink, reserved) -> bool\n\n"
+"Encode one record into the batch if its records then take at most ``limit`` bytes;\n"
+"False (nothing added) when they would not.  ``sink`` (an asyncio or concurrent future,\n"
+"or any object with ``done``, ``set_result`` and ``set_exception``) is told its outcome.\n"
+"Raises, adding nothing, on a record the format cannot encode.");
+
+static PyObject *
+RecordBuffer_add(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "add takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[0]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    long long ts = PyLong_AsLongLong(args[4]);
+    if (ts == -1 && PyErr_Occurred())
+        return NULL;
+    long long reserved = PyLong_AsLongLong(args[6]);
+    if (reserved == -1 && PyErr_Occurred())
+        return NULL;
+    int added = buffer_add(self, limit, args[1], args[2], args[3], ts, args[5], reserved);
+    if (added < 0)
+        return NULL;
+    return PyBool_FromLong(added);
+}
+
+static PyObject *str_done, *str_set_result, *str_used, *str_limit, *str_waiters;
+
+PyDoc_STRVAR(resolve_records_doc,
+"resolve_records(meta_type, topic, partition, base_offset, append_time) -> None\n\n"
+"Tell each record's sink not done yet its metadata, ``meta_type((topic, partition, offset,\n"
+"timestamp))`` (a tuple subclass of 4 fields): offsets count from ``base_offset`` (all -1\n"
+"when it is -1), the timestamp is ``append_time`` unless it is -1, else the record's.");
+
+static PyObject *
+RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "resolve_records takes 5 arguments");
+        return NULL;
+    }
+    PyTypeObject *meta = (PyTypeObject *)args[0];
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype(meta, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "meta_type must be a tuple subclass");
+        return NULL;
+    }
+    long long off = PyLong_AsLongLong(args[3]);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    long long append_time = PyLong_AsLongLong(args[4]);
+    if (append_time == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->futures == NULL || self->timestamps == NULL || !PyList_CheckExact(self->futures)
+        || !PyList_CheckExact(self->timestamps)
+        || PyList_GET_SIZE(self->futures) != PyList_GET_SIZE(self->timestamps)) {
+        PyErr_SetString(PyExc_RuntimeError, "a batch's sinks and timestamps differ in number");
+        return NULL;
+    }
+    long long step = off >= 0 ? 1 : 0;
+    PyObject *futures = Py_NewRef(self->futures), *timestamps = Py_NewRef(self->timestamps);
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(futures); i++, off += step) {
+        PyObject *fut = PyList_GET_ITEM(futures, i);
+        PyObject *done = PyObject_CallMethodNoArgs(fut, str_done);
+        if (done == NULL)
+            goto out;
+        int is_done = PyObject_IsTrue(done);
+        Py_DECREF(done);
+        if (is_done < 0)
+            goto out;
+        if (is_done)
+            continue;
+        PyObject *m = meta->tp_alloc(meta, 4);
+        if (m == NULL)
+            goto out;
+        PyObject *ts = append_time != -1 ? PyLong_FromLongLong(append_time)
+                                         : Py_NewRef(PyList_GET_ITEM(timestamps, i));
+        PyObject *o = PyLong_FromLongLong(off);
+        if (ts == NULL || o == NULL) {
+            Py_XDECREF(ts);
+            Py_XDECREF(o);
+            Py_DECREF(m);
+            goto out;
+        }
+        PyTuple_SET_ITEM(m, 0, Py_NewRef(args[1]));
+        PyTuple_SET_ITEM(m, 1, Py_NewRef(args[2]));
+        PyTuple_SET_ITEM(m, 2, o);
+        PyTuple_SET_ITEM(m, 3, ts);
+        PyObject *r = PyObject_CallMethodOneArg(fut, str_set_result, m);
+        Py_DECREF(m);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+    }
+    result = Py_NewRef(Py_None);
+out:
+    Py_DECREF(futures);
+    Py_DECREF(timestamps);
+    return result;
+}
+
+static PyMethodDef RecordBuffer_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))RecordBuffer_add, METH_FASTCALL, add_doc},
+    {"resolve_records", (PyCFunction)(void (*)(void))RecordBuffer_resolve_records, METH_FASTCALL,
+     resolve_records_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef RecordBuffer_members[] = {
+    {"buf", T_OBJECT, offsetof(RecordBuffer, buf), 0, "the records encoded so far (bytearray), or the built batch"},
+    {"futures", T_OBJECT, offsetof(RecordBuffer, futures), 0, "each record's sink"},
+    {"timestamps", T_OBJECT, offsetof(RecordBuffer, timestamps), 0, "each record's timestamp"},
+    {"count", T_LONGLONG, offsetof(RecordBuffer, count), 0, "records"},
+    {"size", T_LONGLONG, offsetof(RecordBuffer, size), 0, "bytes of the encoded records"},
+    {"reserved", T_LONGLONG, offsetof(RecordBuffer, reserved), 0, "buffer memory reserved by them"},
+    {"base_ts", T_LONGLONG, offsetof(RecordBuffer, base_ts), 0, "the first record's timestamp"},
+    {"max_ts", T_LONGLONG, offsetof(RecordBuffer, max_ts), 0, "the greatest timestamp"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RecordBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._crecords.RecordBuffer",
+    .tp_doc = "The per-record state of a producer's batch (client/accumulator.py).",
+    .tp_basicsize = sizeof(RecordBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = RecordBuffer_new,
+    .tp_dealloc = (destructor)RecordBuffer_dealloc,
+    .tp_traverse = (traverseproc)RecordBuffer_traverse,
+    .tp_clear = (inquiry)RecordBuffer_clear,
+    .tp_methods = RecordBuffer_methods,
+    .tp_members = RecordBuffer_members,
+};
+
+/* ------------------------------------------------------- the producer's per-record path */
+
+/* Producer._append_now for the common record, in one call: a record of bytes (a key or
+ * none, no headers) for a topic whose route is current, that fits in its partition's open
+ * batch, with memory free.  Everything else, and anything unusual, is left to the Python
+ * path, which ``append`` tells by returning False after changing nothing. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full;
+    int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
+    long long header_size, slack;
+} Appender;
+
+static void
+Appender_dealloc(Appender *self)
+{
+    Py_XDECREF(self->topics);
+    Py_XDECREF(self->routes);
+    Py_XDECREF(self->lanes);
+    Py_XDECREF(self->open);
+    Py_XDECREF(self->memory);
+    Py_XDECREF(self->sticky);
+    Py_XDECREF(self->crc32c);
+    Py_XDECREF(self->on_full);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full;
+    int partitioner;
+    long long header_size, slack;
+    static char *names[] = {"topics", "routes", "lanes", "open", "memory", "sticky", "crc32c", "on_full",
+                            "partitioner", "header_size", "slack", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!O!OO!OOpLL:Appender", names, &PyDict_Type, &topics,
+                                     &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open, &memory,
+                                     &PyDict_Type, &sticky, &crc32c, &on_full, &partitioner, &header_size, &slack))
+        return NULL;
+    Appender *self = (Appender *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->topics = Py_NewRef(topics);
+    self->routes = Py_NewRef(routes);
+    self->lanes = Py_NewRef(lanes);
+    self->open = Py_NewRef(open);
+    self->memory = Py_NewRef(memory);
+    self->sticky = Py_NewRef(sticky);
+    self->crc32c = Py_NewRef(crc32c);
+    self->on_full = Py_NewRef(on_full);
+    self->partitioner = partitioner;
+    self->header_size = header_size;
+    self->slack = slack;
+    return (PyObject *)self;
+}
+
+/* A Python int as a long long, or -1 (not an int, or out of range: the Python path decides). */
+static long long
+small_int(PyObject *o)
+{
+    if (!PyLong_CheckExact(o))
+        return -1;
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return v;
+}
+
+static long long
+now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+PyDoc_STRVAR(append_doc,
+"append(topic, value, key, headers, partition, timestamp_ms, sink) -> bool\n\n"
+"Buffer the record as Producer._append_now would, when it is the common case; False, having\n"
+"changed nothing, when the Python path must take it.");
+
+static PyObject *
+Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "append takes 7 arguments");
+        return NULL;
+    }
+    PyObject *topic = args[0], *value = args[1], *key = args[2], *part = args[4], *tsobj = args[5];
+    if (args[3] != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
+        || !PyUnicode_CheckExact(topic))
+        Py_RETURN_FALSE;
+    int waiting = PyDict_Contains(self->lanes, topic);
+    if (waiting != 0)
+        return waiting < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *route = PyDict_GetItemWithError(self->routes, topic); /* borrowed */
+    if (route == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    PyObject *info = PyDict_GetItemWithError(self->topics, topic);
+    if (info == NULL && PyErr_Occurred())
+        return NULL;
+    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 4 || PyTuple_GET_ITEM(route, 0) != info)
+        Py_RETURN_FALSE;
+    long long n = small_int(PyTuple_GET_ITEM(route, 1));
+    long long limit = small_int(PyTuple_GET_ITEM(route, 2));
+    long long cap = small_int(PyTuple_GET_ITEM(route, 3));
+    if (n <= 0 || limit <= 0 || cap <= 0)
+        Py_RETURN_FALSE;
+    long long p;
+    int sticky = 0;
+    if (part != Py_None) {
+        p = small_int(part);
+        if (p < 0 || p >= n)
+            Py_RETURN_FALSE;
+    } else if (self->partitioner) {
+        Py_RETURN_FALSE;
+    } else if (key == Py_None) {
+        PyObject *s = PyDict_GetItemWithError(self->sticky, topic);
+        if (s == NULL)
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+        p = small_int(s);
+        if (p < 0 || p >= n)
+            Py_RETURN_FALSE;
+        sticky = 1;
+    } else {
+        PyObject *c = PyObject_CallOneArg(self->crc32c, key);
+        if (c == NULL)
+            return NULL;
+        p = small_int(c);
+        Py_DECREF(c);
+        if (p < 0)
+            Py_RETURN_FALSE;
+        p %= n;
+    }
+    long long reserve = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + self->slack;
+    if (reserve + self->header_size > limit)
+        Py_RETURN_FALSE;
+    long long ts = tsobj == Py_None ? now_ms() : small_int(tsobj);
+    if (ts < 0)
+        Py_RETURN_FALSE;
+    /* memory: used + reserve within the limit and nobody waiting */
+    PyObject *o = PyObject_GetAttr(self->memory, str_waiters);
+    if (o == NULL)
+        return NULL;
+    int waiters = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    if (waiters != 0)
+        return waiters < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *used_obj = PyObject_GetAttr(self->memory, str_used);
+    if (used_obj == NULL)
+        return NULL;
+    long long used = small_int(used_obj);
+    Py_DECREF(used_obj);
+    PyObject *limit_obj = PyObject_GetAttr(self->memory, str_limit);
+    if (limit_obj == NULL)
+        return NULL;
+    long long mlimit = small_int(limit_obj);
+    Py_DECREF(limit_obj);
+    if (used < 0 || used + reserve > mlimit)
+        Py_RETURN_FALSE;
+    PyObject *tp = Py_BuildValue("(OL)", topic, p);
+    if (tp == NULL)
+        return NULL;
+    PyObject *batch = PyDict_GetItemWithError(self->open, tp); /* borrowed */
+    Py_DECREF(tp);
+    if (batch == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    if (!PyObject_TypeCheck(batch, &RecordBufferType))
+        Py_RETURN_FALSE;
+    Py_INCREF(batch);
+    int added = buffer_add((RecordBuffer *)batch, (Py_ssize_t)cap, key, value, Py_None, ts, args[6], reserve);
+    if (added <= 0) { /* full: the Python path closes it; or an error (nothing added) */
+        Py_DECREF(batch);
+        return added < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    PyObject *new_used = PyLong_FromLongLong(used + reserve);
+    if (new_used == NULL || PyObject_SetAttr(self->memory, str_used, new_used) < 0) {
+        /* cannot happen short of running out of memory; the record stays buffered */
+        Py_XDECREF(new_used);
+        Py_DECREF(batch);
+        return NULL;
+    }
+    Py_DECREF(new_used);
+    if (((RecordBuffer *)batch)->size >= cap) {
+        PyObject *r = PyObject_CallFunction(self->on_full, "OiLL", batch, sticky, n, p);
+        if (r == NULL) {
+            Py_DECREF(batch);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(batch);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL, append_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._crecords.Appender",
+    .tp_doc = "Appender(topics, routes, lanes, open, memory, sticky, crc32c, on_full, partitioner, "
+              "header_size, slack): the producer's per-record path for the common record.",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Appender_new,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_methods = Appender_methods,
+};
 
 static PyObject *
 init(PyObject *self, PyObject *exc)
@@ -676,7 +1134,7 @@ static struct PyModuleDef module = {
 /* Raised whenever a function's arguments or results change: records.py uses a build
  * only if it says the version records.py expects (an old build left in place by an
  * editable install falls back to pure Python instead of failing). */
-#define ABI_VERSION 4
+#define ABI_VERSION 5
 
 PyMODINIT_FUNC
 PyInit__crecords(void)
@@ -684,8 +1142,20 @@ PyInit__crecords(void)
     empty_tuple = PyTuple_New(0);
     if (empty_tuple == NULL)
         return NULL;
+    str_done = PyUnicode_InternFromString("done");
+    str_set_result = PyUnicode_InternFromString("set_result");
+    str_used = PyUnicode_InternFromString("used");
+    str_limit = PyUnicode_InternFromString("limit");
+    str_waiters = PyUnicode_InternFromString("waiters");
+    if (!str_done || !str_set_result || !str_used || !str_limit || !str_waiters)
+        return NULL;
+    if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&AppenderType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0) {
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0
+        || PyModule_AddType(m, &RecordBufferType) < 0 || PyModule_AddType(m, &AppenderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -3,13 +3,16 @@ SyncProducer.send from a plain loop (fake broker; no timing assertions)."""
 
 import asyncio
 import concurrent.futures
+import random
 import threading
 
 import pytest
 
 from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
+from sluice.client.producer import _python_path
 from sluice.client.sync import RecordFuture
+from sluice.protocol import records
 
 from .fakebroker import FakeBroker
 
@@ -213,3 +216,69 @@ def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome()
     with pytest.raises(concurrent.futures.CancelledError):
         c.result()
     assert list(concurrent.futures.as_completed([a, b, d], timeout=1)) != []
+
+
+@pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
+@pytest.mark.parametrize("seed", range(4))
+async def test_compiled_and_python_paths_build_the_same_batches(seed):
+    """The common record takes the compiled path (``Producer._append_common``), the others
+    ``_append_now``; records of both kinds mixed, with full batches, sticky and keyed
+    partitions, give byte-identical batches to the Python path alone."""
+    rng = random.Random(seed)
+    sends = [
+        (
+            rng.choice([None, None, b"k%d" % rng.randrange(7)]),  # key
+            rng.choice([b"", b"v" * rng.randrange(400), b"w" * rng.randrange(40), None]),  # value
+            [("h", b"x")] if rng.random() < 0.1 else None,  # headers
+            rng.choice([None, None, rng.randrange(3)]),  # partition
+            1_700_000_000_000 + rng.randrange(-5000, 5000),  # timestamp
+        )
+        for _ in range(800)
+    ]
+
+    async def run(compiled: bool):
+        random.seed(seed)  # the same sticky partitions
+        broker = FakeBroker({"t": 3})
+        async with make(broker, linger_ms=60_000, batch_size=4096) as p:
+            if not compiled:
+                p._append_common = _python_path
+            await p.send("t", b"first", partition=0, timestamp_ms=1_700_000_000_000)
+            await p.flush()
+            futs = [await p.send("t", v, key=k, headers=h, partition=pt, timestamp_ms=ts) for k, v, h, pt, ts in sends]
+            await p.flush()
+            metas = [f.result() for f in futs]
+        return metas, broker.logs
+
+    compiled, python = await run(True), await run(False)
+    assert compiled[0] == python[0]
+    assert compiled[1] == python[1]
+    assert sum(len(batches) for batches in python[1].values()) > 10  # batches filled up
+
+
+@pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
+async def test_record_buffer_compiled_and_reference_agree():
+    """``RecordBuffer`` (C) and ``_RecordBuffer`` (its reference): the same bytes, counts,
+    verdicts when full, and the same metadata told to the sinks not done yet."""
+    from sluice.client.accumulator import RecordMetadata, _RecordBuffer
+
+    loop = asyncio.get_running_loop()
+    outcomes = []
+    for kind in (records._C.RecordBuffer, _RecordBuffer):
+        b = kind()
+        b.buf, b.futures, b.timestamps = bytearray(), [], []
+        b.count = b.size = b.reserved = 0
+        b.base_ts = b.max_ts = 1000
+        sinks = [loop.create_future() for _ in range(6)]
+        added = [
+            b.add(300, None, b"a" * 50, None, 1000 + i, sinks[i], 70) for i in range(3)
+        ] + [b.add(300, b"k", b"b" * 150, [("h", None)], 990, sinks[3], 200), b.add(300, b"k", None, None, 1010, sinks[4], 40)]
+        with pytest.raises(TypeError):
+            b.add(300, None, "text", None, 1000, sinks[5], 1)
+        sinks[1].cancel()
+        b.resolve_records(RecordMetadata, "t", 2, 40, -1)
+        metas = [s.result() if s.done() and not s.cancelled() else None for s in sinks[:5]]
+        outcomes.append((added, bytes(b.buf), b.count, b.size, b.reserved, b.max_ts, metas))
+    assert outcomes[0] == outcomes[1]
+    added, _, count, *_ , metas = outcomes[0]
+    assert added == [True, True, True, False, True] and count == 4
+    assert metas[0] == RecordMetadata("t", 2, 40, 1000) and metas[1] is None and metas[4].offset == 43

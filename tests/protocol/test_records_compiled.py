@@ -20,6 +20,7 @@ from sluice.protocol import records
 from sluice.protocol.records import Record, build_batch, encode_record
 
 crecords = pytest.importorskip("sluice._crecords")
+crecords.init(CorruptRecord)  # records.py does it only when it uses the build (not with SLUICE_PURE_PYTHON)
 
 CODECS = [records.NO_COMPRESSION, records.LZ4, records.ZSTD]
 headers_st = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=16)), max_size=3)

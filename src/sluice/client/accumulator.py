@@ -19,8 +19,6 @@ from typing import NamedTuple
 from sluice import errors
 from sluice.protocol import records
 
-_append = records.append_record  # the C function with the compiled codec
-
 
 class RecordMetadata(NamedTuple):
     """Where an acknowledged record landed.  ``offset`` is -1 with ``acks="none"``."""
@@ -160,10 +158,50 @@ class Bulk:
             self.future.set_exception(exc)
 
 
-class Batch:
+class _RecordBuffer:
+    """The per-record state of a batch, and its per-record work: the pure-Python reference
+    of ``sluice._crecords.RecordBuffer``, used without the compiled codec."""
+
+    __slots__ = ("buf", "futures", "timestamps", "count", "size", "reserved", "base_ts", "max_ts")
+
+    def add(self, limit: int, key, value, headers, ts: int, sink, reserved: int) -> bool:
+        """Encode one record into the batch if its records then take at most ``limit``
+        bytes; False (nothing added) when they would not.  ``sink`` (an asyncio or
+        concurrent future, or any object with ``done``, ``set_result`` and
+        ``set_exception``) is told its outcome.  Raises, adding nothing, on a record the
+        format cannot encode."""
+        size = records.append_record(self.buf, limit, self.count, ts - self.base_ts, key, value, headers)
+        if not size:
+            return False
+        self.futures.append(sink)
+        self.timestamps.append(ts)
+        self.count += 1
+        self.size += size
+        self.reserved += reserved
+        if ts > self.max_ts:
+            self.max_ts = ts
+        return True
+
+    def resolve_records(self, meta_type, topic: str, partition: int, base_offset: int, append_time: int) -> None:
+        """Tell each record's sink not done yet its ``meta_type((topic, partition, offset,
+        timestamp))``: offsets from ``base_offset`` (all -1 when it is -1), the timestamp
+        ``append_time`` unless it is -1, else the record's."""
+        new = tuple.__new__
+        off = base_offset
+        step = 1 if base_offset >= 0 else 0
+        for fut, ts in zip(self.futures, self.timestamps, strict=True):
+            if not fut.done():
+                fut.set_result(new(meta_type, (topic, partition, off, append_time if append_time != -1 else ts)))
+            off += step
+
+
+RecordBuffer = records._C.RecordBuffer if records._C is not None else _RecordBuffer
+
+
+class Batch(RecordBuffer):
     """One record batch of one partition: open (growing), queued, in flight, then done.
 
-    Records are encoded into ``buf`` as they are added (``add``: one C call with the
+    Records are encoded into ``buf`` as they are added (``RecordBuffer.add``, in C with the
     compiled codec); per-record state is two parallel lists (sinks, timestamps) so resolving
     costs one loop per batch.  A bulk batch holds its encoded body and neither.
 
@@ -180,9 +218,8 @@ class Batch:
     order.
     """
 
-    __slots__ = (
-        "topic", "partition", "buf", "futures", "timestamps", "count", "size", "base_ts",
-        "max_ts", "deadline", "linger_at", "reserved", "bulk", "bulk_index", "data",
+    __slots__ = (  # and RecordBuffer's: buf, futures, timestamps, count, size, reserved, base_ts, max_ts
+        "topic", "partition", "deadline", "linger_at", "bulk", "bulk_index", "data",
         "attempts", "last_error", "in_flight", "maybe_stored", "_done",
         "producer_id", "producer_epoch", "sequence", "drain_no",
     )  # fmt: skip
@@ -208,24 +245,6 @@ class Batch:
         self.maybe_stored = False
         self._done: asyncio.Future | None = None
         self.producer_id = self.producer_epoch = self.sequence = self.drain_no = -1
-
-    def add(self, limit: int, key, value, headers, ts: int, sink, reserved: int) -> bool:
-        """Encode one record into the batch if the batch's records then take at most
-        ``limit`` bytes; False (nothing added) when they would not.  ``sink`` (an asyncio
-        or concurrent future, or any object with ``done``, ``set_result`` and
-        ``set_exception``) is told its outcome.  Raises, adding nothing, on a record the
-        format cannot encode (``records.append_record``)."""
-        size = _append(self.buf, limit, self.count, ts - self.base_ts, key, value, headers)
-        if not size:
-            return False
-        self.futures.append(sink)
-        self.timestamps.append(ts)
-        self.count += 1
-        self.size += size
-        self.reserved += reserved
-        if ts > self.max_ts:
-            self.max_ts = ts
-        return True
 
     def build(self, codec: int) -> bytes:
         """The batch's bytes (built, and compressed, once; kept for retries), with the
@@ -258,14 +277,7 @@ class Batch:
         if self.bulk is not None:
             self.bulk.batch_done(self.bulk_index, base_offset, self.count)
             return
-        topic, partition = self.topic, self.partition
-        new, meta = tuple.__new__, RecordMetadata
-        off = base_offset
-        step = 1 if base_offset >= 0 else 0
-        for fut, ts in zip(self.futures, self.timestamps, strict=True):
-            if not fut.done():
-                fut.set_result(new(meta, (topic, partition, off, append_time if append_time != -1 else ts)))
-            off += step
+        self.resolve_records(RecordMetadata, self.topic, self.partition, base_offset, append_time)
 
     def fail(self, exc: BaseException) -> None:
         if self.bulk is not None:

@@ -67,6 +67,12 @@ _FRAMING_MAX = 21
 _PLAIN_SLACK = _FRAMING_MAX + 11
 
 
+def _python_path(*record) -> bool:
+    """``Producer._append_common`` without the compiled codec: every record goes the
+    Python way (``_append_now``)."""
+    return False
+
+
 def default_partitioner(key: bytes, partitions: int) -> int:
     """Partition of a keyed record: CRC-32C of the key modulo the partition count."""
     return _crc32c.crc32c(key) % partitions
@@ -223,6 +229,14 @@ class Producer:
         # told each error that kept a record of submit() from being buffered (sync facade)
         self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
+        # the per-record path of the common record, in C with the compiled codec: it reads
+        # (and never replaces) the dicts above; False sends the record the Python way
+        self._append_common: Callable[..., bool] = _python_path
+        if records._C is not None:
+            self._append_common = records._C.Appender(
+                self._cluster.topics, self._routes, self._lanes, self._acc.open, self._memory, self._sticky,
+                _crc32c.crc32c, self._batch_full, partitioner is not None, records.HEADER_SIZE, _PLAIN_SLACK,
+            ).append
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing = 0
@@ -430,7 +444,10 @@ class Producer:
         fut = loop.create_future()
         buffered = loop.create_future()
         try:
-            if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, fut):
+            if (
+                self._closing or self._sender.fenced is not None
+                or not self._append_common(topic, value, key, headers, partition, timestamp_ms, fut)
+            ) and (topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, fut)):
                 self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
                 return buffered
         except Exception as exc:  # nothing was buffered
@@ -478,7 +495,10 @@ class Producer:
         concurrent future).  An error that keeps the record from being buffered goes to the
         sink and to ``on_unbuffered`` when set.  Call only on the producer's loop."""
         try:
-            if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink):
+            if (
+                self._closing or self._sender.fenced is not None
+                or not self._append_common(topic, value, key, headers, partition, timestamp_ms, sink)
+            ) and (topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink)):
                 self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, sink, None))
         except Exception as exc:  # nothing was buffered
             self._unbuffered(sink, exc)
@@ -560,7 +580,8 @@ class Producer:
         for task in self._lane_tasks.values():
             task.cancel()
         lanes = list(self._lanes.values())
-        self._lanes, self._lane_tasks = {}, {}
+        self._lanes.clear()  # in place: the Appender holds the dict
+        self._lane_tasks = {}
         for lane in lanes:
             for *_, sink, buffered in lane:
                 target = sink if buffered is None else buffered
@@ -648,10 +669,14 @@ class Producer:
         elif prepaid != reserve:  # cannot happen (same _reserve), but never leak memory
             mem.release(prepaid - reserve)
         if batch.size >= cap:
-            acc.close(batch)
-            if sticky:
-                self._switch_sticky(topic, n, partition)
+            self._batch_full(batch, sticky, n, partition)
         return True
+
+    def _batch_full(self, batch, sticky: bool, n: int, partition: int) -> None:
+        """``batch`` holds ``batch_size`` bytes: close it, and move a sticky topic on."""
+        self._acc.close(batch)
+        if sticky:
+            self._switch_sticky(batch.topic, n, partition)
 
     @staticmethod
     def _reserve(key, value, headers) -> int:
