@@ -11,7 +11,7 @@ import pytest
 from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
 from sluice.client.producer import _python_path
-from sluice.client.sync import RecordFuture
+from sluice.client.sync import FutureGroup, RecordFuture
 from sluice.protocol import records
 
 from .fakebroker import FakeBroker
@@ -197,8 +197,8 @@ def test_sync_sends_from_many_threads_keep_each_threads_order():
 def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome():
     """A RecordFuture woken by another future's outcome goes on waiting for its own; the
     futures work with concurrent.futures.wait, as_completed and done callbacks."""
-    condition = threading.Condition()
-    a, b = RecordFuture(condition), RecordFuture(condition)
+    group = FutureGroup()
+    a, b = RecordFuture(group), RecordFuture(group)
     seen = []
     a.add_done_callback(lambda f: seen.append(f.result()))
     threading.Timer(0.05, b.set_result, ("b",)).start()  # wakes a's waiter too
@@ -206,8 +206,8 @@ def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome()
     assert a.result(timeout=5) == "a" and seen == ["a"]
     assert b.result(0) == "b"
     with pytest.raises(concurrent.futures.TimeoutError):
-        RecordFuture(condition).result(timeout=0.01)
-    c, d = RecordFuture(condition), RecordFuture(condition)
+        RecordFuture(group).result(timeout=0.01)
+    c, d = RecordFuture(group), RecordFuture(group)
     threading.Timer(0.05, d.set_exception, (ValueError("d"),)).start()
     done, pending = concurrent.futures.wait([c, d], timeout=5, return_when=concurrent.futures.FIRST_COMPLETED)
     assert done == {d} and pending == {c}

@@ -28,6 +28,15 @@ from sluice.protocol import records
 __all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin", "SyncTransactionProducer"]
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """A loop for a facade's thread: uvloop's where it is installed (the loop is private)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class _LoopThread:
     """An event loop running forever in a daemon thread.
 
@@ -36,7 +45,7 @@ class _LoopThread:
     """
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._lock = threading.Lock()
         self._stopped = False
@@ -163,29 +172,49 @@ class _SyncBase:
 _DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
 
 
+class FutureGroup:
+    r"""What the ``RecordFuture``\ s of one producer share: a ``threading.Condition``, and
+    how many threads wait on it (so that an outcome nobody waits for notifies nobody)."""
+
+    __slots__ = ("condition", "sleepers")
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.sleepers = 0  # changed with the condition held
+
+
 class RecordFuture(concurrent.futures.Future):
     """The ``concurrent.futures.Future`` of one record sent with ``SyncProducer.send``.
 
     A plain future builds its own ``threading.Condition``, which costs more than buffering
-    the record; the futures of one producer share one.  A waiter may then be woken by
-    another future's outcome, so ``result`` and ``exception`` wait until this one is done
-    (or ``timeout`` passed).  Everything else, ``concurrent.futures.wait`` and
-    ``as_completed`` included, works as on any future.
+    the record; the futures of one producer share one (their ``FutureGroup``).  A waiter
+    may then be woken by another future's outcome, so ``result`` and ``exception`` wait
+    until this one is done (or ``timeout`` passed).  Everything else,
+    ``concurrent.futures.wait`` and ``as_completed`` included, works as on any future.
     """
 
-    def __init__(self, condition: threading.Condition) -> None:
+    def __init__(self, group: FutureGroup) -> None:
         # not super().__init__(), which builds a Condition of its own
-        self._condition = condition
+        self._group = group
+        self._condition = group.condition
         self._state = _futures.PENDING
         self._result = None
         self._exception = None
         self._waiters = []
         self._done_callbacks = []
 
+    def done(self) -> bool:
+        return self._state in _DONE  # one read: no lock needed
+
     def _wait(self, timeout: float | None) -> None:
         if self._state not in _DONE:
-            with self._condition:
-                self._condition.wait_for(lambda: self._state in _DONE, timeout)
+            group = self._group
+            with group.condition:
+                group.sleepers += 1
+                try:
+                    group.condition.wait_for(lambda: self._state in _DONE, timeout)
+                finally:
+                    group.sleepers -= 1
 
     def result(self, timeout: float | None = None):
         self._wait(timeout)
@@ -194,6 +223,21 @@ class RecordFuture(concurrent.futures.Future):
     def exception(self, timeout: float | None = None):
         self._wait(timeout)
         return super().exception(0)
+
+    def set_result(self, result) -> None:
+        """As ``Future.set_result``, without waking the group when nobody waits."""
+        group = self._group
+        with group.condition:
+            if self._state in _DONE:
+                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+            self._result = result
+            self._state = _futures.FINISHED
+            for waiter in self._waiters:
+                waiter.add_result(self)
+            if group.sleepers:
+                group.condition.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()
 
 
 class SyncProducer(_SyncBase):
@@ -231,7 +275,7 @@ class SyncProducer(_SyncBase):
         self._sent_bytes = self._handed_bytes = 0
         self._handing = False  # a hand-over is scheduled or running on the loop
         self._unbuffered: list[BaseException] = []  # errors for the next flush to raise
-        self._futures_condition = threading.Condition()  # shared by the RecordFutures
+        self._future_group = FutureGroup()  # what the RecordFutures share
 
     def send(
         self, topic: str, value: bytes | None, *, key: bytes | None = None, headers=None,
@@ -244,7 +288,7 @@ class SyncProducer(_SyncBase):
             # buffered (after every record before it), so that its errors raise here
             return lt.run(self._hand_over_then(client, _chained_send, topic, value, key=key, headers=headers,
                                                partition=partition, timestamp_ms=timestamp_ms))
-        cf = RecordFuture(self._futures_condition)
+        cf = RecordFuture(self._future_group)
         self._outbox.append((topic, value, key, headers, partition, timestamp_ms, cf))
         self._sent_bytes += len(value) if value is not None else 0
         mem = client._memory
@@ -265,10 +309,11 @@ class SyncProducer(_SyncBase):
         submit = client.submit
         while True:
             while outbox:
-                topic, value, key, headers, partition, ts, cf = outbox.popleft()
+                item = outbox.popleft()
+                value = item[1]
                 if value is not None:
                     self._handed_bytes += len(value)
-                submit(topic, value, key, headers, partition, ts, cf)
+                submit(*item)
             self._handing = False
             if not outbox:
                 return
@@ -376,15 +421,26 @@ async def _chained(afut: asyncio.Future) -> concurrent.futures.Future:
 def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
     """Whether a record can be handed over without waiting for its errors: its topic's
     metadata is known and it is well within the topic's size limit (a read of the loop's
-    metadata from another thread: a stale answer only sends the record the blocking way)."""
+    metadata from another thread: a stale answer only sends the record the blocking way).
+    A record of bytes without headers is sized from the producer's route of the topic."""
     info = client._cluster.topics.get(topic)
     if info is None:
         return False
+    route = client._routes.get(topic)
+    if (
+        route is not None and route[0] is info and headers is None
+        and value.__class__ is bytes and (key is None or key.__class__ is bytes)
+    ):
+        return len(value) + (0 if key is None else len(key)) + _MARGIN <= route[2]
     try:
         tail = tail_size(key, value, headers)
     except (TypeError, AttributeError):
         return False  # let send() raise it
-    return tail + 64 + records.HEADER_SIZE <= client._max_batch_bytes(info)
+    return tail + _MARGIN <= client._max_batch_bytes(info)
+
+
+# bytes of a record and its batch beside its key, value and headers, with room to spare
+_MARGIN = 64 + records.HEADER_SIZE
 
 
 async def _chained_send(p: Producer, topic, value, **kw):
