@@ -618,6 +618,21 @@ encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* Resize the bytearray ``buf`` to ``size`` bytes, its allocation doubling when it must
+ * grow: a batch built record by record copies each byte about twice, not the eight times
+ * of bytearray's own 1/8 growth.  (bytearray keeps its allocation when it shrinks by less
+ * than half, so growing past the size and shrinking back keeps the room.) */
+static int
+grow(PyObject *buf, Py_ssize_t size)
+{
+    Py_ssize_t alloc = ((PyByteArrayObject *)buf)->ob_alloc;
+    if (size >= alloc && alloc > 0 && size < 2 * alloc) {
+        if (PyByteArray_Resize(buf, 2 * alloc) < 0)
+            return -1;
+    }
+    return PyByteArray_Resize(buf, size);
+}
+
 /* Append a record to the bytearray ``buf`` if ``buf`` then holds at most ``limit`` bytes:
  * its size, 0 when it would not fit, -1 with an exception set (``buf`` unchanged). */
 static Py_ssize_t
@@ -632,7 +647,7 @@ append_to(PyObject *buf, Py_ssize_t limit, long long od, long long td, PyObject 
         release_record(&r);
         return 0;
     }
-    if (PyByteArray_Resize(buf, have + size) < 0) {
+    if (grow(buf, have + size) < 0) {
         release_record(&r);
         return -1;
     }
@@ -903,43 +918,75 @@ static PyTypeObject RecordBufferType = {
 /* Producer._append_now for the common record, in one call: a record of bytes (a key or
  * none, no headers) for a topic whose route is current, that fits in its partition's open
  * batch, with memory free.  Everything else, and anything unusual, is left to the Python
- * path, which ``append`` tells by returning False after changing nothing. */
+ * path, which ``append`` tells by returning False after changing nothing.  ``send`` is
+ * Producer.send in C around it (the producer makes it its ``send`` with the compiled codec). */
 typedef struct {
     PyObject_HEAD
-    PyObject *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full;
+    PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
     int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
     long long header_size, slack;
 } Appender;
 
+static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_create_future, *str_set_exception,
+    *str_send_rest, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
+
+static int
+Appender_traverse(Appender *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->producer);
+    Py_VISIT(self->topics);
+    Py_VISIT(self->routes);
+    Py_VISIT(self->lanes);
+    Py_VISIT(self->open);
+    Py_VISIT(self->memory);
+    Py_VISIT(self->sticky);
+    Py_VISIT(self->crc32c);
+    Py_VISIT(self->on_full);
+    Py_VISIT(self->py_send);
+    return 0;
+}
+
+static int
+Appender_clear(Appender *self)
+{
+    Py_CLEAR(self->producer);
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->routes);
+    Py_CLEAR(self->lanes);
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->memory);
+    Py_CLEAR(self->sticky);
+    Py_CLEAR(self->crc32c);
+    Py_CLEAR(self->on_full);
+    Py_CLEAR(self->py_send);
+    return 0;
+}
+
 static void
 Appender_dealloc(Appender *self)
 {
-    Py_XDECREF(self->topics);
-    Py_XDECREF(self->routes);
-    Py_XDECREF(self->lanes);
-    Py_XDECREF(self->open);
-    Py_XDECREF(self->memory);
-    Py_XDECREF(self->sticky);
-    Py_XDECREF(self->crc32c);
-    Py_XDECREF(self->on_full);
+    PyObject_GC_UnTrack(self);
+    Appender_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *
 Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full;
+    PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
     int partitioner;
     long long header_size, slack;
-    static char *names[] = {"topics", "routes", "lanes", "open", "memory", "sticky", "crc32c", "on_full",
-                            "partitioner", "header_size", "slack", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!O!OO!OOpLL:Appender", names, &PyDict_Type, &topics,
-                                     &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open, &memory,
-                                     &PyDict_Type, &sticky, &crc32c, &on_full, &partitioner, &header_size, &slack))
+    static char *names[] = {"producer", "topics", "routes", "lanes", "open", "memory", "sticky", "crc32c",
+                            "on_full", "py_send", "partitioner", "header_size", "slack", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!OO!OOOpLL:Appender", names, &producer, &PyDict_Type,
+                                     &topics, &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open,
+                                     &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
+                                     &header_size, &slack))
         return NULL;
     Appender *self = (Appender *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
+    self->producer = Py_NewRef(producer);
     self->topics = Py_NewRef(topics);
     self->routes = Py_NewRef(routes);
     self->lanes = Py_NewRef(lanes);
@@ -948,6 +995,7 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->sticky = Py_NewRef(sticky);
     self->crc32c = Py_NewRef(crc32c);
     self->on_full = Py_NewRef(on_full);
+    self->py_send = Py_NewRef(py_send);
     self->partitioner = partitioner;
     self->header_size = header_size;
     self->slack = slack;
@@ -974,6 +1022,120 @@ now_ms(void)
     return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
+/* ``append`` without argument parsing: 1 buffered, 0 left to the Python path (nothing
+ * changed), -1 error (nothing buffered). */
+static int
+append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyObject *headers, PyObject *part,
+            PyObject *tsobj, PyObject *sink)
+{
+    if (headers != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
+        || !PyUnicode_CheckExact(topic))
+        return 0;
+    int waiting = PyDict_Contains(self->lanes, topic);
+    if (waiting != 0)
+        return waiting < 0 ? -1 : 0;
+    PyObject *route = PyDict_GetItemWithError(self->routes, topic); /* borrowed */
+    if (route == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *info = PyDict_GetItemWithError(self->topics, topic);
+    if (info == NULL && PyErr_Occurred())
+        return -1;
+    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 4 || PyTuple_GET_ITEM(route, 0) != info)
+        return 0;
+    long long n = small_int(PyTuple_GET_ITEM(route, 1));
+    long long limit = small_int(PyTuple_GET_ITEM(route, 2));
+    long long cap = small_int(PyTuple_GET_ITEM(route, 3));
+    if (n <= 0 || limit <= 0 || cap <= 0)
+        return 0;
+    long long p;
+    int sticky = 0;
+    if (part != Py_None) {
+        p = small_int(part);
+        if (p < 0 || p >= n)
+            return 0;
+    } else if (self->partitioner) {
+        return 0;
+    } else if (key == Py_None) {
+        PyObject *s = PyDict_GetItemWithError(self->sticky, topic);
+        if (s == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        p = small_int(s);
+        if (p < 0 || p >= n)
+            return 0;
+        sticky = 1;
+    } else {
+        PyObject *c = PyObject_CallOneArg(self->crc32c, key);
+        if (c == NULL)
+            return -1;
+        p = small_int(c);
+        Py_DECREF(c);
+        if (p < 0)
+            return 0;
+        p %= n;
+    }
+    long long reserve = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + self->slack;
+    if (reserve + self->header_size > limit)
+        return 0;
+    long long ts = tsobj == Py_None ? now_ms() : small_int(tsobj);
+    if (ts < 0)
+        return 0;
+    /* memory: used + reserve within the limit and nobody waiting */
+    PyObject *o = PyObject_GetAttr(self->memory, str_waiters);
+    if (o == NULL)
+        return -1;
+    int waiters = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    if (waiters != 0)
+        return waiters < 0 ? -1 : 0;
+    PyObject *used_obj = PyObject_GetAttr(self->memory, str_used);
+    if (used_obj == NULL)
+        return -1;
+    long long used = small_int(used_obj);
+    Py_DECREF(used_obj);
+    PyObject *limit_obj = PyObject_GetAttr(self->memory, str_limit);
+    if (limit_obj == NULL)
+        return -1;
+    long long mlimit = small_int(limit_obj);
+    Py_DECREF(limit_obj);
+    if (used < 0 || used + reserve > mlimit)
+        return 0;
+    PyObject *pn = part != Py_None ? Py_NewRef(part) : PyLong_FromLongLong(p);
+    PyObject *tp = pn == NULL ? NULL : PyTuple_Pack(2, topic, pn);
+    Py_XDECREF(pn);
+    if (tp == NULL)
+        return -1;
+    PyObject *batch = PyDict_GetItemWithError(self->open, tp); /* borrowed */
+    Py_DECREF(tp);
+    if (batch == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyObject_TypeCheck(batch, &RecordBufferType))
+        return 0;
+    Py_INCREF(batch);
+    int added = buffer_add((RecordBuffer *)batch, (Py_ssize_t)cap, key, value, Py_None, ts, sink, reserve);
+    if (added <= 0) { /* full: the Python path closes it; or an error (nothing added) */
+        Py_DECREF(batch);
+        return added;
+    }
+    PyObject *new_used = PyLong_FromLongLong(used + reserve);
+    if (new_used == NULL || PyObject_SetAttr(self->memory, str_used, new_used) < 0) {
+        /* cannot happen short of running out of memory; the record stays buffered */
+        Py_XDECREF(new_used);
+        Py_DECREF(batch);
+        return -1;
+    }
+    Py_DECREF(new_used);
+    if (((RecordBuffer *)batch)->size >= cap) {
+        PyObject *r = PyObject_CallFunction(self->on_full, "OiLL", batch, sticky, n, p);
+        if (r == NULL) {
+            Py_DECREF(batch);
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(batch);
+    return 1;
+}
+
 PyDoc_STRVAR(append_doc,
 "append(topic, value, key, headers, partition, timestamp_ms, sink) -> bool\n\n"
 "Buffer the record as Producer._append_now would, when it is the common case; False, having\n"
@@ -986,127 +1148,140 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "append takes 7 arguments");
         return NULL;
     }
-    PyObject *topic = args[0], *value = args[1], *key = args[2], *part = args[4], *tsobj = args[5];
-    if (args[3] != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
-        || !PyUnicode_CheckExact(topic))
-        Py_RETURN_FALSE;
-    int waiting = PyDict_Contains(self->lanes, topic);
-    if (waiting != 0)
-        return waiting < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject *route = PyDict_GetItemWithError(self->routes, topic); /* borrowed */
-    if (route == NULL)
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-    PyObject *info = PyDict_GetItemWithError(self->topics, topic);
-    if (info == NULL && PyErr_Occurred())
+    int r = append_impl(self, args[0], args[1], args[2], args[3], args[4], args[5], args[6]);
+    if (r < 0)
         return NULL;
-    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 4 || PyTuple_GET_ITEM(route, 0) != info)
-        Py_RETURN_FALSE;
-    long long n = small_int(PyTuple_GET_ITEM(route, 1));
-    long long limit = small_int(PyTuple_GET_ITEM(route, 2));
-    long long cap = small_int(PyTuple_GET_ITEM(route, 3));
-    if (n <= 0 || limit <= 0 || cap <= 0)
-        Py_RETURN_FALSE;
-    long long p;
-    int sticky = 0;
-    if (part != Py_None) {
-        p = small_int(part);
-        if (p < 0 || p >= n)
-            Py_RETURN_FALSE;
-    } else if (self->partitioner) {
-        Py_RETURN_FALSE;
-    } else if (key == Py_None) {
-        PyObject *s = PyDict_GetItemWithError(self->sticky, topic);
-        if (s == NULL)
-            return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-        p = small_int(s);
-        if (p < 0 || p >= n)
-            Py_RETURN_FALSE;
-        sticky = 1;
-    } else {
-        PyObject *c = PyObject_CallOneArg(self->crc32c, key);
-        if (c == NULL)
-            return NULL;
-        p = small_int(c);
-        Py_DECREF(c);
-        if (p < 0)
-            Py_RETURN_FALSE;
-        p %= n;
-    }
-    long long reserve = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + self->slack;
-    if (reserve + self->header_size > limit)
-        Py_RETURN_FALSE;
-    long long ts = tsobj == Py_None ? now_ms() : small_int(tsobj);
-    if (ts < 0)
-        Py_RETURN_FALSE;
-    /* memory: used + reserve within the limit and nobody waiting */
-    PyObject *o = PyObject_GetAttr(self->memory, str_waiters);
+    return PyBool_FromLong(r);
+}
+
+/* Producer.send (the Python function ``py_send``) called as the caller called ``send``. */
+static PyObject *
+send_in_python(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8], **all = n + 1 <= 8 ? small : PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    all[0] = self->producer;
+    memcpy(all + 1, args, (size_t)n * sizeof(PyObject *));
+    PyObject *r = PyObject_Vectorcall(self->py_send, all, PyVectorcall_NARGS(nargsf) + 1, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return r;
+}
+
+/* Whether the producer takes sends now: not closing, not fenced.  -1 on error. */
+static int
+producer_open(Appender *self)
+{
+    PyObject *o = PyObject_GetAttr(self->producer, str_closing);
     if (o == NULL)
-        return NULL;
-    int waiters = PyObject_IsTrue(o);
+        return -1;
+    int closing = PyObject_IsTrue(o);
     Py_DECREF(o);
-    if (waiters != 0)
-        return waiters < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject *used_obj = PyObject_GetAttr(self->memory, str_used);
-    if (used_obj == NULL)
-        return NULL;
-    long long used = small_int(used_obj);
-    Py_DECREF(used_obj);
-    PyObject *limit_obj = PyObject_GetAttr(self->memory, str_limit);
-    if (limit_obj == NULL)
-        return NULL;
-    long long mlimit = small_int(limit_obj);
-    Py_DECREF(limit_obj);
-    if (used < 0 || used + reserve > mlimit)
-        Py_RETURN_FALSE;
-    PyObject *tp = Py_BuildValue("(OL)", topic, p);
-    if (tp == NULL)
-        return NULL;
-    PyObject *batch = PyDict_GetItemWithError(self->open, tp); /* borrowed */
-    Py_DECREF(tp);
-    if (batch == NULL)
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-    if (!PyObject_TypeCheck(batch, &RecordBufferType))
-        Py_RETURN_FALSE;
-    Py_INCREF(batch);
-    int added = buffer_add((RecordBuffer *)batch, (Py_ssize_t)cap, key, value, Py_None, ts, args[6], reserve);
-    if (added <= 0) { /* full: the Python path closes it; or an error (nothing added) */
-        Py_DECREF(batch);
-        return added < 0 ? NULL : Py_NewRef(Py_False);
+    if (closing != 0)
+        return closing < 0 ? -1 : 0;
+    PyObject *sender = PyObject_GetAttr(self->producer, str_sender);
+    if (sender == NULL)
+        return -1;
+    o = PyObject_GetAttr(sender, str_fenced);
+    Py_DECREF(sender);
+    if (o == NULL)
+        return -1;
+    int fenced = o != Py_None;
+    Py_DECREF(o);
+    return !fenced;
+}
+
+PyDoc_STRVAR(send_doc,
+"send(topic, value, *, key=None, headers=None, partition=None, timestamp_ms=None)\n\n"
+"Producer.send (see its documentation), with the common record buffered in C.");
+
+static PyObject *
+Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2)
+        return send_in_python(self, args, nargsf, kwnames);
+    PyObject *key = Py_None, *headers = Py_None, *part = Py_None, *ts = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (name == str_key)
+            key = args[2 + i];
+        else if (name == str_headers)
+            headers = args[2 + i];
+        else if (name == str_partition)
+            part = args[2 + i];
+        else if (name == str_timestamp_ms)
+            ts = args[2 + i];
+        else /* a name not interned, or one send does not take: as Python would */
+            return send_in_python(self, args, nargsf, kwnames);
     }
-    PyObject *new_used = PyLong_FromLongLong(used + reserve);
-    if (new_used == NULL || PyObject_SetAttr(self->memory, str_used, new_used) < 0) {
-        /* cannot happen short of running out of memory; the record stays buffered */
-        Py_XDECREF(new_used);
-        Py_DECREF(batch);
+    PyObject *loop = PyObject_GetAttr(self->producer, str_loop);
+    if (loop == NULL)
+        return NULL;
+    int open = loop == Py_None ? 0 : producer_open(self);
+    if (open <= 0) { /* not started, closing or fenced: Python raises or fails the future */
+        Py_DECREF(loop);
+        return open < 0 ? NULL : send_in_python(self, args, nargsf, kwnames);
+    }
+    PyObject *fut = PyObject_CallMethodNoArgs(loop, str_create_future);
+    PyObject *buffered = fut == NULL ? NULL : PyObject_CallMethodNoArgs(loop, str_create_future);
+    Py_DECREF(loop);
+    if (buffered == NULL) {
+        Py_XDECREF(fut);
         return NULL;
     }
-    Py_DECREF(new_used);
-    if (((RecordBuffer *)batch)->size >= cap) {
-        PyObject *r = PyObject_CallFunction(self->on_full, "OiLL", batch, sticky, n, p);
-        if (r == NULL) {
-            Py_DECREF(batch);
-            return NULL;
-        }
-        Py_DECREF(r);
+    PyObject *topic = args[0], *value = args[1], *r;
+    int done = append_impl(self, topic, value, key, headers, part, ts, fut);
+    if (done > 0) {
+        r = PyObject_CallMethodOneArg(buffered, str_set_result, fut);
+    } else if (done == 0) {
+        PyObject *rest[9] = {self->producer, topic, value, key, headers, part, ts, fut, buffered};
+        r = PyObject_VectorcallMethod(str_send_rest, rest, 9 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(fut);
+        Py_DECREF(buffered);
+        return r; /* the future _send_rest returns: buffered */
+    } else if (PyErr_ExceptionMatches(PyExc_Exception)) { /* nothing was buffered: the future says why */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        r = PyObject_CallMethodOneArg(buffered, str_set_exception, exc);
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+    } else {
+        r = NULL;
     }
-    Py_DECREF(batch);
-    Py_RETURN_TRUE;
+    Py_DECREF(fut);
+    if (r == NULL) {
+        Py_DECREF(buffered);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return buffered;
 }
 
 static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL, append_doc},
+    {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, send_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sluice._crecords.Appender",
-    .tp_doc = "Appender(topics, routes, lanes, open, memory, sticky, crc32c, on_full, partitioner, "
-              "header_size, slack): the producer's per-record path for the common record.",
+    .tp_doc = "Appender(producer, topics, routes, lanes, open, memory, sticky, crc32c, on_full, py_send, "
+              "partitioner, header_size, slack): the producer's per-record path for the common record.",
     .tp_basicsize = sizeof(Appender),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Appender_new,
     .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_traverse = (traverseproc)Appender_traverse,
+    .tp_clear = (inquiry)Appender_clear,
     .tp_methods = Appender_methods,
 };
 
@@ -1134,7 +1309,7 @@ static struct PyModuleDef module = {
 /* Raised whenever a function's arguments or results change: records.py uses a build
  * only if it says the version records.py expects (an old build left in place by an
  * editable install falls back to pure Python instead of failing). */
-#define ABI_VERSION 5
+#define ABI_VERSION 6
 
 PyMODINIT_FUNC
 PyInit__crecords(void)
@@ -1147,7 +1322,20 @@ PyInit__crecords(void)
     str_used = PyUnicode_InternFromString("used");
     str_limit = PyUnicode_InternFromString("limit");
     str_waiters = PyUnicode_InternFromString("waiters");
-    if (!str_done || !str_set_result || !str_used || !str_limit || !str_waiters)
+    str_loop = PyUnicode_InternFromString("_loop");
+    str_closing = PyUnicode_InternFromString("_closing");
+    str_sender = PyUnicode_InternFromString("_sender");
+    str_fenced = PyUnicode_InternFromString("fenced");
+    str_create_future = PyUnicode_InternFromString("create_future");
+    str_set_exception = PyUnicode_InternFromString("set_exception");
+    str_send_rest = PyUnicode_InternFromString("_send_rest");
+    str_key = PyUnicode_InternFromString("key");
+    str_headers = PyUnicode_InternFromString("headers");
+    str_partition = PyUnicode_InternFromString("partition");
+    str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
+    if (!str_done || !str_set_result || !str_used || !str_limit || !str_waiters || !str_loop || !str_closing
+        || !str_sender || !str_fenced || !str_create_future || !str_set_exception || !str_send_rest || !str_key
+        || !str_headers || !str_partition || !str_timestamp_ms)
         return NULL;
     if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&AppenderType) < 0)
         return NULL;

@@ -3,8 +3,10 @@ SyncProducer.send from a plain loop (fake broker; no timing assertions)."""
 
 import asyncio
 import concurrent.futures
+import gc
 import random
 import threading
+import weakref
 
 import pytest
 
@@ -282,3 +284,42 @@ async def test_record_buffer_compiled_and_reference_agree():
     added, _, count, *_ , metas = outcomes[0]
     assert added == [True, True, True, False, True] and count == 4
     assert metas[0] == RecordMetadata("t", 2, 40, 1000) and metas[1] is None and metas[4].offset == 43
+
+
+@pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
+async def test_compiled_send_answers_every_call_as_the_python_send():
+    """``Producer.send`` in C hands what it does not take itself (a call not started,
+    closed, with other arguments) to the Python ``send``: same results, same errors."""
+    broker = FakeBroker({"t": 1})
+    p = make(broker, linger_ms=0)
+    assert p.send != Producer.send.__get__(p)  # the compiled send is in place
+    with pytest.raises(errors.ClientError, match="not started"):
+        p.send("t", b"x")
+    await p.start()
+    await (await p.send("t", b"first", partition=0))
+    with pytest.raises(TypeError):
+        p.send("t", b"x", 0)  # partition is keyword-only
+    with pytest.raises(TypeError):
+        p.send("t", b"x", bogus=1)
+    kw = {"".join(["part", "ition"]): 0}  # a keyword name that is not interned
+    metas = [await (await p.send("t", b"a", **kw)), await (await p.send("t", value=b"b", partition=0))]
+    bad = p.send("t", "text", partition=0)  # found by the encoder: the future says so
+    with pytest.raises(TypeError):
+        await bad
+    assert [m.offset for m in metas] == [1, 2]
+    await p.close()
+    with pytest.raises(errors.ClientClosed):
+        await p.send("t", b"x")
+
+
+async def test_a_closed_producer_is_garbage_collected():
+    """The compiled send path refers back to its producer: the cycle must be collectable."""
+    broker = FakeBroker({"t": 1})
+    p = make(broker, linger_ms=0)
+    await p.start()
+    await (await p.send("t", b"x", partition=0))
+    await p.close()
+    gone = weakref.ref(p)
+    del p
+    gc.collect()
+    assert gone() is None

@@ -229,14 +229,18 @@ class Producer:
         # told each error that kept a record of submit() from being buffered (sync facade)
         self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
-        # the per-record path of the common record, in C with the compiled codec: it reads
-        # (and never replaces) the dicts above; False sends the record the Python way
+        # The per-record path of the common record, in C with the compiled codec: it reads
+        # (and never replaces) the dicts above; False sends the record the Python way.  Its
+        # ``send`` is this class's ``send`` in C, calling back ``send`` or ``_send_rest``.
         self._append_common: Callable[..., bool] = _python_path
         if records._C is not None:
-            self._append_common = records._C.Appender(
-                self._cluster.topics, self._routes, self._lanes, self._acc.open, self._memory, self._sticky,
-                _crc32c.crc32c, self._batch_full, partitioner is not None, records.HEADER_SIZE, _PLAIN_SLACK,
-            ).append
+            appender = records._C.Appender(
+                self, self._cluster.topics, self._routes, self._lanes, self._acc.open, self._memory,
+                self._sticky, _crc32c.crc32c, self._batch_full, Producer.send, partitioner is not None,
+                records.HEADER_SIZE, _PLAIN_SLACK,
+            )
+            self._append_common = appender.append
+            self.send = appender.send
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing = 0
@@ -444,10 +448,22 @@ class Producer:
         fut = loop.create_future()
         buffered = loop.create_future()
         try:
-            if (
-                self._closing or self._sender.fenced is not None
-                or not self._append_common(topic, value, key, headers, partition, timestamp_ms, fut)
-            ) and (topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, fut)):
+            common = not (self._closing or self._sender.fenced is not None) and self._append_common(
+                topic, value, key, headers, partition, timestamp_ms, fut
+            )
+        except Exception as exc:  # nothing was buffered
+            buffered.set_exception(exc)
+            return buffered
+        if common:
+            buffered.set_result(fut)
+            return buffered
+        return self._send_rest(topic, value, key, headers, partition, timestamp_ms, fut, buffered)
+
+    def _send_rest(self, topic, value, key, headers, partition, timestamp_ms, fut, buffered) -> asyncio.Future:
+        """``send`` of a record the common path did not take: buffer it now, or in line;
+        return ``buffered``, told ``fut`` once it is buffered or the error that kept it out."""
+        try:
+            if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, fut):
                 self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
                 return buffered
         except Exception as exc:  # nothing was buffered
