@@ -1,4 +1,4 @@
-"""Build the compiled record codec, ``sluice._crecords``.
+"""Build the compiled record codec and the producer's per-record path, ``sluice._crecords``.
 
 Everything else is in pyproject.toml.  The extension is optional: where it cannot be built
 (no C compiler), ``pip install`` still succeeds and ``sluice.protocol.records`` runs on its
@@ -11,7 +11,8 @@ setup(
     ext_modules=[
         Extension(
             "sluice._crecords",
-            sources=["src/sluice/_crecords.c"],
+            sources=["src/sluice/_crecords.c", "src/sluice/_cproducer.c"],
+            depends=["src/sluice/_crecords.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall"],
             optional=True,
         )

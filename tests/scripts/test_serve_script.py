@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +67,24 @@ def test_installs_when_sluice_is_missing(tmp_path):
     serve(repo)
     (repo / ".venv" / "bin" / "sluice").unlink()
     assert serve(repo)[0].startswith("pip install")
+
+
+def test_installs_again_when_a_c_source_changes(tmp_path):
+    """The compiled codec is built by the install: a changed C file or header rebuilds it."""
+    repo = make_repo(tmp_path)
+    (repo / "src" / "sluice").mkdir(parents=True)
+    sources = [repo / "src" / "sluice" / name for name in ("_crecords.c", "_cproducer.c", "_crecords.h")]
+    for f in sources:
+        f.write_text("/* C */\n")
+    serve(repo)
+    assert serve(repo) == ["sluice serve"]
+    stamp = repo / ".venv" / ".sluice-installed"
+    t0 = time.time() - 1000
+    for changed in sources:
+        os.utime(stamp, (t0, t0))
+        for f in [*sources, repo / "pyproject.toml"]:
+            os.utime(f, (t0 - 100, t0 - 100))
+        assert serve(repo) == ["sluice serve"]
+        os.utime(changed, (t0 + 10, t0 + 10))  # only this source is newer than the install
+        assert serve(repo)[0].startswith("pip install"), changed.name
+        assert serve(repo) == ["sluice serve"]

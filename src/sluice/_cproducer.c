@@ -1,0 +1,641 @@
+/* The producer's per-record path, part of the module sluice._crecords: RecordBuffer (the
+ * records of a batch: client/accumulator.py's Batch subclasses it, and _RecordBuffer there is
+ * its pure-Python reference) and Appender (Producer._append_now and Producer.send for the
+ * common record: client/producer.py's Python path is the reference, and the tests compare
+ * the batches both build).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "_crecords.h"
+
+/* ------------------------------------------------------------------- RecordBuffer */
+
+/* The per-record state of an open batch (client/accumulator.py subclasses it as Batch):
+ * the records encoded so far in ``buf`` (a bytearray; the built batch's bytes later, or
+ * None), the sink and timestamp of each, and their count, size, reserved memory and
+ * timestamp range.  ``add`` and ``resolve_records`` are the per-record work of a batch. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *buf, *futures, *timestamps;
+    long long count, size, reserved, base_ts, max_ts;
+} RecordBuffer;
+
+static PyTypeObject RecordBufferType;
+
+static PyObject *
+RecordBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    RecordBuffer *self = (RecordBuffer *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->buf = PyByteArray_FromStringAndSize(NULL, 0);
+    self->futures = PyList_New(0);
+    self->timestamps = PyList_New(0);
+    if (self->buf == NULL || self->futures == NULL || self->timestamps == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int
+RecordBuffer_traverse(RecordBuffer *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->buf);
+    Py_VISIT(self->futures);
+    Py_VISIT(self->timestamps);
+    return 0;
+}
+
+static int
+RecordBuffer_clear(RecordBuffer *self)
+{
+    Py_CLEAR(self->buf);
+    Py_CLEAR(self->futures);
+    Py_CLEAR(self->timestamps);
+    return 0;
+}
+
+static void
+RecordBuffer_dealloc(RecordBuffer *self)
+{
+    PyObject_GC_UnTrack(self);
+    RecordBuffer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* RecordBuffer.add without argument parsing: 1 added, 0 would not fit, -1 error. */
+static int
+buffer_add(RecordBuffer *self, Py_ssize_t limit, PyObject *key, PyObject *value, PyObject *headers,
+           long long ts, PyObject *sink, long long reserved)
+{
+    if (self->buf == NULL || !PyByteArray_CheckExact(self->buf) || self->futures == NULL
+        || self->timestamps == NULL || !PyList_CheckExact(self->futures) || !PyList_CheckExact(self->timestamps)) {
+        PyErr_SetString(PyExc_RuntimeError, "a record added to a batch already built");
+        return -1;
+    }
+    Py_ssize_t size = append_to(self->buf, limit, self->count, ts - self->base_ts, key, value, headers);
+    if (size <= 0)
+        return (int)size;
+    PyObject *t = PyLong_FromLongLong(ts);
+    if (t == NULL || PyList_Append(self->timestamps, t) < 0) {
+        Py_XDECREF(t);
+        goto undo;
+    }
+    Py_DECREF(t);
+    if (PyList_Append(self->futures, sink) < 0) {
+        PyList_SetSlice(self->timestamps, self->count, self->count + 1, NULL);
+        goto undo;
+    }
+    self->count++;
+    self->size += size;
+    self->reserved += reserved;
+    if (ts > self->max_ts)
+        self->max_ts = ts;
+    return 1;
+undo: /* out of memory: take the record back out */
+    PyByteArray_Resize(self->buf, PyByteArray_GET_SIZE(self->buf) - size);
+    return -1;
+}
+
+PyDoc_STRVAR(add_doc,
+"add(limit, key, value, headers, timestamp, sink, reserved) -> bool\n\n"
+"Encode one record into the batch if its records then take at most ``limit`` bytes;\n"
+"False (nothing added) when they would not.  ``sink`` (an asyncio or concurrent future,\n"
+"or any object with ``done``, ``set_result`` and ``set_exception``) is told its outcome.\n"
+"Raises, adding nothing, on a record the format cannot encode.");
+
+static PyObject *
+RecordBuffer_add(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "add takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[0]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    long long ts = PyLong_AsLongLong(args[4]);
+    if (ts == -1 && PyErr_Occurred())
+        return NULL;
+    long long reserved = PyLong_AsLongLong(args[6]);
+    if (reserved == -1 && PyErr_Occurred())
+        return NULL;
+    int added = buffer_add(self, limit, args[1], args[2], args[3], ts, args[5], reserved);
+    if (added < 0)
+        return NULL;
+    return PyBool_FromLong(added);
+}
+
+static PyObject *str_done, *str_set_result, *str_used, *str_limit, *str_waiters;
+
+PyDoc_STRVAR(resolve_records_doc,
+"resolve_records(meta_type, topic, partition, base_offset, append_time) -> None\n\n"
+"Tell each record's sink not done yet its metadata, ``meta_type((topic, partition, offset,\n"
+"timestamp))`` (a tuple subclass of 4 fields): offsets count from ``base_offset`` (all -1\n"
+"when it is -1), the timestamp is ``append_time`` unless it is -1, else the record's.");
+
+static PyObject *
+RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "resolve_records takes 5 arguments");
+        return NULL;
+    }
+    PyTypeObject *meta = (PyTypeObject *)args[0];
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype(meta, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "meta_type must be a tuple subclass");
+        return NULL;
+    }
+    long long off = PyLong_AsLongLong(args[3]);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    long long append_time = PyLong_AsLongLong(args[4]);
+    if (append_time == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->futures == NULL || self->timestamps == NULL || !PyList_CheckExact(self->futures)
+        || !PyList_CheckExact(self->timestamps)
+        || PyList_GET_SIZE(self->futures) != PyList_GET_SIZE(self->timestamps)) {
+        PyErr_SetString(PyExc_RuntimeError, "a batch's sinks and timestamps differ in number");
+        return NULL;
+    }
+    long long step = off >= 0 ? 1 : 0;
+    PyObject *futures = Py_NewRef(self->futures), *timestamps = Py_NewRef(self->timestamps);
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(futures); i++, off += step) {
+        PyObject *fut = PyList_GET_ITEM(futures, i);
+        PyObject *done = PyObject_CallMethodNoArgs(fut, str_done);
+        if (done == NULL)
+            goto out;
+        int is_done = PyObject_IsTrue(done);
+        Py_DECREF(done);
+        if (is_done < 0)
+            goto out;
+        if (is_done)
+            continue;
+        PyObject *m = meta->tp_alloc(meta, 4);
+        if (m == NULL)
+            goto out;
+        PyObject *ts = append_time != -1 ? PyLong_FromLongLong(append_time)
+                                         : Py_NewRef(PyList_GET_ITEM(timestamps, i));
+        PyObject *o = PyLong_FromLongLong(off);
+        if (ts == NULL || o == NULL) {
+            Py_XDECREF(ts);
+            Py_XDECREF(o);
+            Py_DECREF(m);
+            goto out;
+        }
+        PyTuple_SET_ITEM(m, 0, Py_NewRef(args[1]));
+        PyTuple_SET_ITEM(m, 1, Py_NewRef(args[2]));
+        PyTuple_SET_ITEM(m, 2, o);
+        PyTuple_SET_ITEM(m, 3, ts);
+        PyObject *r = PyObject_CallMethodOneArg(fut, str_set_result, m);
+        Py_DECREF(m);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+    }
+    result = Py_NewRef(Py_None);
+out:
+    Py_DECREF(futures);
+    Py_DECREF(timestamps);
+    return result;
+}
+
+static PyMethodDef RecordBuffer_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))RecordBuffer_add, METH_FASTCALL, add_doc},
+    {"resolve_records", (PyCFunction)(void (*)(void))RecordBuffer_resolve_records, METH_FASTCALL,
+     resolve_records_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef RecordBuffer_members[] = {
+    {"buf", T_OBJECT, offsetof(RecordBuffer, buf), 0, "the records encoded so far (bytearray), or the built batch"},
+    {"futures", T_OBJECT, offsetof(RecordBuffer, futures), 0, "each record's sink"},
+    {"timestamps", T_OBJECT, offsetof(RecordBuffer, timestamps), 0, "each record's timestamp"},
+    {"count", T_LONGLONG, offsetof(RecordBuffer, count), 0, "records"},
+    {"size", T_LONGLONG, offsetof(RecordBuffer, size), 0, "bytes of the encoded records"},
+    {"reserved", T_LONGLONG, offsetof(RecordBuffer, reserved), 0, "buffer memory reserved by them"},
+    {"base_ts", T_LONGLONG, offsetof(RecordBuffer, base_ts), 0, "the first record's timestamp"},
+    {"max_ts", T_LONGLONG, offsetof(RecordBuffer, max_ts), 0, "the greatest timestamp"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RecordBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._crecords.RecordBuffer",
+    .tp_doc = "The per-record state of a producer's batch (client/accumulator.py).",
+    .tp_basicsize = sizeof(RecordBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = RecordBuffer_new,
+    .tp_dealloc = (destructor)RecordBuffer_dealloc,
+    .tp_traverse = (traverseproc)RecordBuffer_traverse,
+    .tp_clear = (inquiry)RecordBuffer_clear,
+    .tp_methods = RecordBuffer_methods,
+    .tp_members = RecordBuffer_members,
+};
+
+/* ------------------------------------------------------- the producer's per-record path */
+
+/* Producer._append_now for the common record, in one call: a record of bytes (a key or
+ * none, no headers) for a topic whose route is current, that fits in its partition's open
+ * batch, with memory free.  Everything else, and anything unusual, is left to the Python
+ * path, which ``append`` tells by returning False after changing nothing.  ``send`` is
+ * Producer.send in C around it (the producer makes it its ``send`` with the compiled codec). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
+    int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
+    long long header_size, slack;
+} Appender;
+
+static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_create_future, *str_set_exception,
+    *str_send_rest, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
+
+static int
+Appender_traverse(Appender *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->producer);
+    Py_VISIT(self->topics);
+    Py_VISIT(self->routes);
+    Py_VISIT(self->lanes);
+    Py_VISIT(self->open);
+    Py_VISIT(self->memory);
+    Py_VISIT(self->sticky);
+    Py_VISIT(self->crc32c);
+    Py_VISIT(self->on_full);
+    Py_VISIT(self->py_send);
+    return 0;
+}
+
+static int
+Appender_clear(Appender *self)
+{
+    Py_CLEAR(self->producer);
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->routes);
+    Py_CLEAR(self->lanes);
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->memory);
+    Py_CLEAR(self->sticky);
+    Py_CLEAR(self->crc32c);
+    Py_CLEAR(self->on_full);
+    Py_CLEAR(self->py_send);
+    return 0;
+}
+
+static void
+Appender_dealloc(Appender *self)
+{
+    PyObject_GC_UnTrack(self);
+    Appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
+    int partitioner;
+    long long header_size, slack;
+    static char *names[] = {"producer", "topics", "routes", "lanes", "open", "memory", "sticky", "crc32c",
+                            "on_full", "py_send", "partitioner", "header_size", "slack", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!OO!OOOpLL:Appender", names, &producer, &PyDict_Type,
+                                     &topics, &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open,
+                                     &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
+                                     &header_size, &slack))
+        return NULL;
+    Appender *self = (Appender *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->producer = Py_NewRef(producer);
+    self->topics = Py_NewRef(topics);
+    self->routes = Py_NewRef(routes);
+    self->lanes = Py_NewRef(lanes);
+    self->open = Py_NewRef(open);
+    self->memory = Py_NewRef(memory);
+    self->sticky = Py_NewRef(sticky);
+    self->crc32c = Py_NewRef(crc32c);
+    self->on_full = Py_NewRef(on_full);
+    self->py_send = Py_NewRef(py_send);
+    self->partitioner = partitioner;
+    self->header_size = header_size;
+    self->slack = slack;
+    return (PyObject *)self;
+}
+
+/* A Python int as a long long, or -1 (not an int, or out of range: the Python path decides). */
+static long long
+small_int(PyObject *o)
+{
+    if (!PyLong_CheckExact(o))
+        return -1;
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return v;
+}
+
+static long long
+now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* ``append`` without argument parsing: 1 buffered, 0 left to the Python path (nothing
+ * changed), -1 error (nothing buffered). */
+static int
+append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyObject *headers, PyObject *part,
+            PyObject *tsobj, PyObject *sink)
+{
+    if (headers != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
+        || !PyUnicode_CheckExact(topic))
+        return 0;
+    int waiting = PyDict_Contains(self->lanes, topic);
+    if (waiting != 0)
+        return waiting < 0 ? -1 : 0;
+    PyObject *route = PyDict_GetItemWithError(self->routes, topic); /* borrowed */
+    if (route == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *info = PyDict_GetItemWithError(self->topics, topic);
+    if (info == NULL && PyErr_Occurred())
+        return -1;
+    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 4 || PyTuple_GET_ITEM(route, 0) != info)
+        return 0;
+    long long n = small_int(PyTuple_GET_ITEM(route, 1));
+    long long limit = small_int(PyTuple_GET_ITEM(route, 2));
+    long long cap = small_int(PyTuple_GET_ITEM(route, 3));
+    if (n <= 0 || limit <= 0 || cap <= 0)
+        return 0;
+    long long p;
+    int sticky = 0;
+    if (part != Py_None) {
+        p = small_int(part);
+        if (p < 0 || p >= n)
+            return 0;
+    } else if (self->partitioner) {
+        return 0;
+    } else if (key == Py_None) {
+        PyObject *s = PyDict_GetItemWithError(self->sticky, topic);
+        if (s == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        p = small_int(s);
+        if (p < 0 || p >= n)
+            return 0;
+        sticky = 1;
+    } else {
+        PyObject *c = PyObject_CallOneArg(self->crc32c, key);
+        if (c == NULL)
+            return -1;
+        p = small_int(c);
+        Py_DECREF(c);
+        if (p < 0)
+            return 0;
+        p %= n;
+    }
+    long long reserve = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + self->slack;
+    if (reserve + self->header_size > limit)
+        return 0;
+    long long ts = tsobj == Py_None ? now_ms() : small_int(tsobj);
+    if (ts < 0)
+        return 0;
+    /* memory: used + reserve within the limit and nobody waiting */
+    PyObject *o = PyObject_GetAttr(self->memory, str_waiters);
+    if (o == NULL)
+        return -1;
+    int waiters = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    if (waiters != 0)
+        return waiters < 0 ? -1 : 0;
+    PyObject *used_obj = PyObject_GetAttr(self->memory, str_used);
+    if (used_obj == NULL)
+        return -1;
+    long long used = small_int(used_obj);
+    Py_DECREF(used_obj);
+    PyObject *limit_obj = PyObject_GetAttr(self->memory, str_limit);
+    if (limit_obj == NULL)
+        return -1;
+    long long mlimit = small_int(limit_obj);
+    Py_DECREF(limit_obj);
+    if (used < 0 || used + reserve > mlimit)
+        return 0;
+    PyObject *pn = part != Py_None ? Py_NewRef(part) : PyLong_FromLongLong(p);
+    PyObject *tp = pn == NULL ? NULL : PyTuple_Pack(2, topic, pn);
+    Py_XDECREF(pn);
+    if (tp == NULL)
+        return -1;
+    PyObject *batch = PyDict_GetItemWithError(self->open, tp); /* borrowed */
+    Py_DECREF(tp);
+    if (batch == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyObject_TypeCheck(batch, &RecordBufferType))
+        return 0;
+    Py_INCREF(batch);
+    int added = buffer_add((RecordBuffer *)batch, (Py_ssize_t)cap, key, value, Py_None, ts, sink, reserve);
+    if (added <= 0) { /* full: the Python path closes it; or an error (nothing added) */
+        Py_DECREF(batch);
+        return added;
+    }
+    PyObject *new_used = PyLong_FromLongLong(used + reserve);
+    if (new_used == NULL || PyObject_SetAttr(self->memory, str_used, new_used) < 0) {
+        /* cannot happen short of running out of memory; the record stays buffered */
+        Py_XDECREF(new_used);
+        Py_DECREF(batch);
+        return -1;
+    }
+    Py_DECREF(new_used);
+    if (((RecordBuffer *)batch)->size >= cap) {
+        PyObject *r = PyObject_CallFunction(self->on_full, "OiLL", batch, sticky, n, p);
+        if (r == NULL) {
+            Py_DECREF(batch);
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(batch);
+    return 1;
+}
+
+PyDoc_STRVAR(append_doc,
+"append(topic, value, key, headers, partition, timestamp_ms, sink) -> bool\n\n"
+"Buffer the record as Producer._append_now would, when it is the common case; False, having\n"
+"changed nothing, when the Python path must take it.");
+
+static PyObject *
+Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "append takes 7 arguments");
+        return NULL;
+    }
+    int r = append_impl(self, args[0], args[1], args[2], args[3], args[4], args[5], args[6]);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* Producer.send (the Python function ``py_send``) called as the caller called ``send``. */
+static PyObject *
+send_in_python(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8], **all = n + 1 <= 8 ? small : PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    all[0] = self->producer;
+    memcpy(all + 1, args, (size_t)n * sizeof(PyObject *));
+    PyObject *r = PyObject_Vectorcall(self->py_send, all, PyVectorcall_NARGS(nargsf) + 1, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return r;
+}
+
+/* Whether the producer takes sends now: not closing, not fenced.  -1 on error. */
+static int
+producer_open(Appender *self)
+{
+    PyObject *o = PyObject_GetAttr(self->producer, str_closing);
+    if (o == NULL)
+        return -1;
+    int closing = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    if (closing != 0)
+        return closing < 0 ? -1 : 0;
+    PyObject *sender = PyObject_GetAttr(self->producer, str_sender);
+    if (sender == NULL)
+        return -1;
+    o = PyObject_GetAttr(sender, str_fenced);
+    Py_DECREF(sender);
+    if (o == NULL)
+        return -1;
+    int fenced = o != Py_None;
+    Py_DECREF(o);
+    return !fenced;
+}
+
+PyDoc_STRVAR(send_doc,
+"send(topic, value, *, key=None, headers=None, partition=None, timestamp_ms=None)\n\n"
+"Producer.send (see its documentation), with the common record buffered in C.");
+
+static PyObject *
+Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2)
+        return send_in_python(self, args, nargsf, kwnames);
+    PyObject *key = Py_None, *headers = Py_None, *part = Py_None, *ts = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (name == str_key)
+            key = args[2 + i];
+        else if (name == str_headers)
+            headers = args[2 + i];
+        else if (name == str_partition)
+            part = args[2 + i];
+        else if (name == str_timestamp_ms)
+            ts = args[2 + i];
+        else /* a name not interned, or one send does not take: as Python would */
+            return send_in_python(self, args, nargsf, kwnames);
+    }
+    PyObject *loop = PyObject_GetAttr(self->producer, str_loop);
+    if (loop == NULL)
+        return NULL;
+    int open = loop == Py_None ? 0 : producer_open(self);
+    if (open <= 0) { /* not started, closing or fenced: Python raises or fails the future */
+        Py_DECREF(loop);
+        return open < 0 ? NULL : send_in_python(self, args, nargsf, kwnames);
+    }
+    PyObject *fut = PyObject_CallMethodNoArgs(loop, str_create_future);
+    PyObject *buffered = fut == NULL ? NULL : PyObject_CallMethodNoArgs(loop, str_create_future);
+    Py_DECREF(loop);
+    if (buffered == NULL) {
+        Py_XDECREF(fut);
+        return NULL;
+    }
+    PyObject *topic = args[0], *value = args[1], *r;
+    int done = append_impl(self, topic, value, key, headers, part, ts, fut);
+    if (done > 0) {
+        r = PyObject_CallMethodOneArg(buffered, str_set_result, fut);
+    } else if (done == 0) {
+        PyObject *rest[9] = {self->producer, topic, value, key, headers, part, ts, fut, buffered};
+        r = PyObject_VectorcallMethod(str_send_rest, rest, 9 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(fut);
+        Py_DECREF(buffered);
+        return r; /* the future _send_rest returns: buffered */
+    } else if (PyErr_ExceptionMatches(PyExc_Exception)) { /* nothing was buffered: the future says why */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        r = PyObject_CallMethodOneArg(buffered, str_set_exception, exc);
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+    } else {
+        r = NULL;
+    }
+    Py_DECREF(fut);
+    if (r == NULL) {
+        Py_DECREF(buffered);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return buffered;
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL, append_doc},
+    {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL | METH_KEYWORDS, send_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._crecords.Appender",
+    .tp_doc = "Appender(producer, topics, routes, lanes, open, memory, sticky, crc32c, on_full, py_send, "
+              "partitioner, header_size, slack): the producer's per-record path for the common record.",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Appender_new,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_traverse = (traverseproc)Appender_traverse,
+    .tp_clear = (inquiry)Appender_clear,
+    .tp_methods = Appender_methods,
+};
+
+int
+add_producer_types(PyObject *m)
+{
+    str_done = PyUnicode_InternFromString("done");
+    str_set_result = PyUnicode_InternFromString("set_result");
+    str_used = PyUnicode_InternFromString("used");
+    str_limit = PyUnicode_InternFromString("limit");
+    str_waiters = PyUnicode_InternFromString("waiters");
+    str_loop = PyUnicode_InternFromString("_loop");
+    str_closing = PyUnicode_InternFromString("_closing");
+    str_sender = PyUnicode_InternFromString("_sender");
+    str_fenced = PyUnicode_InternFromString("fenced");
+    str_create_future = PyUnicode_InternFromString("create_future");
+    str_set_exception = PyUnicode_InternFromString("set_exception");
+    str_send_rest = PyUnicode_InternFromString("_send_rest");
+    str_key = PyUnicode_InternFromString("key");
+    str_headers = PyUnicode_InternFromString("headers");
+    str_partition = PyUnicode_InternFromString("partition");
+    str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
+    if (!str_done || !str_set_result || !str_used || !str_limit || !str_waiters || !str_loop || !str_closing
+        || !str_sender || !str_fenced || !str_create_future || !str_set_exception || !str_send_rest || !str_key
+        || !str_headers || !str_partition || !str_timestamp_ms)
+        return -1;
+    if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&AppenderType) < 0)
+        return -1;
+    return PyModule_AddType(m, &RecordBufferType) < 0 || PyModule_AddType(m, &AppenderType) < 0 ? -1 : 0;
+}
