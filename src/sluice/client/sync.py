@@ -176,11 +176,12 @@ class FutureGroup:
     r"""What the ``RecordFuture``\ s of one producer share: a ``threading.Condition``, and
     how many threads wait on it (so that an outcome nobody waits for notifies nobody)."""
 
-    __slots__ = ("condition", "sleepers")
+    __slots__ = ("lock", "condition", "sleepers")
 
     def __init__(self) -> None:
-        self.condition = threading.Condition()
-        self.sleepers = 0  # changed with the condition held
+        self.lock = threading.RLock()  # the condition's: taken directly, without its Python __enter__
+        self.condition = threading.Condition(self.lock)
+        self.sleepers = 0  # changed with the lock held
 
 
 class RecordFuture(concurrent.futures.Future):
@@ -227,7 +228,7 @@ class RecordFuture(concurrent.futures.Future):
     def set_result(self, result) -> None:
         """As ``Future.set_result``, without waking the group when nobody waits."""
         group = self._group
-        with group.condition:
+        with group.lock:
             if self._state in _DONE:
                 raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
             self._result = result
