@@ -194,15 +194,23 @@ class RecordFuture(concurrent.futures.Future):
     ``concurrent.futures.wait`` and ``as_completed`` included, works as on any future.
     """
 
+    _result = None  # until set on the future: class defaults, like the two lists below
+    _exception = None
+
     def __init__(self, group: FutureGroup) -> None:
-        # not super().__init__(), which builds a Condition of its own
+        # not super().__init__(), which builds a Condition and two lists of its own
         self._group = group
         self._condition = group.condition
         self._state = _futures.PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
+
+    @property
+    def _waiters(self) -> list:
+        """``concurrent.futures.wait``'s waiters: a list made on first use."""
+        return self.__dict__.setdefault("_waiter_list", [])
+
+    @property
+    def _done_callbacks(self) -> list:
+        return self.__dict__.setdefault("_callback_list", [])
 
     def done(self) -> bool:
         return self._state in _DONE  # one read: no lock needed
@@ -233,11 +241,13 @@ class RecordFuture(concurrent.futures.Future):
                 raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
             self._result = result
             self._state = _futures.FINISHED
-            for waiter in self._waiters:
-                waiter.add_result(self)
+            made = self.__dict__
+            if "_waiter_list" in made:
+                for waiter in made["_waiter_list"]:
+                    waiter.add_result(self)
             if group.sleepers:
                 group.condition.notify_all()
-        if self._done_callbacks:
+        if "_callback_list" in made:
             self._invoke_callbacks()
 
 
