@@ -8,6 +8,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 #include <time.h>
 
@@ -251,11 +252,11 @@ typedef struct {
     PyObject_HEAD
     PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
     int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
-    long long header_size, slack;
+    long long header_size, slack, turn_bytes;
 } Appender;
 
 static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_create_future, *str_set_exception,
-    *str_send_rest, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
+    *str_send_rest, *str_buffered_later, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
 
 static int
 Appender_traverse(Appender *self, visitproc visit, void *arg)
@@ -302,13 +303,13 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
     int partitioner;
-    long long header_size, slack;
+    long long header_size, slack, turn_bytes;
     static char *names[] = {"producer", "topics", "routes", "lanes", "open", "memory", "sticky", "crc32c",
-                            "on_full", "py_send", "partitioner", "header_size", "slack", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!OO!OOOpLL:Appender", names, &producer, &PyDict_Type,
+                            "on_full", "py_send", "partitioner", "header_size", "slack", "turn_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!OO!OOOpLLL:Appender", names, &producer, &PyDict_Type,
                                      &topics, &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open,
                                      &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
-                                     &header_size, &slack))
+                                     &header_size, &slack, &turn_bytes))
         return NULL;
     Appender *self = (Appender *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -326,6 +327,7 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->partitioner = partitioner;
     self->header_size = header_size;
     self->slack = slack;
+    self->turn_bytes = turn_bytes > 0 ? turn_bytes : LLONG_MAX;
     return (PyObject *)self;
 }
 
@@ -438,6 +440,7 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
     if (!PyObject_TypeCheck(batch, &RecordBufferType))
         return 0;
     Py_INCREF(batch);
+    long long before = ((RecordBuffer *)batch)->size;
     int added = buffer_add((RecordBuffer *)batch, (Py_ssize_t)cap, key, value, Py_None, ts, sink, reserve);
     if (added <= 0) { /* full: the Python path closes it; or an error (nothing added) */
         Py_DECREF(batch);
@@ -451,22 +454,26 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
         return -1;
     }
     Py_DECREF(new_used);
-    if (((RecordBuffer *)batch)->size >= cap) {
+    long long after = ((RecordBuffer *)batch)->size;
+    int turn = before / self->turn_bytes != after / self->turn_bytes;
+    if (after >= cap) {
         PyObject *r = PyObject_CallFunction(self->on_full, "OiLL", batch, sticky, n, p);
         if (r == NULL) {
             Py_DECREF(batch);
             return -1;
         }
         Py_DECREF(r);
+        turn = 1;
     }
     Py_DECREF(batch);
-    return 1;
+    return turn ? 2 : 1;
 }
 
 PyDoc_STRVAR(append_doc,
-"append(topic, value, key, headers, partition, timestamp_ms, sink) -> bool\n\n"
-"Buffer the record as Producer._append_now would, when it is the common case; False, having\n"
-"changed nothing, when the Python path must take it.");
+"append(topic, value, key, headers, partition, timestamp_ms, sink) -> int\n\n"
+"Buffer the record as Producer._append_now would, when it is the common case, and return what\n"
+"it returns (1; 2 when the loop should turn); 0, having changed nothing, when the Python path\n"
+"must take it.");
 
 static PyObject *
 Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
@@ -478,7 +485,7 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
     int r = append_impl(self, args[0], args[1], args[2], args[3], args[4], args[5], args[6]);
     if (r < 0)
         return NULL;
-    return PyBool_FromLong(r);
+    return PyLong_FromLong(r);
 }
 
 /* Producer.send (the Python function ``py_send``) called as the caller called ``send``. */
@@ -562,11 +569,14 @@ Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kw
     }
     PyObject *topic = args[0], *value = args[1], *r;
     int done = append_impl(self, topic, value, key, headers, part, ts, fut);
-    if (done > 0) {
+    if (done == 1) {
         r = PyObject_CallMethodOneArg(buffered, str_set_result, fut);
+    } else if (done == 2) { /* buffered, and the loop should turn: buffered is told on its next turn */
+        PyObject *later[3] = {self->producer, buffered, fut};
+        r = PyObject_VectorcallMethod(str_buffered_later, later, 3, NULL);
     } else if (done == 0) {
         PyObject *rest[9] = {self->producer, topic, value, key, headers, part, ts, fut, buffered};
-        r = PyObject_VectorcallMethod(str_send_rest, rest, 9 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        r = PyObject_VectorcallMethod(str_send_rest, rest, 9, NULL);
         Py_DECREF(fut);
         Py_DECREF(buffered);
         return r; /* the future _send_rest returns: buffered */
@@ -602,7 +612,7 @@ static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sluice._crecords.Appender",
     .tp_doc = "Appender(producer, topics, routes, lanes, open, memory, sticky, crc32c, on_full, py_send, "
-              "partitioner, header_size, slack): the producer's per-record path for the common record.",
+              "partitioner, header_size, slack, turn_bytes): the producer's per-record path for the common record.",
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Appender_new,
@@ -627,12 +637,13 @@ add_producer_types(PyObject *m)
     str_create_future = PyUnicode_InternFromString("create_future");
     str_set_exception = PyUnicode_InternFromString("set_exception");
     str_send_rest = PyUnicode_InternFromString("_send_rest");
+    str_buffered_later = PyUnicode_InternFromString("_buffered_later");
     str_key = PyUnicode_InternFromString("key");
     str_headers = PyUnicode_InternFromString("headers");
     str_partition = PyUnicode_InternFromString("partition");
     str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
     if (!str_done || !str_set_result || !str_used || !str_limit || !str_waiters || !str_loop || !str_closing
-        || !str_sender || !str_fenced || !str_create_future || !str_set_exception || !str_send_rest || !str_key
+        || !str_sender || !str_fenced || !str_create_future || !str_set_exception || !str_send_rest || !str_buffered_later || !str_key
         || !str_headers || !str_partition || !str_timestamp_ms)
         return -1;
     if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&AppenderType) < 0)

@@ -84,10 +84,10 @@ async def test_batch_closes_at_batch_size_without_linger():
         # full batches go out at once although linger is a minute
         done, _ = await asyncio.wait(futs[:5], timeout=2)
         assert len(done) == 5
-        sizes = [h.size for blob in broker.logs[("t", 0)] for h, _ in records.iter_batches(blob)]
-        assert len(sizes) >= 2 and all(s <= 1000 for s in sizes)
         await p.flush()
         assert all(f.done() for f in futs)
+        sizes = [h.size for blob in broker.logs[("t", 0)] for h, _ in records.iter_batches(blob)]
+        assert len(sizes) >= 2 and all(s <= 1000 for s in sizes)
 
 
 async def test_linger_sends_partial_batch():

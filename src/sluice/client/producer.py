@@ -65,6 +65,16 @@ _FRAMING_MAX = 21
 # ... and around a bytes key (or none) and value without headers: the two length varints
 # (5 each) and the header count (1) too.
 _PLAIN_SLACK = _FRAMING_MAX + 11
+# A send whose record takes its batch past a multiple of this many bytes, or fills it, lets
+# the loop turn once before its awaitable is done: a loop of awaited sends, which never
+# yields otherwise, lets the sender and every other task run once per this much data.
+_TURN_BYTES = 64 * 1024
+_BUFFERED, _TURN = 1, 2  # what _append_now returns once the record is buffered
+
+
+def _tell(buffered: asyncio.Future, fut: asyncio.Future) -> None:
+    if not buffered.done():  # its sender may have given up on it: the record stays buffered
+        buffered.set_result(fut)
 
 
 def _python_path(*record) -> bool:
@@ -237,10 +247,11 @@ class Producer:
             appender = records._C.Appender(
                 self, self._cluster.topics, self._routes, self._lanes, self._acc.open, self._memory,
                 self._sticky, _crc32c.crc32c, self._batch_full, Producer.send, partitioner is not None,
-                records.HEADER_SIZE, _PLAIN_SLACK,
+                records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES,
             )
             self._append_common = appender.append
-            self.send = appender.send
+            if type(self).send is Producer.send:  # a subclass's own send stays its send
+                self.send = appender.send
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing = 0
@@ -433,9 +444,12 @@ class Producer:
 
         When the record can be buffered at once (topic metadata known, buffer memory free,
         no earlier send waiting) it is, before ``send`` returns: no coroutine, task or loop
-        round trip, and the awaitable returned is a future done already.  Otherwise it waits
-        in line behind earlier waiting sends, in send order: for metadata of a topic not seen
-        yet, and for buffer memory (up to ``max_block_ms``, then ``BufferExhausted``).
+        round trip, and the awaitable returned is a future done already, but for one send in
+        64 KiB of records and the send that fills a batch: that one is done on the loop's
+        next turn, so that a loop awaiting each send lets the sender and other tasks run as
+        it goes.  Otherwise it waits in line behind earlier waiting sends, in send order:
+        for metadata of a topic not seen yet, and for buffer memory (up to
+        ``max_block_ms``, then ``BufferExhausted``).
 
         Awaiting it raises ``MessageTooLarge`` when the record cannot fit in a batch the
         topic accepts, ``ClientClosed`` when the producer is closed, also while waiting, and
@@ -458,6 +472,8 @@ class Producer:
         except Exception as exc:  # nothing was buffered
             buffered.set_exception(exc)
             return buffered
+        if common == _TURN:
+            return self._buffered_later(buffered, fut)
         if common:
             buffered.set_result(fut)
             return buffered
@@ -467,13 +483,23 @@ class Producer:
         """``send`` of a record the common path did not take: buffer it now, or in line;
         return ``buffered``, told ``fut`` once it is buffered or the error that kept it out."""
         try:
-            if topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, fut):
-                self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
-                return buffered
+            appended = topic not in self._lanes and self._append_now(
+                topic, value, key, headers, partition, timestamp_ms, fut
+            )
         except Exception as exc:  # nothing was buffered
             buffered.set_exception(exc)
             return buffered
-        buffered.set_result(fut)
+        if not appended:
+            self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
+        elif appended == _TURN:
+            self._buffered_later(buffered, fut)
+        else:
+            buffered.set_result(fut)
+        return buffered
+
+    def _buffered_later(self, buffered: asyncio.Future, fut: asyncio.Future) -> asyncio.Future:
+        """Tell ``buffered`` its record's ``fut`` on the loop's next turn (see _TURN_BYTES)."""
+        self._loop.call_soon(_tell, buffered, fut)
         return buffered
 
     def send_nowait(
@@ -627,13 +653,16 @@ class Producer:
             )
         return alone
 
-    def _append_now(self, topic, value, key, headers, partition, ts, sink, prepaid: int = 0) -> bool:
+    def _append_now(self, topic, value, key, headers, partition, ts, sink, prepaid: int = 0) -> int:
         """Put one record in its partition's open batch now, ``sink`` to be told its
         outcome; False (nothing buffered) when it must wait: no metadata of the topic, a
         partition beyond those known, or too little free memory.  ``prepaid``: memory the
         waiting line reserved for it (``_reserve``).  Raises, buffering nothing, when the
         record cannot be sent (closed or fenced producer, ``MessageTooLarge``,
         ``UnknownPartition``, an encoding error).
+
+        Returns ``_TURN`` instead of ``_BUFFERED`` when the loop should turn (its batch
+        filled, or passed a multiple of ``_TURN_BYTES``).
 
         The per-record path: a few dict lookups, then one C call encodes the record into
         the batch (``Batch.add``).  Synchronous: no await between choice and append.
@@ -670,16 +699,22 @@ class Producer:
             ts = int(_time() * 1000)
         acc = self._acc
         batch = acc.open.get((topic, partition))
-        if batch is not None and not batch.add(cap, key, value, headers, ts, sink, reserve):
-            acc.close(batch)  # full
-            batch = None
-            if sticky:
-                partition = self._switch_sticky(topic, n, partition)
-                batch = acc.open.get((topic, partition))
-                if batch is not None and not batch.add(cap, key, value, headers, ts, sink, reserve):
-                    acc.close(batch)
-                    batch = None
+        turn = False
+        if batch is not None:
+            before = batch.size
+            if not batch.add(cap, key, value, headers, ts, sink, reserve):
+                acc.close(batch)  # full
+                batch, turn = None, True
+                if sticky:
+                    partition = self._switch_sticky(topic, n, partition)
+                    batch = acc.open.get((topic, partition))
+                    if batch is not None:
+                        before = batch.size
+                        if not batch.add(cap, key, value, headers, ts, sink, reserve):
+                            acc.close(batch)
+                            batch = None
         if batch is None:
+            before = 0
             batch = acc.new_batch(topic, partition, ts)
             # alone in a batch it fits whatever ``cap`` (``_fitting`` checked the limit)
             batch.add(limit - records.HEADER_SIZE, key, value, headers, ts, sink, reserve)
@@ -690,7 +725,8 @@ class Producer:
             mem.release(prepaid - reserve)
         if batch.size >= cap:
             self._batch_full(batch, sticky, n, partition)
-        return True
+            turn = True
+        return _TURN if turn or before // _TURN_BYTES != batch.size // _TURN_BYTES else _BUFFERED
 
     def _batch_full(self, batch, sticky: bool, n: int, partition: int) -> None:
         """``batch`` holds ``batch_size`` bytes: close it, and move a sticky topic on."""
