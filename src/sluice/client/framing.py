@@ -9,6 +9,7 @@ import logging
 
 log = logging.getLogger("sluice.client.producer")
 
+
 def zz_len(n: int) -> int:
     """Bytes of the zig-zag varint of ``n`` (``records.encode_varint``)."""
     u = n << 1 if n >= 0 else (~n << 1) | 1
