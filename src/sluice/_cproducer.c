@@ -133,13 +133,15 @@ RecordBuffer_add(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(added);
 }
 
-static PyObject *str_done, *str_set_result, *str_used, *str_limit, *str_waiters;
+static PyObject *str_done, *str_set_result, *str_set_results, *str_used, *str_limit, *str_waiters;
 
 PyDoc_STRVAR(resolve_records_doc,
 "resolve_records(meta_type, topic, partition, base_offset, append_time) -> None\n\n"
 "Tell each record's sink not done yet its metadata, ``meta_type((topic, partition, offset,\n"
 "timestamp))`` (a tuple subclass of 4 fields): offsets count from ``base_offset`` (all -1\n"
-"when it is -1), the timestamp is ``append_time`` unless it is -1, else the record's.");
+"when it is -1), the timestamp is ``append_time`` unless it is -1, else the record's.  A\n"
+"SendFuture is finished in C (its metadata built when asked for); sinks of the first type met\n"
+"that has a static ``_set_results(sinks, results)`` are told in one call of it, at the end.");
 
 static PyObject *
 RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
@@ -168,41 +170,87 @@ RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize
     long long step = off >= 0 ? 1 : 0;
     PyObject *futures = Py_NewRef(self->futures), *timestamps = Py_NewRef(self->timestamps);
     PyObject *result = NULL;
+    /* a SendFuture keeps (meta_type, topic, partition) and builds its metadata when asked */
+    PyObject *info = PyTuple_Pack(3, args[0], args[1], args[2]);
+    PyObject *appended = append_time != -1 ? PyLong_FromLongLong(append_time) : NULL;
+    /* sinks of a type with ``_set_results(sinks, results)`` (the first such type met) are told
+     * in one call at the end, the others one by one */
+    PyTypeObject *seen = NULL, *bulk_type = NULL;
+    PyObject *bulk_fn = NULL, *bulk_sinks = NULL, *bulk_results = NULL;
+    if (info == NULL || (append_time != -1 && appended == NULL))
+        goto out;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(futures); i++, off += step) {
         PyObject *fut = PyList_GET_ITEM(futures, i);
-        PyObject *done = PyObject_CallMethodNoArgs(fut, str_done);
-        if (done == NULL)
-            goto out;
-        int is_done = PyObject_IsTrue(done);
-        Py_DECREF(done);
-        if (is_done < 0)
-            goto out;
-        if (is_done)
+        if (send_future_check(fut)) {
+            if (send_future_resolve(fut, info, off, appended ? appended : PyList_GET_ITEM(timestamps, i)) < 0)
+                goto out;
             continue;
+        }
+        if (bulk_type == NULL && Py_TYPE(fut) != seen) {
+            seen = Py_TYPE(fut);
+            bulk_fn = PyObject_GetAttr((PyObject *)seen, str_set_results);
+            if (bulk_fn != NULL) {
+                bulk_type = seen;
+                bulk_sinks = PyList_New(0);
+                bulk_results = PyList_New(0);
+                if (bulk_sinks == NULL || bulk_results == NULL)
+                    goto out;
+            } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+            } else {
+                goto out;
+            }
+        }
+        int bulk = Py_TYPE(fut) == bulk_type;
+        if (!bulk) {
+            PyObject *done = PyObject_CallMethodNoArgs(fut, str_done);
+            if (done == NULL)
+                goto out;
+            int is_done = PyObject_IsTrue(done);
+            Py_DECREF(done);
+            if (is_done < 0)
+                goto out;
+            if (is_done)
+                continue;
+        }
         PyObject *m = meta->tp_alloc(meta, 4);
         if (m == NULL)
             goto out;
-        PyObject *ts = append_time != -1 ? PyLong_FromLongLong(append_time)
-                                         : Py_NewRef(PyList_GET_ITEM(timestamps, i));
         PyObject *o = PyLong_FromLongLong(off);
-        if (ts == NULL || o == NULL) {
-            Py_XDECREF(ts);
-            Py_XDECREF(o);
+        if (o == NULL) {
             Py_DECREF(m);
             goto out;
         }
         PyTuple_SET_ITEM(m, 0, Py_NewRef(args[1]));
         PyTuple_SET_ITEM(m, 1, Py_NewRef(args[2]));
         PyTuple_SET_ITEM(m, 2, o);
-        PyTuple_SET_ITEM(m, 3, ts);
+        PyTuple_SET_ITEM(m, 3, Py_NewRef(appended ? appended : PyList_GET_ITEM(timestamps, i)));
+        if (bulk) {
+            int rc = PyList_Append(bulk_sinks, fut) < 0 ? -1 : PyList_Append(bulk_results, m);
+            Py_DECREF(m);
+            if (rc < 0)
+                goto out;
+            continue;
+        }
         PyObject *r = PyObject_CallMethodOneArg(fut, str_set_result, m);
         Py_DECREF(m);
         if (r == NULL)
             goto out;
         Py_DECREF(r);
     }
+    if (bulk_fn != NULL && PyList_GET_SIZE(bulk_sinks)) {
+        PyObject *r = PyObject_CallFunctionObjArgs(bulk_fn, bulk_sinks, bulk_results, NULL);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+    }
     result = Py_NewRef(Py_None);
 out:
+    Py_XDECREF(bulk_fn);
+    Py_XDECREF(bulk_sinks);
+    Py_XDECREF(bulk_results);
+    Py_XDECREF(info);
+    Py_XDECREF(appended);
     Py_DECREF(futures);
     Py_DECREF(timestamps);
     return result;
@@ -255,7 +303,7 @@ typedef struct {
     long long header_size, slack, turn_bytes;
 } Appender;
 
-static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_create_future, *str_set_exception,
+static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_set_exception,
     *str_send_rest, *str_buffered_later, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
 
 static int
@@ -560,8 +608,8 @@ Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kw
         Py_DECREF(loop);
         return open < 0 ? NULL : send_in_python(self, args, nargsf, kwnames);
     }
-    PyObject *fut = PyObject_CallMethodNoArgs(loop, str_create_future);
-    PyObject *buffered = fut == NULL ? NULL : PyObject_CallMethodNoArgs(loop, str_create_future);
+    PyObject *fut = send_future_new(loop);
+    PyObject *buffered = fut == NULL ? NULL : send_future_new(loop);
     Py_DECREF(loop);
     if (buffered == NULL) {
         Py_XDECREF(fut);
@@ -570,7 +618,7 @@ Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kw
     PyObject *topic = args[0], *value = args[1], *r;
     int done = append_impl(self, topic, value, key, headers, part, ts, fut);
     if (done == 1) {
-        r = PyObject_CallMethodOneArg(buffered, str_set_result, fut);
+        r = send_future_set_result(buffered, fut) < 0 ? NULL : Py_NewRef(Py_None);
     } else if (done == 2) { /* buffered, and the loop should turn: buffered is told on its next turn */
         PyObject *later[3] = {self->producer, buffered, fut};
         r = PyObject_VectorcallMethod(str_buffered_later, later, 3, NULL);
@@ -627,6 +675,7 @@ add_producer_types(PyObject *m)
 {
     str_done = PyUnicode_InternFromString("done");
     str_set_result = PyUnicode_InternFromString("set_result");
+    str_set_results = PyUnicode_InternFromString("_set_results");
     str_used = PyUnicode_InternFromString("used");
     str_limit = PyUnicode_InternFromString("limit");
     str_waiters = PyUnicode_InternFromString("waiters");
@@ -634,7 +683,6 @@ add_producer_types(PyObject *m)
     str_closing = PyUnicode_InternFromString("_closing");
     str_sender = PyUnicode_InternFromString("_sender");
     str_fenced = PyUnicode_InternFromString("fenced");
-    str_create_future = PyUnicode_InternFromString("create_future");
     str_set_exception = PyUnicode_InternFromString("set_exception");
     str_send_rest = PyUnicode_InternFromString("_send_rest");
     str_buffered_later = PyUnicode_InternFromString("_buffered_later");
@@ -642,8 +690,8 @@ add_producer_types(PyObject *m)
     str_headers = PyUnicode_InternFromString("headers");
     str_partition = PyUnicode_InternFromString("partition");
     str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
-    if (!str_done || !str_set_result || !str_used || !str_limit || !str_waiters || !str_loop || !str_closing
-        || !str_sender || !str_fenced || !str_create_future || !str_set_exception || !str_send_rest || !str_buffered_later || !str_key
+    if (!str_done || !str_set_result || !str_set_results || !str_used || !str_limit || !str_waiters || !str_loop || !str_closing
+        || !str_sender || !str_fenced || !str_set_exception || !str_send_rest || !str_buffered_later || !str_key
         || !str_headers || !str_partition || !str_timestamp_ms)
         return -1;
     if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&AppenderType) < 0)

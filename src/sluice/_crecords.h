@@ -1,5 +1,5 @@
-/* What the two halves of sluice._crecords share: _crecords.c (the record codec) and
- * _cproducer.c (the producer's per-record path). */
+/* What the parts of sluice._crecords share: _crecords.c (the record codec),
+ * _cproducer.c (the producer's per-record path) and _cfuture.c (the future of one send). */
 #ifndef SLUICE_CRECORDS_H
 #define SLUICE_CRECORDS_H
 
@@ -14,5 +14,18 @@ Py_ssize_t append_to(PyObject *buf, Py_ssize_t limit, long long od, long long td
 
 /* Add RecordBuffer and Appender to the module: 0, or -1 with an exception set. */
 int add_producer_types(PyObject *module);
+
+/* SendFuture (_cfuture.c), the future of one send.  ``add_future_type`` adds the type to the
+ * module (0, or -1 with an exception set); ``send_future_new`` makes a pending one of
+ * ``loop``; ``send_future_check`` tells one (exactly that type); ``send_future_resolve``
+ * finishes a pending one with a record's RecordMetadata, built from ``info`` (meta_type,
+ * topic, partition), ``offset`` and ``timestamp`` only when asked for (1; 0 when it was done
+ * already; -1 with an exception set, when a callback could not be scheduled);
+ * ``send_future_set_result`` is its set_result (0, or -1 with an exception set). */
+int add_future_type(PyObject *module);
+PyObject *send_future_new(PyObject *loop);
+int send_future_check(PyObject *o);
+int send_future_resolve(PyObject *fut, PyObject *info, long long offset, PyObject *timestamp);
+int send_future_set_result(PyObject *fut, PyObject *result);
 
 #endif

@@ -6,12 +6,14 @@ import concurrent.futures
 import gc
 import random
 import threading
+import time
 import weakref
 
 import pytest
 
 from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
+from sluice.client.accumulator import _RecordBuffer
 from sluice.client.producer import _python_path
 from sluice.client.sync import FutureGroup, RecordFuture
 from sluice.protocol import records
@@ -220,6 +222,34 @@ def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome()
     assert list(concurrent.futures.as_completed([a, b, d], timeout=1)) != []
 
 
+
+@pytest.mark.parametrize("buffer_type", [records._C.RecordBuffer if records._C else None, _RecordBuffer], ids=["C", "reference"])
+def test_a_batch_resolves_record_futures_of_any_group_with_waiters_callbacks_and_cancelled(buffer_type):
+    """A batch's acknowledgement tells its RecordFutures in one ``_set_results`` call (C) or
+    one by one (reference), with the same outcome: a waiting thread wakes, callbacks run, a
+    cancelled future stays cancelled, a future of another group is told too."""
+    if buffer_type is None:
+        pytest.skip("the compiled codec is not built")
+    group, other = FutureGroup(), FutureGroup()
+    futs = [RecordFuture(group) for _ in range(4)] + [RecordFuture(other)]
+    seen = []
+    futs[1].add_done_callback(lambda f: seen.append(f.result().offset))
+    futs[2].cancel()
+    waiter = threading.Thread(target=lambda: seen.append(("waited", futs[3].result(timeout=5).offset)))
+    waiter.start()
+    watcher = concurrent.futures.ThreadPoolExecutor(1)
+    waited = watcher.submit(concurrent.futures.wait, [futs[0]], 5)
+    time.sleep(0.05)  # the waiter sleeps on the condition
+    buf = buffer_type()
+    buf.futures, buf.timestamps = futs, [7] * len(futs)
+    buf.resolve_records(RecordMetadata, "t", 0, 10, -1)
+    waiter.join(5)
+    assert waited.result(5).done == {futs[0]}
+    watcher.shutdown()
+    assert [f.result().offset for i, f in enumerate(futs) if i != 2] == [10, 11, 13, 14]
+    assert futs[2].cancelled()
+    assert sorted(seen, key=str) == [("waited", 13), 11]
+
 @pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
 @pytest.mark.parametrize("seed", range(4))
 async def test_compiled_and_python_paths_build_the_same_batches(seed):
@@ -261,7 +291,6 @@ async def test_compiled_and_python_paths_build_the_same_batches(seed):
 async def test_record_buffer_compiled_and_reference_agree():
     """``RecordBuffer`` (C) and ``_RecordBuffer`` (its reference): the same bytes, counts,
     verdicts when full, and the same metadata told to the sinks not done yet."""
-    from sluice.client.accumulator import RecordMetadata, _RecordBuffer
 
     loop = asyncio.get_running_loop()
     outcomes = []

@@ -38,7 +38,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat
-from operator import add
+from operator import add, methodcaller
 
 import crc32c as _crc32c
 
@@ -70,6 +70,9 @@ _PLAIN_SLACK = _FRAMING_MAX + 11
 # yields otherwise, lets the sender and every other task run once per this much data.
 _TURN_BYTES = 64 * 1024
 _BUFFERED, _TURN = 1, 2  # what _append_now returns once the record is buffered
+# A pending future of one send on a loop: the compiled SendFuture (asyncio.Future's contract
+# at a fraction of its cost, see _cfuture.c), or the loop's own future.
+_send_future = records._C.SendFuture if records._C is not None else methodcaller("create_future")
 
 
 def _tell(buffered: asyncio.Future, fut: asyncio.Future) -> None:
@@ -459,12 +462,17 @@ class Producer:
         With the compiled codec a producer's ``send`` is this method's C twin
         (``_crecords.Appender.send``): it buffers a record of bytes without headers whose
         partition has an open batch with room, and hands every other call to this method.
+        Its futures (the awaitable and the record's) are then ``_crecords.SendFuture``\ s:
+        asyncio.Future's contract, taken by tasks, ``asyncio.gather``, ``wait``, ``wait_for``
+        and ``shield`` as an asyncio.Future is, at a fraction of its cost (a batch's
+        acknowledgement resolves them in C and each builds its ``RecordMetadata`` when
+        asked for it), but not instances of asyncio.Future.
         """
         loop = self._loop
         if loop is None:
             self._check_open()  # raises: not started, or closed
-        fut = loop.create_future()
-        buffered = loop.create_future()
+        fut = _send_future(loop)
+        buffered = _send_future(loop)
         try:
             common = not (self._closing or self._sender.fenced is not None) and self._append_common(
                 topic, value, key, headers, partition, timestamp_ms, fut
@@ -516,7 +524,8 @@ class Producer:
         """Buffer one record without waiting, for pipelines that do not await each send.
 
         Without ``callback``, return the record's future of its ``RecordMetadata`` (many of
-        them can be awaited together with ``asyncio.gather``).  With ``callback``, return
+        them can be awaited together with ``asyncio.gather``; a ``SendFuture`` with the
+        compiled codec, as with ``send``).  With ``callback``, return
         None and call ``callback(metadata, None)`` once the record is acknowledged, or
         ``callback(None, error)`` once it failed; it runs on the producer's loop and must
         not block.
@@ -531,7 +540,7 @@ class Producer:
         loop = self._loop
         if loop is None:
             self._check_open()
-        sink = loop.create_future() if callback is None else Callback(callback)
+        sink = _send_future(loop) if callback is None else Callback(callback)
         self.submit(topic, value, key, headers, partition, timestamp_ms, sink)
         return sink if callback is None else None
 

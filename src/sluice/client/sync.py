@@ -250,6 +250,34 @@ class RecordFuture(concurrent.futures.Future):
         if "_callback_list" in made:
             self._invoke_callbacks()
 
+    @staticmethod
+    def _set_results(futures: list[RecordFuture], results: list) -> None:
+        """``set_result`` of each future not done yet, under one lock and with one
+        notification per group (a batch's acknowledgement: see ``RecordBuffer.resolve_records``)."""
+        group = futures[0]._group
+        called = []  # futures with callbacks to invoke, once the lock is released
+        others = []  # futures of another group
+        with group.lock:
+            for fut, result in zip(futures, results):
+                if fut._group is not group:
+                    others.append((fut, result))
+                elif fut._state not in _DONE:
+                    fut._result = result
+                    fut._state = _futures.FINISHED
+                    made = fut.__dict__
+                    if "_waiter_list" in made:
+                        for waiter in made["_waiter_list"]:
+                            waiter.add_result(fut)
+                    if "_callback_list" in made:
+                        called.append(fut)
+            if group.sleepers:
+                group.condition.notify_all()
+        for fut in called:
+            fut._invoke_callbacks()
+        for fut, result in others:
+            if not fut.done():
+                fut.set_result(result)
+
 
 class SyncProducer(_SyncBase):
     """Blocking ``Producer``: ``send`` returns at once a ``concurrent.futures.Future`` of
