@@ -11,7 +11,7 @@ setup(
     ext_modules=[
         Extension(
             "sluice._crecords",
-            sources=["src/sluice/_crecords.c", "src/sluice/_cproducer.c", "src/sluice/_cfuture.c"],
+            sources=["src/sluice/_crecords.c", "src/sluice/_cproducer.c", "src/sluice/_cfuture.c", "src/sluice/_coutbox.c"],
             depends=["src/sluice/_crecords.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall"],
             optional=True,

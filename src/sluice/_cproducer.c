@@ -303,6 +303,8 @@ typedef struct {
     long long header_size, slack, turn_bytes;
 } Appender;
 
+static PyTypeObject AppenderType;
+
 static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_set_exception,
     *str_send_rest, *str_buffered_later, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
 
@@ -573,6 +575,26 @@ producer_open(Appender *self)
     int fenced = o != Py_None;
     Py_DECREF(o);
     return !fenced;
+}
+
+int
+appender_check(PyObject *o)
+{
+    return Py_IS_TYPE(o, &AppenderType);
+}
+
+int
+appender_open(PyObject *appender)
+{
+    return producer_open((Appender *)appender);
+}
+
+int
+appender_submit(PyObject *appender, PyObject *item)
+{
+    PyObject **f = &PyTuple_GET_ITEM(item, 0);
+    int r = append_impl((Appender *)appender, f[0], f[1], f[2], f[3], f[4], f[5], f[6]);
+    return r == 2 ? 1 : r;
 }
 
 PyDoc_STRVAR(send_doc,

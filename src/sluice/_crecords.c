@@ -711,7 +711,7 @@ static struct PyModuleDef module = {
 /* Raised whenever a function's arguments or results change: records.py uses a build
  * only if it says the version records.py expects (an old build left in place by an
  * editable install falls back to pure Python instead of failing). */
-#define ABI_VERSION 7
+#define ABI_VERSION 8
 
 PyMODINIT_FUNC
 PyInit__crecords(void)
@@ -723,7 +723,7 @@ PyInit__crecords(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0 || add_producer_types(m) < 0
-        || add_future_type(m) < 0) {
+        || add_future_type(m) < 0 || add_outbox_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,5 +1,6 @@
 /* What the parts of sluice._crecords share: _crecords.c (the record codec),
- * _cproducer.c (the producer's per-record path) and _cfuture.c (the future of one send). */
+ * _cproducer.c (the producer's per-record path), _cfuture.c (the future of one send) and
+ * _coutbox.c (a SyncProducer's records on their way to its loop). */
 #ifndef SLUICE_CRECORDS_H
 #define SLUICE_CRECORDS_H
 
@@ -27,5 +28,16 @@ PyObject *send_future_new(PyObject *loop);
 int send_future_check(PyObject *o);
 int send_future_resolve(PyObject *fut, PyObject *info, long long offset, PyObject *timestamp);
 int send_future_set_result(PyObject *fut, PyObject *result);
+
+/* For Outbox (_coutbox.c), from _cproducer.c: ``appender_check`` tells an Appender;
+ * ``appender_open`` whether its producer takes sends now (started, not closing, not fenced:
+ * 1 or 0; -1 with an exception set); ``appender_submit`` buffers ``item``, a tuple (topic,
+ * value, key, headers, partition, timestamp_ms, sink), as Producer.submit would buffer the
+ * common record (1; 0 when Producer.submit must take it, nothing changed; -1 with an
+ * exception set, nothing buffered).  ``add_outbox_type`` adds Outbox to the module. */
+int appender_check(PyObject *o);
+int appender_open(PyObject *appender);
+int appender_submit(PyObject *appender, PyObject *item);
+int add_outbox_type(PyObject *module);
 
 #endif

@@ -15,6 +15,8 @@ from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
 from sluice.client.accumulator import _RecordBuffer
 from sluice.client.producer import _python_path
+from sluice.client import sync
+from sluice.client.outbox import Outbox as PyOutbox
 from sluice.client.sync import FutureGroup, RecordFuture
 from sluice.protocol import records
 
@@ -123,7 +125,19 @@ async def test_close_fails_sends_waiting_in_line():
         await nowait
 
 
-def test_sync_send_loop_then_flush():
+@pytest.fixture(params=["compiled", "reference"])
+def outbox(request, monkeypatch):
+    """SyncProducer.send with the compiled Outbox (its ``send`` in C), and with the
+    pure-Python reference (``SyncProducer.send`` alone)."""
+    if request.param == "compiled":
+        if records._C is None:
+            pytest.skip("the compiled codec is not built")
+    else:
+        monkeypatch.setattr(sync, "_Outbox", PyOutbox)
+    return request.param
+
+
+def test_sync_send_loop_then_flush(outbox):
     broker = FakeBroker({"t": 1})
     with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0) as p:
         futs = [p.send("t", b"%d" % i, partition=0) for i in range(2000)]  # the first one waits
@@ -133,7 +147,7 @@ def test_sync_send_loop_then_flush():
     assert [r.value for r in broker.records("t", 0)] == [b"%d" % i for i in range(2000)]
 
 
-def test_sync_send_errors_fail_the_future_and_surface_in_flush():
+def test_sync_send_errors_fail_the_future_and_surface_in_flush(outbox):
     broker = FakeBroker({"t": 1})
     with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0, max_request_size=2000) as p:
         with pytest.raises(errors.UnknownTopic):  # a topic not seen yet: send raises, as before
@@ -150,7 +164,7 @@ def test_sync_send_errors_fail_the_future_and_surface_in_flush():
             bad.result()
 
 
-def test_sync_send_blocks_while_buffer_memory_is_full():
+def test_sync_send_blocks_while_buffer_memory_is_full(outbox):
     broker = FakeBroker({"t": 1})
     broker.hold = True
     p = SyncProducer("fake:1", connection_factory=broker.factory, buffer_memory=2048, batch_size=1024,
@@ -167,7 +181,7 @@ def test_sync_send_blocks_while_buffer_memory_is_full():
         p.close()
 
 
-def test_sync_close_buffers_and_sends_records_sent_before():
+def test_sync_close_buffers_and_sends_records_sent_before(outbox):
     broker = FakeBroker({"t": 1})
     p = SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=50)
     futs = [p.send("t", b"%d" % i, partition=0) for i in range(500)]
@@ -175,7 +189,7 @@ def test_sync_close_buffers_and_sends_records_sent_before():
     assert [f.result(0).offset for f in futs] == list(range(500))
 
 
-def test_sync_sends_from_many_threads_keep_each_threads_order():
+def test_sync_sends_from_many_threads_keep_each_threads_order(outbox):
     """Senders append to the outbox without a lock while the loop hands records over:
     every record is buffered once, each thread's records in its send order."""
     broker = FakeBroker({"t": 1})
@@ -196,6 +210,41 @@ def test_sync_sends_from_many_threads_keep_each_threads_order():
     for n in range(4):
         mine = [v for v in values if v.startswith(b"%d-" % n)]
         assert mine == [b"%d-%d" % (n, i) for i in range(3000)]
+
+
+def test_sync_sends_of_both_paths_keep_their_order(outbox):
+    """Records the compiled send queues and records it hands to SyncProducer.send (headers,
+    a str value, a topic not seen yet, a near-limit value) keep their send order; an error
+    of one fails only its own future."""
+    broker = FakeBroker({"t": 1, "u": 1})
+    with SyncProducer("fake:1", connection_factory=broker.factory, linger_ms=0, max_request_size=20_000) as p:
+        assert (outbox == "compiled") == (getattr(p.send, "__self__", None) is p._outbox)
+        p.send("t", b"first", partition=0).result()
+        futs, sent = [], []
+        for i in range(600):
+            kind = i % 6
+            if kind == 1:
+                sent.append(b"h%d" % i)
+                futs.append(p.send("t", sent[-1], headers=[("k", b"v")], partition=0))
+            elif kind == 3:
+                sent.append(b"k%d" % i)
+                futs.append(p.send("t", sent[-1], key=b"key", partition=0, timestamp_ms=5))
+            elif i % 60 == 5:
+                sent.append(b"x" * 19_900)  # past the margin of a sure fit: the blocking way
+                futs.append(p.send("t", sent[-1], partition=0))
+            else:
+                sent.append(b"v%d" % i)
+                futs.append(p.send("t", sent[-1], partition=0))
+        with pytest.raises(errors.MessageTooLarge):
+            p.send("t", b"x" * 30_000, partition=0)  # raised at once, nothing buffered
+        assert isinstance(p.send("u", b"new topic").result(5).offset, int)
+        bad = p.send("t", "not bytes", partition=0)
+        with pytest.raises(TypeError):
+            p.flush()
+        assert isinstance(bad.exception(0), TypeError)
+    offsets = [f.result(0).offset for f in futs]
+    assert offsets == list(range(1, 601))
+    assert [r.value for r in broker.records("t", 0)] == [b"first", *sent]
 
 
 def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome():

@@ -246,8 +246,9 @@ class Producer:
         # (and never replaces) the dicts above; False sends the record the Python way.  Its
         # ``send`` is this class's ``send`` in C, calling back ``send`` or ``_send_rest``.
         self._append_common: Callable[..., bool] = _python_path
+        self._appender = None
         if records._C is not None:
-            appender = records._C.Appender(
+            self._appender = appender = records._C.Appender(
                 self, self._cluster.topics, self._routes, self._lanes, self._acc.open, self._memory,
                 self._sticky, _crc32c.crc32c, self._batch_full, Producer.send, partitioner is not None,
                 records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES,
@@ -462,7 +463,7 @@ class Producer:
         With the compiled codec a producer's ``send`` is this method's C twin
         (``_crecords.Appender.send``): it buffers a record of bytes without headers whose
         partition has an open batch with room, and hands every other call to this method.
-        Its futures (the awaitable and the record's) are then ``_crecords.SendFuture``\ s:
+        Its futures (the awaitable and the record's) are then ``_crecords.SendFuture`` objects:
         asyncio.Future's contract, taken by tasks, ``asyncio.gather``, ``wait``, ``wait_for``
         and ``shield`` as an asyncio.Future is, at a fraction of its cost (a batch's
         acknowledgement resolves them in C and each builds its ``RecordMetadata`` when

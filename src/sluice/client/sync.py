@@ -21,11 +21,14 @@ from sluice import errors
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
 from sluice.client.framing import tail_size
+from sluice.client.outbox import Outbox as _PyOutbox
 from sluice.client.producer import Producer
 from sluice.client.transaction import TransactionProducer, _state_of
 from sluice.protocol import records
 
 __all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin", "SyncTransactionProducer"]
+
+_Outbox = records._C.Outbox if records._C is not None else _PyOutbox
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -196,6 +199,7 @@ class RecordFuture(concurrent.futures.Future):
 
     _result = None  # until set on the future: class defaults, like the two lists below
     _exception = None
+    _state = _futures.PENDING  # the compiled Outbox makes them without __init__
 
     def __init__(self, group: FutureGroup) -> None:
         # not super().__init__(), which builds a Condition and two lists of its own
@@ -306,15 +310,19 @@ class SyncProducer(_SyncBase):
 
     def __init__(self, bootstrap, **config) -> None:
         super().__init__(bootstrap, **config)
-        # Records sent, not handed to the loop yet: appended by senders, popped by the loop,
-        # without a lock (deque appends and pops are atomic).  Sent minus handed bytes of
-        # values is what the outbox holds (approximately, with several sending threads: a
-        # sender's += may be lost; it only informs backpressure).
-        self._outbox: deque[tuple] = deque()
-        self._sent_bytes = self._handed_bytes = 0
-        self._handing = False  # a hand-over is scheduled or running on the loop
         self._unbuffered: list[BaseException] = []  # errors for the next flush to raise
         self._future_group = FutureGroup()  # what the RecordFutures share
+        # Records sent, not handed to the loop yet (see client/outbox.py).  Sent minus handed
+        # bytes of values is what it holds (approximately, with several sending threads
+        # going the Python way: a sender's += may be lost; it only informs backpressure).
+        self._outbox = _Outbox(self, SyncProducer.send, deque(), RecordFuture, self._future_group, _MARGIN)
+        if _Outbox is not _PyOutbox and type(self).send is SyncProducer.send:  # a subclass's own send stays
+            self.send = self._outbox.send
+
+    async def _create(self):
+        client = await super()._create()
+        client.on_unbuffered = self._unbuffered.append
+        return client
 
     def send(
         self, topic: str, value: bytes | None, *, key: bytes | None = None, headers=None,
@@ -328,35 +336,33 @@ class SyncProducer(_SyncBase):
             return lt.run(self._hand_over_then(client, _chained_send, topic, value, key=key, headers=headers,
                                                partition=partition, timestamp_ms=timestamp_ms))
         cf = RecordFuture(self._future_group)
-        self._outbox.append((topic, value, key, headers, partition, timestamp_ms, cf))
-        self._sent_bytes += len(value) if value is not None else 0
+        outbox = self._outbox
+        outbox.items.append((topic, value, key, headers, partition, timestamp_ms, cf))
+        outbox.sent_bytes += len(value) if value is not None else 0
         mem = client._memory
-        if mem.used + self._sent_bytes - self._handed_bytes > mem.limit:
-            lt.run(self._hand_over_and_buffer(client))  # until this record and every one before it is buffered
-        elif not self._handing:
-            self._handing = True
-            lt.call_soon(self._hand_over, client)
+        if mem.used + outbox.sent_bytes - outbox.handed_bytes > mem.limit:
+            self._buffer_all(client)
+        elif not outbox.handing:
+            outbox.handing = True
+            self._schedule_hand_over(client)
         return cf
 
-    def _hand_over(self, client: Producer) -> None:
-        """On the loop: buffer (or queue in the producer's waiting line) every record sent.
+    def _buffer_all(self, client: Producer) -> None:
+        """Block until every record sent before is buffered (buffer memory is short)."""
+        self._loop_thread().run(self._hand_over_and_buffer(client))
 
-        Ends only after it cleared ``_handing`` and then found the outbox empty, so a
-        record a sender appended while ``_handing`` was set is never left behind."""
-        outbox = self._outbox
-        client.on_unbuffered = self._unbuffered.append
-        submit = client.submit
-        while True:
-            while outbox:
-                item = outbox.popleft()
-                value = item[1]
-                if value is not None:
-                    self._handed_bytes += len(value)
-                submit(*item)
-            self._handing = False
-            if not outbox:
-                return
-            self._handing = True
+    def _schedule_hand_over(self, client: Producer) -> None:
+        self._loop_thread().call_soon(self._outbox.hand_over, client)
+
+    def _loop_thread(self) -> _LoopThread:
+        lt = self._lt
+        if lt is None:  # closed by another thread meanwhile
+            raise errors.ClientClosed(f"{type(self).__name__} is closed")
+        return lt
+
+    def _hand_over(self, client: Producer) -> None:
+        """On the loop: buffer (or queue in the producer's waiting line) every record sent."""
+        self._outbox.hand_over(client)
 
     async def _hand_over_then(self, client: Producer, fn, *args, **kw):
         self._hand_over(client)
@@ -368,7 +374,8 @@ class SyncProducer(_SyncBase):
         await client._lane_drained()
 
     def _failed_immediately(self) -> BaseException | None:
-        errs, self._unbuffered = self._unbuffered, []
+        errs = self._unbuffered.copy()  # in place: the producer appends to this list
+        del self._unbuffered[: len(errs)]
         return errs[0] if errs else None
 
     def send_many(self, topic: str, values: Sequence[bytes], **kw) -> concurrent.futures.Future:

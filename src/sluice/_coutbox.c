@@ -1,0 +1,419 @@
+/* Outbox, part of the module sluice._crecords: a SyncProducer's records sent by its callers
+ * and not yet handed to its producer's loop (client/outbox.py's Outbox is the pure-Python
+ * reference, and SyncProducer.send the Python path of ``send``).
+ *
+ * ``send`` is SyncProducer.send for the common record (bytes, no headers, a topic whose
+ * route is known and well within its size limit) on the caller's thread: a RecordFuture,
+ * the record queued in ``items``, a hand-over scheduled on the loop unless one is pending.
+ * ``hand_over`` runs on the loop and buffers the queued records through the producer's
+ * Appender, handing the rest to Producer.submit.  Both run under the GIL without calling
+ * Python code between reading and changing the shared state (``items``, the byte counts and
+ * ``handing``), so a record queued while a hand-over ends is never left behind.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+
+#include "_crecords.h"
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *facade;      /* the SyncProducer */
+    PyObject *py_send;     /* SyncProducer.send: every call the common path does not take */
+    PyObject *items;       /* deque of (topic, value, key, headers, partition, timestamp_ms, future) */
+    PyObject *future_type; /* RecordFuture, made here as its __init__(group) would */
+    PyObject *group, *condition;
+    /* what belongs to the facade's producer (``client``), found again when it changes */
+    PyObject *client, *topics, *routes, *memory, *appender;
+    long long sent_bytes, handed_bytes, margin;
+    char handing;
+} Outbox;
+
+static PyObject *str_lt, *str_closed, *str_client, *str_cluster, *str_topics, *str_routes, *str_memory,
+    *str_appender, *str_append, *str_popleft, *str_used, *str_limit, *str_submit, *str_unbuffered,
+    *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition, *str_key, *str_headers, *str_partition,
+    *str_timestamp_ms;
+
+static int
+Outbox_traverse(Outbox *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->facade);
+    Py_VISIT(self->py_send);
+    Py_VISIT(self->items);
+    Py_VISIT(self->future_type);
+    Py_VISIT(self->group);
+    Py_VISIT(self->condition);
+    Py_VISIT(self->client);
+    Py_VISIT(self->topics);
+    Py_VISIT(self->routes);
+    Py_VISIT(self->memory);
+    Py_VISIT(self->appender);
+    return 0;
+}
+
+static int
+Outbox_clear(Outbox *self)
+{
+    Py_CLEAR(self->facade);
+    Py_CLEAR(self->py_send);
+    Py_CLEAR(self->items);
+    Py_CLEAR(self->future_type);
+    Py_CLEAR(self->group);
+    Py_CLEAR(self->condition);
+    Py_CLEAR(self->client);
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->routes);
+    Py_CLEAR(self->memory);
+    Py_CLEAR(self->appender);
+    return 0;
+}
+
+static void
+Outbox_dealloc(Outbox *self)
+{
+    PyObject_GC_UnTrack(self);
+    Outbox_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *facade, *py_send, *items, *future_type, *group;
+    long long margin;
+    static char *names[] = {"facade", "py_send", "items", "future_type", "group", "margin", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOL:Outbox", names, &facade, &py_send, &items, &future_type,
+                                     &group, &margin))
+        return NULL;
+    if (!PyType_Check(future_type)) {
+        PyErr_SetString(PyExc_TypeError, "future_type must be a class");
+        return NULL;
+    }
+    PyObject *condition = PyObject_GetAttr(group, str_group_condition);
+    if (condition == NULL)
+        return NULL;
+    Outbox *self = (Outbox *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(condition);
+        return NULL;
+    }
+    self->facade = Py_NewRef(facade);
+    self->py_send = Py_NewRef(py_send);
+    self->items = Py_NewRef(items);
+    self->future_type = Py_NewRef(future_type);
+    self->group = Py_NewRef(group);
+    self->condition = condition;
+    self->margin = margin;
+    return (PyObject *)self;
+}
+
+/* SyncProducer.send (``py_send``) called as the caller called ``send``. */
+static PyObject *
+send_in_python(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8], **all = n + 1 <= 8 ? small : PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    all[0] = self->facade;
+    memcpy(all + 1, args, (size_t)n * sizeof(PyObject *));
+    PyObject *r = PyObject_Vectorcall(self->py_send, all, PyVectorcall_NARGS(nargsf) + 1, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return r;
+}
+
+/* Remember what belongs to ``client``: 0, or -1 with an exception set. */
+static int
+bind_client(Outbox *self, PyObject *client)
+{
+    PyObject *cluster = PyObject_GetAttr(client, str_cluster);
+    PyObject *topics = cluster == NULL ? NULL : PyObject_GetAttr(cluster, str_topics);
+    Py_XDECREF(cluster);
+    PyObject *routes = topics == NULL ? NULL : PyObject_GetAttr(client, str_routes);
+    PyObject *memory = routes == NULL ? NULL : PyObject_GetAttr(client, str_memory);
+    PyObject *appender = memory == NULL ? NULL : PyObject_GetAttr(client, str_appender);
+    if (appender == NULL) {
+        Py_XDECREF(topics);
+        Py_XDECREF(routes);
+        Py_XDECREF(memory);
+        return -1;
+    }
+    Py_XSETREF(self->client, Py_NewRef(client));
+    Py_XSETREF(self->topics, topics);
+    Py_XSETREF(self->routes, routes);
+    Py_XSETREF(self->memory, memory);
+    Py_XSETREF(self->appender, appender);
+    return 0;
+}
+
+/* The attribute ``name`` of ``o`` as a long long: 0, or -1 with an exception set. */
+static int
+int_attr(PyObject *o, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* A pending RecordFuture of the facade's group, made without running its __init__. */
+static PyObject *
+new_record_future(Outbox *self)
+{
+    PyTypeObject *type = (PyTypeObject *)self->future_type;
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL)
+        return NULL;
+    PyObject *fut = type->tp_new(type, empty, NULL);
+    Py_DECREF(empty);
+    if (fut == NULL)
+        return NULL;
+    PyObject *dict = PyObject_GenericGetDict(fut, NULL);
+    int rc = dict == NULL ? -1 : PyDict_SetItem(dict, str_group, self->group);
+    if (rc == 0)
+        rc = PyDict_SetItem(dict, str_condition, self->condition);
+    Py_XDECREF(dict);
+    if (rc < 0) {
+        Py_DECREF(fut);
+        return NULL;
+    }
+    return fut;
+}
+
+PyDoc_STRVAR(send_doc,
+"send(topic, value, *, key=None, headers=None, partition=None, timestamp_ms=None)\n\n"
+"SyncProducer.send (see its documentation), with the common record queued in C.");
+
+static PyObject *
+Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (PyVectorcall_NARGS(nargsf) != 2)
+        return send_in_python(self, args, nargsf, kwnames);
+    PyObject *key = Py_None, *headers = Py_None, *part = Py_None, *ts = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (name == str_key)
+            key = args[2 + i];
+        else if (name == str_headers)
+            headers = args[2 + i];
+        else if (name == str_partition)
+            part = args[2 + i];
+        else if (name == str_timestamp_ms)
+            ts = args[2 + i];
+        else
+            return send_in_python(self, args, nargsf, kwnames);
+    }
+    PyObject *topic = args[0], *value = args[1];
+    if (headers != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
+        || !PyUnicode_CheckExact(topic))
+        return send_in_python(self, args, nargsf, kwnames);
+    /* the facade's producer and loop thread, as SyncProducer._ensure finds them */
+    PyObject *lt = PyObject_GetAttr(self->facade, str_lt);
+    if (lt == NULL)
+        return NULL;
+    Py_DECREF(lt); /* the facade holds it */
+    PyObject *closed = PyObject_GetAttr(self->facade, str_closed);
+    if (closed == NULL)
+        return NULL;
+    int is_closed = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    PyObject *client = lt == Py_None || is_closed ? NULL : PyObject_GetAttr(self->facade, str_client);
+    if (client == NULL) {
+        if (is_closed < 0 || PyErr_Occurred())
+            return NULL;
+        return send_in_python(self, args, nargsf, kwnames); /* not started, or closed: Python says */
+    }
+    int bound = client == self->client ? 0 : bind_client(self, client);
+    Py_DECREF(client);
+    if (bound < 0)
+        return NULL;
+    if (self->appender == Py_None || !appender_check(self->appender))
+        return send_in_python(self, args, nargsf, kwnames);
+    /* surely fits: the topic's route is current and the record well within its batch limit */
+    PyObject *info = PyDict_GetItemWithError(self->topics, topic);
+    PyObject *route = info == NULL ? NULL : PyDict_GetItemWithError(self->routes, topic);
+    if (route == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return send_in_python(self, args, nargsf, kwnames);
+    }
+    long long size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + self->margin;
+    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 4 || PyTuple_GET_ITEM(route, 0) != info
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(route, 2)) || size > PyLong_AsLongLong(PyTuple_GET_ITEM(route, 2))) {
+        if (PyErr_Occurred())
+            return NULL;
+        return send_in_python(self, args, nargsf, kwnames);
+    }
+    PyObject *fut = new_record_future(self);
+    if (fut == NULL)
+        return NULL;
+    PyObject *item = PyTuple_Pack(7, topic, value, key, headers, part, ts, fut);
+    PyObject *r = item == NULL ? NULL : PyObject_CallMethodOneArg(self->items, str_append, item);
+    Py_XDECREF(item);
+    if (r == NULL)
+        goto fail;
+    Py_DECREF(r);
+    self->sent_bytes += PyBytes_GET_SIZE(value);
+    long long used, limit;
+    if (int_attr(self->memory, str_used, &used) < 0 || int_attr(self->memory, str_limit, &limit) < 0)
+        goto fail;
+    if (used + self->sent_bytes - self->handed_bytes > limit) {
+        /* memory is short: until this record and every one before it is buffered */
+        r = PyObject_CallMethodOneArg(self->facade, str_buffer_all, self->client);
+    } else if (!self->handing) {
+        self->handing = 1;
+        r = PyObject_CallMethodOneArg(self->facade, str_schedule, self->client);
+    } else {
+        return fut;
+    }
+    if (r == NULL)
+        goto fail;
+    Py_DECREF(r);
+    return fut;
+fail:
+    Py_DECREF(fut);
+    return NULL;
+}
+
+PyDoc_STRVAR(hand_over_doc,
+"hand_over(client) -> None\n\n"
+"On the producer's loop: buffer (or queue in the producer's waiting line) every record queued,\n"
+"in order; ends only after it cleared ``handing`` and then found ``items`` empty.");
+
+static PyObject *
+Outbox_hand_over(Outbox *self, PyObject *client)
+{
+    PyObject *appender = NULL;
+    if (client != self->client && bind_client(self, client) < 0)
+        return NULL;
+    int open = 0;
+    if (self->appender != Py_None && appender_check(self->appender)) {
+        appender = Py_NewRef(self->appender);
+        open = appender_open(appender);
+        if (open < 0)
+            goto fail;
+    }
+    for (;;) {
+        Py_ssize_t n;
+        while ((n = PyObject_Length(self->items)) > 0) {
+            PyObject *item = PyObject_CallMethodNoArgs(self->items, str_popleft);
+            if (item == NULL)
+                goto fail;
+            if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 7) {
+                Py_DECREF(item);
+                PyErr_SetString(PyExc_TypeError, "an outbox item is a 7-tuple");
+                goto fail;
+            }
+            PyObject *value = PyTuple_GET_ITEM(item, 1);
+            if (value != Py_None) { /* sized when it was sent */
+                Py_ssize_t len = PyObject_Length(value);
+                if (len < 0)
+                    PyErr_Clear();
+                else
+                    self->handed_bytes += len;
+            }
+            int done = open > 0 ? appender_submit(appender, item) : 0;
+            PyObject *r = NULL;
+            if (done == 0) { /* the Python path: Producer.submit */
+                PyObject *submit = PyObject_GetAttr(client, str_submit);
+                if (submit != NULL) {
+                    r = PyObject_Call(submit, item, NULL);
+                    Py_DECREF(submit);
+                }
+            } else if (done < 0 && PyErr_ExceptionMatches(PyExc_Exception)) { /* nothing was buffered */
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyErr_NormalizeException(&type, &exc, &tb);
+                if (tb != NULL)
+                    PyException_SetTraceback(exc, tb);
+                PyObject *call[3] = {client, PyTuple_GET_ITEM(item, 6), exc};
+                r = PyObject_VectorcallMethod(str_unbuffered, call, 3, NULL);
+                Py_XDECREF(type);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+            } else if (done > 0) {
+                r = Py_NewRef(Py_None);
+            }
+            Py_DECREF(item);
+            if (r == NULL)
+                goto fail;
+            Py_DECREF(r);
+        }
+        if (n < 0)
+            goto fail;
+        self->handing = 0;
+        n = PyObject_Length(self->items);
+        if (n <= 0) {
+            if (n < 0)
+                goto fail;
+            break;
+        }
+        self->handing = 1;
+    }
+    Py_XDECREF(appender);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(appender);
+    return NULL;
+}
+
+static PyMethodDef Outbox_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))Outbox_send, METH_FASTCALL | METH_KEYWORDS, send_doc},
+    {"hand_over", (PyCFunction)Outbox_hand_over, METH_O, hand_over_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Outbox_members[] = {
+    {"items", T_OBJECT, offsetof(Outbox, items), READONLY, "the records queued, oldest first"},
+    {"sent_bytes", T_LONGLONG, offsetof(Outbox, sent_bytes), 0, "bytes of values queued, ever"},
+    {"handed_bytes", T_LONGLONG, offsetof(Outbox, handed_bytes), 0, "bytes of values handed over, ever"},
+    {"handing", T_BOOL, offsetof(Outbox, handing), 0, "a hand-over is scheduled or running"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject OutboxType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._crecords.Outbox",
+    .tp_doc = "Outbox(facade, py_send, items, future_type, group, margin): a SyncProducer's records "
+              "not yet handed to its loop (client/outbox.py).",
+    .tp_basicsize = sizeof(Outbox),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Outbox_new,
+    .tp_dealloc = (destructor)Outbox_dealloc,
+    .tp_traverse = (traverseproc)Outbox_traverse,
+    .tp_clear = (inquiry)Outbox_clear,
+    .tp_methods = Outbox_methods,
+    .tp_members = Outbox_members,
+};
+
+static int
+intern(PyObject **slot, const char *s)
+{
+    *slot = PyUnicode_InternFromString(s);
+    return *slot == NULL ? -1 : 0;
+}
+
+int
+add_outbox_type(PyObject *m)
+{
+    if (intern(&str_lt, "_lt") < 0 || intern(&str_closed, "_closed") < 0 || intern(&str_client, "_client") < 0
+        || intern(&str_cluster, "_cluster") < 0 || intern(&str_topics, "topics") < 0
+        || intern(&str_routes, "_routes") < 0 || intern(&str_memory, "_memory") < 0
+        || intern(&str_appender, "_appender") < 0 || intern(&str_append, "append") < 0
+        || intern(&str_popleft, "popleft") < 0 || intern(&str_used, "used") < 0 || intern(&str_limit, "limit") < 0
+        || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "_unbuffered") < 0
+        || intern(&str_buffer_all, "_buffer_all") < 0 || intern(&str_schedule, "_schedule_hand_over") < 0
+        || intern(&str_group, "_group") < 0 || intern(&str_condition, "_condition") < 0
+        || intern(&str_group_condition, "condition") < 0
+        || intern(&str_key, "key") < 0 || intern(&str_headers, "headers") < 0
+        || intern(&str_partition, "partition") < 0 || intern(&str_timestamp_ms, "timestamp_ms") < 0
+        || PyType_Ready(&OutboxType) < 0)
+        return -1;
+    Py_INCREF(&OutboxType);
+    return PyModule_AddObject(m, "Outbox", (PyObject *)&OutboxType);
+}

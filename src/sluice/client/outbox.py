@@ -1,0 +1,44 @@
+"""A SyncProducer's records sent by its callers and not yet handed to its producer's loop.
+
+Callers (any thread) append to ``items`` without a lock (deque appends and pops are atomic)
+and count the bytes of the values they queued in ``sent_bytes``; ``hand_over``, on the loop,
+buffers the queued records in order and counts ``handed_bytes``.  ``handing`` says that a
+hand-over is scheduled or running: a caller schedules one only when none is pending, and a
+hand-over ends only after it cleared ``handing`` and then found ``items`` empty, so a record
+queued while it ends is never left behind.
+
+``Outbox`` here is the pure-Python reference of ``sluice._crecords.Outbox``, whose ``send``
+is ``SyncProducer.send`` in C for the common record (``SyncProducer.send`` is its Python
+path) and whose ``hand_over`` buffers through the producer's compiled Appender.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Outbox:
+    """``Outbox(facade, py_send, items, future_type, group, margin)``: the arguments of the
+    compiled one, of which this one keeps ``items`` (its ``send`` is the facade's own)."""
+
+    def __init__(self, facade, py_send, items: deque, future_type, group, margin: int) -> None:
+        self.items = items
+        self.sent_bytes = self.handed_bytes = 0
+        self.handing = False
+
+    def hand_over(self, client) -> None:
+        """On the producer's loop: buffer (or queue in the producer's waiting line) every
+        record queued, with ``Producer.submit``."""
+        items = self.items
+        submit = client.submit
+        while True:
+            while items:
+                item = items.popleft()
+                value = item[1]
+                if value is not None:
+                    self.handed_bytes += len(value)
+                submit(*item)
+            self.handing = False
+            if not items:
+                return
+            self.handing = True
