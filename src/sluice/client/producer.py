@@ -35,7 +35,6 @@ import asyncio
 import random
 import time
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat
 from operator import add, methodcaller
@@ -49,6 +48,7 @@ from sluice.client.ordering import InOrderCallbacks
 from sluice.client.sender import Sender, backoff_delay
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.client.waiting_line import WaitingLine
 from sluice.protocol import messages, records
 
 __all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
@@ -237,8 +237,7 @@ class Producer:
         self._routes: dict[str, tuple] = {}
         # per topic: sends waiting for metadata or memory, in send order, and the task
         # that buffers them (a waiting topic holds up no other)
-        self._lanes: dict[str, deque[tuple]] = {}
-        self._lane_tasks: dict[str, asyncio.Task] = {}
+        self._line = WaitingLine(self)
         # told each error that kept a record of submit() from being buffered (sync facade)
         self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
@@ -249,7 +248,7 @@ class Producer:
         self._appender = None
         if records._C is not None:
             self._appender = appender = records._C.Appender(
-                self, self._cluster.topics, self._routes, self._lanes, self._acc.open, self._memory,
+                self, self._cluster.topics, self._routes, self._line.lanes, self._acc.open, self._memory,
                 self._sticky, _crc32c.crc32c, self._batch_full, Producer.send, partitioner is not None,
                 records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES,
             )
@@ -307,7 +306,7 @@ class Producer:
         self._acc.fail_all(exc, release)  # open and queued batches
         for b in list(self._acc.incomplete):  # in flight: the answer will not be awaited
             self._acc.finish(b, exc, release)
-        self._fail_lane(exc)
+        self._line.fail(exc)
         tasks = self._sender.tasks()
         for t in tasks:
             t.cancel()
@@ -492,14 +491,14 @@ class Producer:
         """``send`` of a record the common path did not take: buffer it now, or in line;
         return ``buffered``, told ``fut`` once it is buffered or the error that kept it out."""
         try:
-            appended = topic not in self._lanes and self._append_now(
+            appended = topic not in self._line.lanes and self._append_now(
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
         except Exception as exc:  # nothing was buffered
             buffered.set_exception(exc)
             return buffered
         if not appended:
-            self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
+            self._line.add((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
         elif appended == _TURN:
             self._buffered_later(buffered, fut)
         else:
@@ -554,8 +553,8 @@ class Producer:
             if (
                 self._closing or self._sender.fenced is not None
                 or not self._append_common(topic, value, key, headers, partition, timestamp_ms, sink)
-            ) and (topic in self._lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink)):
-                self._wait_in_lane((topic, value, key, headers, partition, timestamp_ms, sink, None))
+            ) and (topic in self._line.lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink)):
+                self._line.add((topic, value, key, headers, partition, timestamp_ms, sink, None))
         except Exception as exc:  # nothing was buffered
             self._unbuffered(sink, exc)
 
@@ -564,90 +563,6 @@ class Producer:
             sink.set_exception(exc)
         if self.on_unbuffered is not None:
             self.on_unbuffered(exc)
-
-    # ------------------------------------------------------------------ the waiting line
-
-    def _wait_in_lane(self, item: tuple) -> None:
-        """Queue a send that cannot be buffered at once in its topic's line; one task per
-        line buffers it in order."""
-        topic = item[0]
-        lane = self._lanes.get(topic)
-        if lane is None:
-            lane = self._lanes[topic] = deque()
-            self._lane_tasks[topic] = self._loop.create_task(self._run_lane(topic, lane), name="sluice-producer-lane")
-        lane.append(item)
-
-    async def _run_lane(self, topic: str, lane: deque[tuple]) -> None:
-        """Buffer the waiting sends one after the other, each waiting as long as it must.
-
-        An item is ``(topic, value, key, headers, partition, timestamp_ms, sink,
-        buffered)``: ``buffered`` (from ``send``) is told the sink when the record is
-        buffered and the error when it cannot be; without it the sink gets the error."""
-        try:
-            while lane:
-                topic, value, key, headers, partition, ts, sink, buffered = lane[0]
-                if buffered is not None and buffered.cancelled():
-                    lane.popleft()  # its sender gave up: buffer nothing
-                    continue
-                try:
-                    await self._buffer_waiting(topic, value, key, headers, partition, ts, sink, buffered)
-                except Exception as exc:
-                    lane.popleft()
-                    if buffered is None:
-                        self._unbuffered(sink, exc)
-                    elif not buffered.done():
-                        buffered.set_exception(exc)
-                else:
-                    lane.popleft()
-                    if buffered is not None and not buffered.done():
-                        buffered.set_result(sink)
-        finally:
-            if self._lane_tasks.get(topic) is asyncio.current_task():
-                del self._lane_tasks[topic], self._lanes[topic]
-
-    async def _buffer_waiting(self, topic, value, key, headers, partition, ts, sink, buffered) -> None:
-        """Buffer one record of the line: wait for metadata and memory, then append."""
-        reserved = 0
-        mem = self._memory
-        try:
-            while True:
-                self._check_open()
-                info = await self._usable_topic(topic, partition)
-                if partition is not None and not 0 <= partition < info.partitions:
-                    raise errors.UnknownPartition(f"{topic!r} has {info.partitions} partitions, not {partition}")
-                if not reserved:
-                    self._fitting(topic, info, tail_size(key, value, headers))
-                    reserve = self._reserve(key, value, headers)
-                    await mem.acquire(reserve, self.max_block)
-                    reserved = reserve
-                    if self._closing:
-                        raise errors.ClientClosed("producer closed while the send waited for memory")
-                    if buffered is not None and buffered.cancelled():
-                        return
-                if self._append_now(topic, value, key, headers, partition, ts, sink, reserved):
-                    reserved = 0
-                    return
-        finally:
-            if reserved:
-                mem.release(reserved)
-
-    def _fail_lane(self, exc: errors.ClientClosed) -> None:
-        """Fail every send still waiting in line (on close) with a copy of ``exc``."""
-        for task in self._lane_tasks.values():
-            task.cancel()
-        lanes = list(self._lanes.values())
-        self._lanes.clear()  # in place: the Appender holds the dict
-        self._lane_tasks = {}
-        for lane in lanes:
-            for *_, sink, buffered in lane:
-                target = sink if buffered is None else buffered
-                if not target.done():
-                    target.set_exception(type(exc)(*exc.args))
-
-    async def _lane_drained(self) -> None:
-        """Return once every send waiting in line was buffered or failed."""
-        while self._lane_tasks:
-            await asyncio.wait(list(self._lane_tasks.values()))
 
     # ------------------------------------------------------------------ appending
 
@@ -860,7 +775,7 @@ class Producer:
         self._flushing += 1
         self._sender.wake()
         try:
-            await self._lane_drained()
+            await self._line.drained()
             for batch in list(self._acc.incomplete):
                 await batch.wait_done(self._loop)
         finally:

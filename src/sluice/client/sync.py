@@ -366,12 +366,12 @@ class SyncProducer(_SyncBase):
 
     async def _hand_over_then(self, client: Producer, fn, *args, **kw):
         self._hand_over(client)
-        await client._lane_drained()
+        await client._line.drained()
         return await fn(client, *args, **kw)
 
     async def _hand_over_and_buffer(self, client: Producer) -> None:
         self._hand_over(client)
-        await client._lane_drained()
+        await client._line.drained()
 
     def _failed_immediately(self) -> BaseException | None:
         errs = self._unbuffered.copy()  # in place: the producer appends to this list

@@ -1,0 +1,110 @@
+"""A producer's waiting line: the sends that cannot be buffered at once, per topic.
+
+A send waits for the metadata of a topic not seen yet and for buffer memory.  The sends of
+one topic wait in one line, in send order, behind its first waiting send (a waiting topic
+holds up no other); one task per line buffers them one after the other.  The producer
+sends a record of a topic with a line into the line too, so that no record overtakes an
+earlier one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from sluice import errors
+from sluice.client.framing import tail_size
+
+
+class WaitingLine:
+    """The waiting sends of one ``Producer``, by topic.
+
+    An item is ``(topic, value, key, headers, partition, timestamp_ms, sink, buffered)``:
+    ``buffered`` (from ``send``) is told the sink when the record is buffered and the error
+    when it cannot be; without it (``send_nowait``, ``submit``) the sink gets the error.
+    ``lanes`` (topic -> its items) is read by the producer's compiled path, which takes no
+    record of a topic in line; it is only ever changed in place.
+    """
+
+    def __init__(self, producer) -> None:
+        self._producer = producer
+        self.lanes: dict[str, deque[tuple]] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def add(self, item: tuple) -> None:
+        """Queue a send that cannot be buffered at once in its topic's line."""
+        topic = item[0]
+        lane = self.lanes.get(topic)
+        if lane is None:
+            lane = self.lanes[topic] = deque()
+            self._tasks[topic] = self._producer._loop.create_task(self._run(topic, lane), name="sluice-producer-lane")
+        lane.append(item)
+
+    async def _run(self, topic: str, lane: deque[tuple]) -> None:
+        """Buffer the waiting sends one after the other, each waiting as long as it must."""
+        try:
+            while lane:
+                topic, value, key, headers, partition, ts, sink, buffered = lane[0]
+                if buffered is not None and buffered.cancelled():
+                    lane.popleft()  # its sender gave up: buffer nothing
+                    continue
+                try:
+                    await self._buffer(topic, value, key, headers, partition, ts, sink, buffered)
+                except Exception as exc:
+                    lane.popleft()
+                    if buffered is None:
+                        self._producer._unbuffered(sink, exc)
+                    elif not buffered.done():
+                        buffered.set_exception(exc)
+                else:
+                    lane.popleft()
+                    if buffered is not None and not buffered.done():
+                        buffered.set_result(sink)
+        finally:
+            if self._tasks.get(topic) is asyncio.current_task():
+                del self._tasks[topic], self.lanes[topic]
+
+    async def _buffer(self, topic, value, key, headers, partition, ts, sink, buffered) -> None:
+        """Buffer one record of a line: wait for metadata and memory, then append."""
+        p = self._producer
+        reserved = 0
+        mem = p._memory
+        try:
+            while True:
+                p._check_open()
+                info = await p._usable_topic(topic, partition)
+                if partition is not None and not 0 <= partition < info.partitions:
+                    raise errors.UnknownPartition(f"{topic!r} has {info.partitions} partitions, not {partition}")
+                if not reserved:
+                    p._fitting(topic, info, tail_size(key, value, headers))
+                    reserve = p._reserve(key, value, headers)
+                    await mem.acquire(reserve, p.max_block)
+                    reserved = reserve
+                    if p._closing:
+                        raise errors.ClientClosed("producer closed while the send waited for memory")
+                    if buffered is not None and buffered.cancelled():
+                        return
+                if p._append_now(topic, value, key, headers, partition, ts, sink, reserved):
+                    reserved = 0
+                    return
+        finally:
+            if reserved:
+                mem.release(reserved)
+
+    def fail(self, exc: errors.ClientClosed) -> None:
+        """Fail every send still waiting (on close) with a copy of ``exc``."""
+        for task in self._tasks.values():
+            task.cancel()
+        lanes = list(self.lanes.values())
+        self.lanes.clear()
+        self._tasks = {}
+        for lane in lanes:
+            for *_, sink, buffered in lane:
+                target = sink if buffered is None else buffered
+                if not target.done():
+                    target.set_exception(type(exc)(*exc.args))
+
+    async def drained(self) -> None:
+        """Return once every send waiting in line was buffered or failed."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks.values()))
