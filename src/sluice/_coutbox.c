@@ -260,7 +260,8 @@ Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     Py_DECREF(r);
     self->sent_bytes += PyBytes_GET_SIZE(value);
     long long used, limit;
-    if (int_attr(self->memory, str_used, &used) < 0 || int_attr(self->memory, str_limit, &limit) < 0)
+    if (memory_counts(self->memory, &used, &limit) < 0
+        && (int_attr(self->memory, str_used, &used) < 0 || int_attr(self->memory, str_limit, &limit) < 0))
         goto fail;
     if (used + self->sent_bytes - self->handed_bytes > limit) {
         /* memory is short: until this record and every one before it is buffered */
@@ -295,8 +296,6 @@ Outbox_hand_over(Outbox *self, PyObject *client)
     if (self->appender != Py_None && appender_check(self->appender)) {
         appender = Py_NewRef(self->appender);
         open = appender_open(appender);
-        if (open < 0)
-            goto fail;
     }
     for (;;) {
         Py_ssize_t n;

@@ -133,7 +133,7 @@ RecordBuffer_add(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(added);
 }
 
-static PyObject *str_done, *str_set_result, *str_set_results, *str_used, *str_limit, *str_waiters;
+static PyObject *str_done, *str_set_result, *str_set_results;
 
 PyDoc_STRVAR(resolve_records_doc,
 "resolve_records(meta_type, topic, partition, base_offset, append_time) -> None\n\n"
@@ -289,6 +289,80 @@ static PyTypeObject RecordBufferType = {
     .tp_members = RecordBuffer_members,
 };
 
+/* ------------------------------------------------------------------ MemoryCounter */
+
+/* A producer's buffer memory, counted (client/accumulator.py's MemoryPool subclasses it):
+ * bytes ``used`` of ``limit``, and the ``waiters`` (a deque) for more.  The per-record paths
+ * read and change the counts without looking attributes up. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *waiters;
+    long long used, limit;
+} MemoryCounter;
+
+static PyTypeObject MemoryCounterType;
+
+static PyObject *
+MemoryCounter_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    MemoryCounter *self = (MemoryCounter *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->waiters = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
+
+static int
+MemoryCounter_traverse(MemoryCounter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->waiters);
+    return 0;
+}
+
+static int
+MemoryCounter_clear(MemoryCounter *self)
+{
+    Py_CLEAR(self->waiters);
+    return 0;
+}
+
+static void
+MemoryCounter_dealloc(MemoryCounter *self)
+{
+    PyObject_GC_UnTrack(self);
+    MemoryCounter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef MemoryCounter_members[] = {
+    {"waiters", T_OBJECT, offsetof(MemoryCounter, waiters), 0, "the requests waiting for memory"},
+    {"used", T_LONGLONG, offsetof(MemoryCounter, used), 0, "bytes reserved"},
+    {"limit", T_LONGLONG, offsetof(MemoryCounter, limit), 0, "bytes in all"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject MemoryCounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._crecords.MemoryCounter",
+    .tp_doc = "The counts of a producer's buffer memory (client/accumulator.py's MemoryPool).",
+    .tp_basicsize = sizeof(MemoryCounter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = MemoryCounter_new,
+    .tp_dealloc = (destructor)MemoryCounter_dealloc,
+    .tp_traverse = (traverseproc)MemoryCounter_traverse,
+    .tp_clear = (inquiry)MemoryCounter_clear,
+    .tp_members = MemoryCounter_members,
+};
+
+int
+memory_counts(PyObject *o, long long *used, long long *limit)
+{
+    if (!PyObject_TypeCheck(o, &MemoryCounterType))
+        return -1;
+    *used = ((MemoryCounter *)o)->used;
+    *limit = ((MemoryCounter *)o)->limit;
+    return 0;
+}
+
 /* ------------------------------------------------------- the producer's per-record path */
 
 /* Producer._append_now for the common record, in one call: a record of bytes (a key or
@@ -299,13 +373,14 @@ static PyTypeObject RecordBufferType = {
 typedef struct {
     PyObject_HEAD
     PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
+    PyObject *loop; /* the producer's loop while it takes sends (started, not closing, not fenced), else None */
     int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
     long long header_size, slack, turn_bytes;
 } Appender;
 
 static PyTypeObject AppenderType;
 
-static PyObject *str_loop, *str_closing, *str_sender, *str_fenced, *str_set_exception,
+static PyObject *str_set_exception,
     *str_send_rest, *str_buffered_later, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
 
 static int
@@ -321,6 +396,7 @@ Appender_traverse(Appender *self, visitproc visit, void *arg)
     Py_VISIT(self->crc32c);
     Py_VISIT(self->on_full);
     Py_VISIT(self->py_send);
+    Py_VISIT(self->loop);
     return 0;
 }
 
@@ -337,6 +413,7 @@ Appender_clear(Appender *self)
     Py_CLEAR(self->crc32c);
     Py_CLEAR(self->on_full);
     Py_CLEAR(self->py_send);
+    Py_CLEAR(self->loop);
     return 0;
 }
 
@@ -356,9 +433,9 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     long long header_size, slack, turn_bytes;
     static char *names[] = {"producer", "topics", "routes", "lanes", "open", "memory", "sticky", "crc32c",
                             "on_full", "py_send", "partitioner", "header_size", "slack", "turn_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!OO!OOOpLLL:Appender", names, &producer, &PyDict_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!O!O!OOOpLLL:Appender", names, &producer, &PyDict_Type,
                                      &topics, &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open,
-                                     &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
+                                     &MemoryCounterType, &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
                                      &header_size, &slack, &turn_bytes))
         return NULL;
     Appender *self = (Appender *)type->tp_alloc(type, 0);
@@ -374,6 +451,7 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->crc32c = Py_NewRef(crc32c);
     self->on_full = Py_NewRef(on_full);
     self->py_send = Py_NewRef(py_send);
+    self->loop = Py_NewRef(Py_None);
     self->partitioner = partitioner;
     self->header_size = header_size;
     self->slack = slack;
@@ -459,24 +537,11 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
     if (ts < 0)
         return 0;
     /* memory: used + reserve within the limit and nobody waiting */
-    PyObject *o = PyObject_GetAttr(self->memory, str_waiters);
-    if (o == NULL)
-        return -1;
-    int waiters = PyObject_IsTrue(o);
-    Py_DECREF(o);
+    MemoryCounter *mem = (MemoryCounter *)self->memory;
+    int waiters = PyObject_IsTrue(mem->waiters);
     if (waiters != 0)
         return waiters < 0 ? -1 : 0;
-    PyObject *used_obj = PyObject_GetAttr(self->memory, str_used);
-    if (used_obj == NULL)
-        return -1;
-    long long used = small_int(used_obj);
-    Py_DECREF(used_obj);
-    PyObject *limit_obj = PyObject_GetAttr(self->memory, str_limit);
-    if (limit_obj == NULL)
-        return -1;
-    long long mlimit = small_int(limit_obj);
-    Py_DECREF(limit_obj);
-    if (used < 0 || used + reserve > mlimit)
+    if (mem->used < 0 || mem->used + reserve > mem->limit)
         return 0;
     PyObject *pn = part != Py_None ? Py_NewRef(part) : PyLong_FromLongLong(p);
     PyObject *tp = pn == NULL ? NULL : PyTuple_Pack(2, topic, pn);
@@ -496,14 +561,7 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
         Py_DECREF(batch);
         return added;
     }
-    PyObject *new_used = PyLong_FromLongLong(used + reserve);
-    if (new_used == NULL || PyObject_SetAttr(self->memory, str_used, new_used) < 0) {
-        /* cannot happen short of running out of memory; the record stays buffered */
-        Py_XDECREF(new_used);
-        Py_DECREF(batch);
-        return -1;
-    }
-    Py_DECREF(new_used);
+    mem->used += reserve;
     long long after = ((RecordBuffer *)batch)->size;
     int turn = before / self->turn_bytes != after / self->turn_bytes;
     if (after >= cap) {
@@ -554,29 +612,6 @@ send_in_python(Appender *self, PyObject *const *args, size_t nargsf, PyObject *k
     return r;
 }
 
-/* Whether the producer takes sends now: not closing, not fenced.  -1 on error. */
-static int
-producer_open(Appender *self)
-{
-    PyObject *o = PyObject_GetAttr(self->producer, str_closing);
-    if (o == NULL)
-        return -1;
-    int closing = PyObject_IsTrue(o);
-    Py_DECREF(o);
-    if (closing != 0)
-        return closing < 0 ? -1 : 0;
-    PyObject *sender = PyObject_GetAttr(self->producer, str_sender);
-    if (sender == NULL)
-        return -1;
-    o = PyObject_GetAttr(sender, str_fenced);
-    Py_DECREF(sender);
-    if (o == NULL)
-        return -1;
-    int fenced = o != Py_None;
-    Py_DECREF(o);
-    return !fenced;
-}
-
 int
 appender_check(PyObject *o)
 {
@@ -586,7 +621,7 @@ appender_check(PyObject *o)
 int
 appender_open(PyObject *appender)
 {
-    return producer_open((Appender *)appender);
+    return ((Appender *)appender)->loop != Py_None;
 }
 
 int
@@ -622,17 +657,11 @@ Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kw
         else /* a name not interned, or one send does not take: as Python would */
             return send_in_python(self, args, nargsf, kwnames);
     }
-    PyObject *loop = PyObject_GetAttr(self->producer, str_loop);
-    if (loop == NULL)
-        return NULL;
-    int open = loop == Py_None ? 0 : producer_open(self);
-    if (open <= 0) { /* not started, closing or fenced: Python raises or fails the future */
-        Py_DECREF(loop);
-        return open < 0 ? NULL : send_in_python(self, args, nargsf, kwnames);
-    }
+    PyObject *loop = self->loop;
+    if (loop == Py_None) /* not started, closing or fenced: Python raises or fails the future */
+        return send_in_python(self, args, nargsf, kwnames);
     PyObject *fut = send_future_new(loop);
     PyObject *buffered = fut == NULL ? NULL : send_future_new(loop);
-    Py_DECREF(loop);
     if (buffered == NULL) {
         Py_XDECREF(fut);
         return NULL;
@@ -678,6 +707,13 @@ static PyMethodDef Appender_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef Appender_members[] = {
+    {"loop", T_OBJECT, offsetof(Appender, loop), 0,
+     "the producer's loop while it takes sends (started, not closing, not fenced), else None: "
+     "the producer sets it"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sluice._crecords.Appender",
@@ -690,6 +726,7 @@ static PyTypeObject AppenderType = {
     .tp_traverse = (traverseproc)Appender_traverse,
     .tp_clear = (inquiry)Appender_clear,
     .tp_methods = Appender_methods,
+    .tp_members = Appender_members,
 };
 
 int
@@ -698,13 +735,6 @@ add_producer_types(PyObject *m)
     str_done = PyUnicode_InternFromString("done");
     str_set_result = PyUnicode_InternFromString("set_result");
     str_set_results = PyUnicode_InternFromString("_set_results");
-    str_used = PyUnicode_InternFromString("used");
-    str_limit = PyUnicode_InternFromString("limit");
-    str_waiters = PyUnicode_InternFromString("waiters");
-    str_loop = PyUnicode_InternFromString("_loop");
-    str_closing = PyUnicode_InternFromString("_closing");
-    str_sender = PyUnicode_InternFromString("_sender");
-    str_fenced = PyUnicode_InternFromString("fenced");
     str_set_exception = PyUnicode_InternFromString("set_exception");
     str_send_rest = PyUnicode_InternFromString("_send_rest");
     str_buffered_later = PyUnicode_InternFromString("_buffered_later");
@@ -712,11 +742,14 @@ add_producer_types(PyObject *m)
     str_headers = PyUnicode_InternFromString("headers");
     str_partition = PyUnicode_InternFromString("partition");
     str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
-    if (!str_done || !str_set_result || !str_set_results || !str_used || !str_limit || !str_waiters || !str_loop || !str_closing
-        || !str_sender || !str_fenced || !str_set_exception || !str_send_rest || !str_buffered_later || !str_key
-        || !str_headers || !str_partition || !str_timestamp_ms)
+    if (!str_done || !str_set_result || !str_set_results || !str_set_exception || !str_send_rest
+        || !str_buffered_later || !str_key || !str_headers || !str_partition || !str_timestamp_ms)
         return -1;
-    if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&AppenderType) < 0)
+    if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&MemoryCounterType) < 0
+        || PyType_Ready(&AppenderType) < 0)
         return -1;
-    return PyModule_AddType(m, &RecordBufferType) < 0 || PyModule_AddType(m, &AppenderType) < 0 ? -1 : 0;
+    return PyModule_AddType(m, &RecordBufferType) < 0 || PyModule_AddType(m, &MemoryCounterType) < 0
+                   || PyModule_AddType(m, &AppenderType) < 0
+               ? -1
+               : 0;
 }

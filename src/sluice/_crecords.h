@@ -31,13 +31,17 @@ int send_future_set_result(PyObject *fut, PyObject *result);
 
 /* For Outbox (_coutbox.c), from _cproducer.c: ``appender_check`` tells an Appender;
  * ``appender_open`` whether its producer takes sends now (started, not closing, not fenced:
- * 1 or 0; -1 with an exception set); ``appender_submit`` buffers ``item``, a tuple (topic,
+ * 1 or 0); ``appender_submit`` buffers ``item``, a tuple (topic,
  * value, key, headers, partition, timestamp_ms, sink), as Producer.submit would buffer the
  * common record (1; 0 when Producer.submit must take it, nothing changed; -1 with an
  * exception set, nothing buffered).  ``add_outbox_type`` adds Outbox to the module. */
 int appender_check(PyObject *o);
 int appender_open(PyObject *appender);
 int appender_submit(PyObject *appender, PyObject *item);
+
+/* The counts of a producer's MemoryCounter (its MemoryPool): 0, or -1 when ``o`` is not one
+ * (no exception set). */
+int memory_counts(PyObject *o, long long *used, long long *limit);
 int add_outbox_type(PyObject *module);
 
 #endif

@@ -336,6 +336,11 @@ async def test_an_older_epoch_is_fenced():
         assert info.value.maybe_stored is False
         with pytest.raises(errors.ProducerFenced):
             await old.send("t", b"later", partition=1)  # every later send of it fails
+        for partition in (0, 1):  # the compiled path too, whether or not a batch is open
+            with pytest.raises(errors.ProducerFenced):
+                await old.send("t", b"later", partition=partition)
+            with pytest.raises(errors.ProducerFenced):
+                await old.send_nowait("t", b"later", partition=partition)
     assert values(broker) == [b"new"] and values(broker, ("t", 1)) == []
 
 

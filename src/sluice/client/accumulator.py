@@ -32,7 +32,12 @@ class RecordMetadata(NamedTuple):
 # ---------------------------------------------------------------------- buffer memory
 
 
-class MemoryPool:
+# The counts (used, limit, waiters) in C with the compiled codec, where the producer's
+# per-record paths read and change them directly.
+_MemoryCounter = records._C.MemoryCounter if records._C is not None else object
+
+
+class MemoryPool(_MemoryCounter):
     """Bytes of buffer memory: reserved when a record is buffered, released on its ack.
 
     Waiters are served first come, first served; ``acquire`` fails with ``BufferExhausted``

@@ -275,6 +275,8 @@ class Producer:
         self._sender.metadata_at = time.monotonic()
         self._started = True
         self._sender.start(self._loop)
+        if self._appender is not None:
+            self._appender.loop = self._loop  # the compiled send takes sends from now on
 
     async def close(self) -> None:
         """Flush everything buffered, wait for acks, then stop.  Idempotent.
@@ -289,6 +291,7 @@ class Producer:
                 await asyncio.shield(self._closer)
             return
         self._closing = True
+        self._refuse_sends()
         self._memory.fail_waiters(errors.ClientClosed("producer closed while the send waited for memory"))
         try:
             if self._started:
@@ -302,6 +305,7 @@ class Producer:
         """Synchronously fail every record not acknowledged yet and stop every task; the
         awaitable rest of the shutdown runs in ``self._closer``."""
         self._closed = self._closing = True
+        self._refuse_sends()
         release = self._sender.release
         self._acc.fail_all(exc, release)  # open and queued batches
         for b in list(self._acc.incomplete):  # in flight: the answer will not be awaited
@@ -322,6 +326,11 @@ class Producer:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+    def _refuse_sends(self) -> None:
+        """Closing or fenced: from now on every send takes the Python path, which refuses it."""
+        if self._appender is not None:
+            self._appender.loop = None
 
     def _check_open(self) -> None:
         if self._closing or self._closed:

@@ -66,7 +66,8 @@ def _earliest(wake_at: float | None, t: float) -> float:
 class Sender:
     """The sender task of one ``Producer`` and the state of its requests.
 
-    ``producer`` supplies the settings (read once here) and ``forced()`` (flush or close in
+    ``producer`` supplies the settings (read once here), ``_refuse_sends()`` (told once the
+    producer is fenced) and ``forced()`` (flush or close in
     progress: lingering batches close at once).  ``identity`` is an explicit ``(producer id,
     epoch)`` or None to ask the broker for one (``INIT_PRODUCER_ID``) when idempotent.
     """
@@ -96,6 +97,7 @@ class Sender:
         self._acc = acc
         self._memory = memory
         self._forced = forced
+        self._refuse_sends = producer._refuse_sends
         identity = producer.producer_identity
         self._explicit = identity is not None
         self._producer_id, self._producer_epoch = identity or (None, None)
@@ -536,6 +538,7 @@ class Sender:
         """A newer epoch of this producer wrote: every queued batch and later send fails."""
         if self.fenced is None:
             self.fenced = exc
+            self._refuse_sends()
             log.warning("producer fenced: %s", exc)
             for q in self._acc.queues.values():
                 while q:
