@@ -14,7 +14,7 @@ import pytest
 from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
 from sluice.client.accumulator import _RecordBuffer
-from sluice.client.producer import _python_path
+from sluice.client.producer import _TURN_BYTES, _python_path
 from sluice.client import sync
 from sluice.client.outbox import Outbox as PyOutbox
 from sluice.client.sync import FutureGroup, RecordFuture
@@ -406,10 +406,12 @@ async def test_a_closed_producer_is_garbage_collected():
 @pytest.mark.parametrize("compiled", [True, False] if records._C is not None else [False])
 async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled):
     """Awaiting each ``send`` never yields while its future is done already; once per
-    64 KiB of records (and when a batch fills) it is done on the loop's next turn, so other
-    tasks and the sender run while the loop goes on: batches go out before it ends."""
+    ``_TURN_BYTES`` of records (and when a batch fills) it is done on the loop's next turn,
+    so other tasks and the sender run while the loop goes on: batches go out before it ends."""
     broker = FakeBroker({"t": 1})
     turns = 0
+    per_turn = _TURN_BYTES // 1000  # records of 1000 bytes
+    n = 5 * per_turn + per_turn // 2
 
     async def ticker():
         nonlocal turns
@@ -417,7 +419,7 @@ async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled):
             turns += 1
             await asyncio.sleep(0)
 
-    async with make(broker, linger_ms=0, batch_size=1 << 20) as p:
+    async with make(broker, linger_ms=0, batch_size=8 << 20, buffer_memory=64 << 20) as p:
         if not compiled:
             p._append_common = _python_path
             p.send = Producer.send.__get__(p)
@@ -425,15 +427,15 @@ async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled):
         tick = asyncio.ensure_future(ticker())
         await asyncio.sleep(0)
         before = turns
-        buffered = [p.send("t", b"x" * 1000, partition=0) for _ in range(330)]  # 330 kB, no await
-        assert all(b.done() for b in buffered[:60])  # the first 64 KiB: done at once
+        buffered = [p.send("t", b"x" * 1000, partition=0) for _ in range(n)]  # no await
+        assert all(b.done() for b in buffered[: per_turn - 10])  # the first _TURN_BYTES: done at once
         assert not all(b.done() for b in buffered)
         stored_during = []
-        for _ in range(330):
+        for _ in range(n):
             f = await p.send("t", b"y" * 1000, partition=0)
             stored_during.append(len(broker.logs.get(("t", 0), [])))
         tick.cancel()
-        assert turns - before >= 5  # about one turn per 64 KiB
+        assert turns - before >= 5  # about one turn per _TURN_BYTES
         assert stored_during[-1] > 1  # batches went out while the loop went on
         await f
-    assert [r.value[:1] for r in broker.records("t", 0)].count(b"y") == 330
+    assert [r.value[:1] for r in broker.records("t", 0)].count(b"y") == n

@@ -68,7 +68,7 @@ _PLAIN_SLACK = _FRAMING_MAX + 11
 # A send whose record takes its batch past a multiple of this many bytes, or fills it, lets
 # the loop turn once before its awaitable is done: a loop of awaited sends, which never
 # yields otherwise, lets the sender and every other task run once per this much data.
-_TURN_BYTES = 64 * 1024
+_TURN_BYTES = 128 * 1024
 _BUFFERED, _TURN = 1, 2  # what _append_now returns once the record is buffered
 # A pending future of one send on a loop: the compiled SendFuture (asyncio.Future's contract
 # at a fraction of its cost, see _cfuture.c), or the loop's own future.
@@ -457,7 +457,7 @@ class Producer:
         When the record can be buffered at once (topic metadata known, buffer memory free,
         no earlier send waiting) it is, before ``send`` returns: no coroutine, task or loop
         round trip, and the awaitable returned is a future done already, but for one send in
-        64 KiB of records and the send that fills a batch: that one is done on the loop's
+        128 KiB of records and the send that fills a batch: that one is done on the loop's
         next turn, so that a loop awaiting each send lets the sender and other tasks run as
         it goes.  Otherwise it waits in line behind earlier waiting sends, in send order:
         for metadata of a topic not seen yet, and for buffer memory (up to
