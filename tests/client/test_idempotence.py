@@ -275,6 +275,29 @@ async def test_a_batch_failing_after_its_sequence_renumbers_the_partition():
     assert [(h.producer_epoch, h.base_sequence) for h in headers(broker)] == [(0, 0), (1, 0), (1, 1), (1, 2)]
 
 
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_a_batch_expiring_while_its_request_waits_to_go_out_is_never_written(idempotent):
+    """A batch whose deadline passes after its request was made but before a byte of it went
+    out fails as not stored, and that request is never written: the later sends go on."""
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0, delivery_timeout_ms=200, enable_idempotence=idempotent) as p:
+        await (await p.send("t", b"first"))
+        real = p._cluster.connection
+
+        async def slow(node):
+            await asyncio.sleep(0.4)  # past the batch's deadline
+            return await real(node)
+
+        p._cluster.connection = slow
+        with pytest.raises(errors.DeliveryTimeout) as info:
+            await (await p.send("t", b"expired"))
+        assert info.value.maybe_stored is False
+        await asyncio.sleep(0.5)  # the request would have gone out by now
+        p._cluster.connection = real
+        assert (await (await p.send("t", b"after"))).offset == 1
+    assert values(broker) == [b"first", b"after"]
+
+
 async def test_a_batch_that_may_be_stored_is_never_renumbered():
     """A batch that failed at its deadline while in flight may be stored: the next batch
     follows it under the same identity, and its copy stays the only one."""
@@ -302,6 +325,7 @@ async def test_a_gap_with_an_explicit_identity_fails_the_later_sends():
         broker.produce_errors = [errors.NotLeader.code] * 10_000
         with pytest.raises(errors.DeliveryTimeout):
             await (await p.send("t", b"expired"))
+        await until(lambda: not p._sender._requests)  # a request in flight at the deadline is refused too
         broker.produce_errors = []
         with pytest.raises(errors.OutOfOrderSequence, match="never renumbered") as info:
             await (await p.send("t", b"after"))
@@ -318,6 +342,7 @@ async def test_past_the_last_epoch_a_partition_takes_a_fresh_producer_id():
         broker.produce_errors = [errors.NotLeader.code] * 10_000
         with pytest.raises(errors.DeliveryTimeout):
             await (await p.send("t", b"expired"))
+        await until(lambda: not p._sender._requests)  # a request in flight at the deadline is refused too
         broker.produce_errors = []
         assert (await (await p.send("t", b"after"))).offset == 1
     assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h in headers(broker)][-1] == (1001, 0, 0)

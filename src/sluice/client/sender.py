@@ -55,6 +55,10 @@ def backoff_delay(base: float, maximum: float, attempt: int) -> float:
     return delay * random.uniform(0.8, 1.2) if delay else 0.0
 
 
+class _Unsent(Exception):
+    """A request was not written: a batch of it failed at its deadline before it went out."""
+
+
 def _deadline(batch: Batch) -> float:
     return batch.deadline
 
@@ -397,6 +401,9 @@ class Sender:
             # only close() cancels requests, and it has failed these batches already
             self._abandon(batches, errors.ClientClosed("producer closed before the broker answered"))
             raise
+        except _Unsent as exc:
+            for tp, bs in batches.items():
+                self._retry(tp, bs, exc, counted=False)
         except errors.SluiceError as exc:
             if isinstance(exc, errors.ConnectionClosed | errors.RequestTimedOut):
                 self._cluster.node_failed(node)  # metadata is asked elsewhere first
@@ -464,6 +471,11 @@ class Sender:
             await conn.drain()
         if conn.closed:
             raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
+        incomplete = self._acc.incomplete
+        if any(b not in incomplete for b in flat):
+            # one failed at its deadline before a byte went out, told it was not stored:
+            # it must never be written; the others go back to their queues
+            raise _Unsent()
         for b in flat:
             b.in_flight = True
         if self.acks == messages.ACKS_NONE:
