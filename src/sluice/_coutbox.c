@@ -32,8 +32,7 @@ typedef struct {
 
 static PyObject *str_lt, *str_closed, *str_client, *str_cluster, *str_topics, *str_routes, *str_memory,
     *str_appender, *str_append, *str_popleft, *str_used, *str_limit, *str_submit, *str_unbuffered,
-    *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition, *str_key, *str_headers, *str_partition,
-    *str_timestamp_ms;
+    *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition;
 
 static int
 Outbox_traverse(Outbox *self, visitproc visit, void *arg)
@@ -108,22 +107,6 @@ Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
-/* SyncProducer.send (``py_send``) called as the caller called ``send``. */
-static PyObject *
-send_in_python(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[8], **all = n + 1 <= 8 ? small : PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *));
-    if (all == NULL)
-        return PyErr_NoMemory();
-    all[0] = self->facade;
-    memcpy(all + 1, args, (size_t)n * sizeof(PyObject *));
-    PyObject *r = PyObject_Vectorcall(self->py_send, all, PyVectorcall_NARGS(nargsf) + 1, kwnames);
-    if (all != small)
-        PyMem_Free(all);
-    return r;
-}
-
 /* Remember what belongs to ``client``: 0, or -1 with an exception set. */
 static int
 bind_client(Outbox *self, PyObject *client)
@@ -191,27 +174,14 @@ PyDoc_STRVAR(send_doc,
 static PyObject *
 Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (PyVectorcall_NARGS(nargsf) != 2)
-        return send_in_python(self, args, nargsf, kwnames);
-    PyObject *key = Py_None, *headers = Py_None, *part = Py_None, *ts = Py_None;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-        if (name == str_key)
-            key = args[2 + i];
-        else if (name == str_headers)
-            headers = args[2 + i];
-        else if (name == str_partition)
-            part = args[2 + i];
-        else if (name == str_timestamp_ms)
-            ts = args[2 + i];
-        else
-            return send_in_python(self, args, nargsf, kwnames);
-    }
+    PyObject *f[4];
+    if (!send_arguments(args, nargsf, kwnames, f))
+        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
+    PyObject *key = f[0], *headers = f[1], *part = f[2], *ts = f[3];
     PyObject *topic = args[0], *value = args[1];
     if (headers != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
         || !PyUnicode_CheckExact(topic))
-        return send_in_python(self, args, nargsf, kwnames);
+        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
     /* the facade's producer and loop thread, as SyncProducer._ensure finds them */
     PyObject *lt = PyObject_GetAttr(self->facade, str_lt);
     if (lt == NULL)
@@ -226,28 +196,28 @@ Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     if (client == NULL) {
         if (is_closed < 0 || PyErr_Occurred())
             return NULL;
-        return send_in_python(self, args, nargsf, kwnames); /* not started, or closed: Python says */
+        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames); /* not started, or closed: Python says */
     }
     int bound = client == self->client ? 0 : bind_client(self, client);
     Py_DECREF(client);
     if (bound < 0)
         return NULL;
     if (self->appender == Py_None || !appender_check(self->appender))
-        return send_in_python(self, args, nargsf, kwnames);
+        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
     /* surely fits: the topic's route is current and the record well within its batch limit */
     PyObject *info = PyDict_GetItemWithError(self->topics, topic);
     PyObject *route = info == NULL ? NULL : PyDict_GetItemWithError(self->routes, topic);
     if (route == NULL) {
         if (PyErr_Occurred())
             return NULL;
-        return send_in_python(self, args, nargsf, kwnames);
+        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
     }
     long long size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + self->margin;
     if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 4 || PyTuple_GET_ITEM(route, 0) != info
         || !PyLong_CheckExact(PyTuple_GET_ITEM(route, 2)) || size > PyLong_AsLongLong(PyTuple_GET_ITEM(route, 2))) {
         if (PyErr_Occurred())
             return NULL;
-        return send_in_python(self, args, nargsf, kwnames);
+        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
     }
     PyObject *fut = new_record_future(self);
     if (fut == NULL)
@@ -409,8 +379,6 @@ add_outbox_type(PyObject *m)
         || intern(&str_buffer_all, "_buffer_all") < 0 || intern(&str_schedule, "_schedule_hand_over") < 0
         || intern(&str_group, "_group") < 0 || intern(&str_condition, "_condition") < 0
         || intern(&str_group_condition, "condition") < 0
-        || intern(&str_key, "key") < 0 || intern(&str_headers, "headers") < 0
-        || intern(&str_partition, "partition") < 0 || intern(&str_timestamp_ms, "timestamp_ms") < 0
         || PyType_Ready(&OutboxType) < 0)
         return -1;
     Py_INCREF(&OutboxType);

@@ -596,20 +596,42 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(r);
 }
 
-/* Producer.send (the Python function ``py_send``) called as the caller called ``send``. */
-static PyObject *
-send_in_python(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+PyObject *
+call_as_method(PyObject *fn, PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
     PyObject *small[8], **all = n + 1 <= 8 ? small : PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *));
     if (all == NULL)
         return PyErr_NoMemory();
-    all[0] = self->producer;
+    all[0] = self;
     memcpy(all + 1, args, (size_t)n * sizeof(PyObject *));
-    PyObject *r = PyObject_Vectorcall(self->py_send, all, PyVectorcall_NARGS(nargsf) + 1, kwnames);
+    PyObject *r = PyObject_Vectorcall(fn, all, PyVectorcall_NARGS(nargsf) + 1, kwnames);
     if (all != small)
         PyMem_Free(all);
     return r;
+}
+
+int
+send_arguments(PyObject *const *args, size_t nargsf, PyObject *kwnames, PyObject **fields)
+{
+    if (PyVectorcall_NARGS(nargsf) != 2)
+        return 0;
+    fields[0] = fields[1] = fields[2] = fields[3] = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (name == str_key)
+            fields[0] = args[2 + i];
+        else if (name == str_headers)
+            fields[1] = args[2 + i];
+        else if (name == str_partition)
+            fields[2] = args[2 + i];
+        else if (name == str_timestamp_ms)
+            fields[3] = args[2 + i];
+        else /* a name not interned, or one send does not take: as Python would */
+            return 0;
+    }
+    return 1;
 }
 
 int
@@ -639,27 +661,13 @@ PyDoc_STRVAR(send_doc,
 static PyObject *
 Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 2)
-        return send_in_python(self, args, nargsf, kwnames);
-    PyObject *key = Py_None, *headers = Py_None, *part = Py_None, *ts = Py_None;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-        if (name == str_key)
-            key = args[2 + i];
-        else if (name == str_headers)
-            headers = args[2 + i];
-        else if (name == str_partition)
-            part = args[2 + i];
-        else if (name == str_timestamp_ms)
-            ts = args[2 + i];
-        else /* a name not interned, or one send does not take: as Python would */
-            return send_in_python(self, args, nargsf, kwnames);
-    }
+    PyObject *f[4];
+    if (!send_arguments(args, nargsf, kwnames, f))
+        return call_as_method(self->py_send, self->producer, args, nargsf, kwnames);
+    PyObject *key = f[0], *headers = f[1], *part = f[2], *ts = f[3];
     PyObject *loop = self->loop;
     if (loop == Py_None) /* not started, closing or fenced: Python raises or fails the future */
-        return send_in_python(self, args, nargsf, kwnames);
+        return call_as_method(self->py_send, self->producer, args, nargsf, kwnames);
     PyObject *fut = send_future_new(loop);
     PyObject *buffered = fut == NULL ? NULL : send_future_new(loop);
     if (buffered == NULL) {

@@ -36,6 +36,12 @@ int send_future_set_result(PyObject *fut, PyObject *result);
  * common record (1; 0 when Producer.submit must take it, nothing changed; -1 with an
  * exception set, nothing buffered).  ``add_outbox_type`` adds Outbox to the module. */
 int appender_check(PyObject *o);
+/* ``fn(self, *args, **kwargs)`` for a vectorcall's arguments (a method's Python path). */
+PyObject *call_as_method(PyObject *fn, PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+/* The arguments of a ``send(topic, value, *, key, headers, partition, timestamp_ms)`` call
+ * as its C path takes them: ``fields`` gets key, headers, partition and timestamp_ms (None
+ * when left out) and it returns 1; 0 for any other call (the Python path takes it). */
+int send_arguments(PyObject *const *args, size_t nargsf, PyObject *kwnames, PyObject **fields);
 int appender_open(PyObject *appender);
 int appender_submit(PyObject *appender, PyObject *item);
 

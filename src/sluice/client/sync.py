@@ -243,16 +243,21 @@ class RecordFuture(concurrent.futures.Future):
         with group.lock:
             if self._state in _DONE:
                 raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-            self._result = result
-            self._state = _futures.FINISHED
-            made = self.__dict__
-            if "_waiter_list" in made:
-                for waiter in made["_waiter_list"]:
-                    waiter.add_result(self)
+            called = self._finish(result)
             if group.sleepers:
                 group.condition.notify_all()
-        if "_callback_list" in made:
+        if called:
             self._invoke_callbacks()
+
+    def _finish(self, result) -> bool:
+        """With the group's lock held: the result set, ``concurrent.futures.wait`` told;
+        whether callbacks are to be invoked (once the lock is released)."""
+        self._result = result
+        self._state = _futures.FINISHED
+        made = self.__dict__
+        for waiter in made.get("_waiter_list", ()):
+            waiter.add_result(self)
+        return "_callback_list" in made
 
     @staticmethod
     def _set_results(futures: list[RecordFuture], results: list) -> None:
@@ -265,15 +270,8 @@ class RecordFuture(concurrent.futures.Future):
             for fut, result in zip(futures, results):
                 if fut._group is not group:
                     others.append((fut, result))
-                elif fut._state not in _DONE:
-                    fut._result = result
-                    fut._state = _futures.FINISHED
-                    made = fut.__dict__
-                    if "_waiter_list" in made:
-                        for waiter in made["_waiter_list"]:
-                            waiter.add_result(fut)
-                    if "_callback_list" in made:
-                        called.append(fut)
+                elif fut._state not in _DONE and fut._finish(result):
+                    called.append(fut)
             if group.sleepers:
                 group.condition.notify_all()
         for fut in called:
