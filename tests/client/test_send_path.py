@@ -12,11 +12,10 @@ import weakref
 import pytest
 
 from sluice import errors
-from sluice.client import Producer, RecordMetadata, SyncProducer
+from sluice.client import Producer, RecordMetadata, SyncProducer, sync
 from sluice.client.accumulator import _RecordBuffer
-from sluice.client.producer import _TURN_BYTES, _python_path
-from sluice.client import sync
 from sluice.client.outbox import Outbox as PyOutbox
+from sluice.client.producer import _TURN_BYTES, _python_path
 from sluice.client.sync import FutureGroup, RecordFuture
 from sluice.protocol import records
 

@@ -267,7 +267,7 @@ class RecordFuture(concurrent.futures.Future):
         called = []  # futures with callbacks to invoke, once the lock is released
         others = []  # futures of another group
         with group.lock:
-            for fut, result in zip(futures, results):
+            for fut, result in zip(futures, results, strict=True):
                 if fut._group is not group:
                     others.append((fut, result))
                 elif fut._state not in _DONE and fut._finish(result):
