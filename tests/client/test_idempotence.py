@@ -265,9 +265,20 @@ async def test_a_batch_failing_after_its_sequence_renumbers_the_partition():
     async with make(broker, linger_ms=0, delivery_timeout_ms=300) as p:
         await (await p.send("t", b"first"))
         broker.produce_errors = [errors.NotLeader.code] * 10_000
+        expired = await p.send("t", b"expired")
+        await until(lambda: len(broker.produce_errors) < 10_000)  # refused once: its sequence taken
+        real = p._cluster.connection
+
+        async def unreachable(node):  # its retries wait past its deadline, never in flight then
+            await asyncio.sleep(0.5)
+            return await real(node)
+
+        p._cluster.connection = unreachable
         with pytest.raises(errors.DeliveryTimeout) as info:
-            await (await p.send("t", b"expired"))
+            await expired
         assert info.value.maybe_stored is False
+        await until(lambda: not p._sender._requests)
+        p._cluster.connection = real
         broker.produce_errors = []
         metas = [await (await p.send("t", b"after-%d" % i)) for i in range(3)]
     assert values(broker) == [b"first", b"after-0", b"after-1", b"after-2"]
