@@ -168,18 +168,9 @@ static PyObject *
 get_result(SendFuture *self)
 {
     if (self->result == NULL) {
-        PyTypeObject *meta = (PyTypeObject *)PyTuple_GET_ITEM(self->info, 0);
-        PyObject *m = meta->tp_alloc(meta, 4);
-        PyObject *off = m == NULL ? NULL : PyLong_FromLongLong(self->offset);
-        if (off == NULL) {
-            Py_XDECREF(m);
+        self->result = new_metadata(self->info, self->offset, self->timestamp);
+        if (self->result == NULL)
             return NULL;
-        }
-        PyTuple_SET_ITEM(m, 0, Py_NewRef(PyTuple_GET_ITEM(self->info, 1)));
-        PyTuple_SET_ITEM(m, 1, Py_NewRef(PyTuple_GET_ITEM(self->info, 2)));
-        PyTuple_SET_ITEM(m, 2, off);
-        PyTuple_SET_ITEM(m, 3, Py_NewRef(self->timestamp));
-        self->result = m;
     }
     return Py_NewRef(self->result);
 }

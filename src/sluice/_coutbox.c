@@ -31,7 +31,7 @@ typedef struct {
 } Outbox;
 
 static PyObject *str_lt, *str_closed, *str_client, *str_cluster, *str_topics, *str_routes, *str_memory,
-    *str_appender, *str_append, *str_popleft, *str_used, *str_limit, *str_submit, *str_unbuffered,
+    *str_appender, *str_append, *str_popleft, *str_submit, *str_unbuffered,
     *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition;
 
 static int
@@ -123,24 +123,15 @@ bind_client(Outbox *self, PyObject *client)
         Py_XDECREF(memory);
         return -1;
     }
+    long long used, limit;
+    if (memory_counts(memory, &used, &limit) < 0 || !appender_check(appender))
+        Py_SETREF(appender, Py_NewRef(Py_None)); /* no compiled path: every record the Python way */
     Py_XSETREF(self->client, Py_NewRef(client));
     Py_XSETREF(self->topics, topics);
     Py_XSETREF(self->routes, routes);
     Py_XSETREF(self->memory, memory);
     Py_XSETREF(self->appender, appender);
     return 0;
-}
-
-/* The attribute ``name`` of ``o`` as a long long: 0, or -1 with an exception set. */
-static int
-int_attr(PyObject *o, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
 /* A pending RecordFuture of the facade's group, made without running its __init__. */
@@ -202,7 +193,7 @@ Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     Py_DECREF(client);
     if (bound < 0)
         return NULL;
-    if (self->appender == Py_None || !appender_check(self->appender))
+    if (self->appender == Py_None)
         return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
     /* surely fits: the topic's route is current and the record well within its batch limit */
     PyObject *info = PyDict_GetItemWithError(self->topics, topic);
@@ -230,9 +221,7 @@ Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     Py_DECREF(r);
     self->sent_bytes += PyBytes_GET_SIZE(value);
     long long used, limit;
-    if (memory_counts(self->memory, &used, &limit) < 0
-        && (int_attr(self->memory, str_used, &used) < 0 || int_attr(self->memory, str_limit, &limit) < 0))
-        goto fail;
+    memory_counts(self->memory, &used, &limit); /* a MemoryCounter: bind_client saw to it */
     if (used + self->sent_bytes - self->handed_bytes > limit) {
         /* memory is short: until this record and every one before it is buffered */
         r = PyObject_CallMethodOneArg(self->facade, str_buffer_all, self->client);
@@ -263,7 +252,7 @@ Outbox_hand_over(Outbox *self, PyObject *client)
     if (client != self->client && bind_client(self, client) < 0)
         return NULL;
     int open = 0;
-    if (self->appender != Py_None && appender_check(self->appender)) {
+    if (self->appender != Py_None) {
         appender = Py_NewRef(self->appender);
         open = appender_open(appender);
     }
@@ -374,7 +363,7 @@ add_outbox_type(PyObject *m)
         || intern(&str_cluster, "_cluster") < 0 || intern(&str_topics, "topics") < 0
         || intern(&str_routes, "_routes") < 0 || intern(&str_memory, "_memory") < 0
         || intern(&str_appender, "_appender") < 0 || intern(&str_append, "append") < 0
-        || intern(&str_popleft, "popleft") < 0 || intern(&str_used, "used") < 0 || intern(&str_limit, "limit") < 0
+        || intern(&str_popleft, "popleft") < 0
         || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "_unbuffered") < 0
         || intern(&str_buffer_all, "_buffer_all") < 0 || intern(&str_schedule, "_schedule_hand_over") < 0
         || intern(&str_group, "_group") < 0 || intern(&str_condition, "_condition") < 0

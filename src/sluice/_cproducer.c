@@ -135,6 +135,23 @@ RecordBuffer_add(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *str_done, *str_set_result, *str_set_results;
 
+PyObject *
+new_metadata(PyObject *info, long long offset, PyObject *timestamp)
+{
+    PyTypeObject *meta = (PyTypeObject *)PyTuple_GET_ITEM(info, 0);
+    PyObject *m = meta->tp_alloc(meta, 4);
+    PyObject *off = m == NULL ? NULL : PyLong_FromLongLong(offset);
+    if (off == NULL) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(m, 0, Py_NewRef(PyTuple_GET_ITEM(info, 1)));
+    PyTuple_SET_ITEM(m, 1, Py_NewRef(PyTuple_GET_ITEM(info, 2)));
+    PyTuple_SET_ITEM(m, 2, off);
+    PyTuple_SET_ITEM(m, 3, Py_NewRef(timestamp));
+    return m;
+}
+
 PyDoc_STRVAR(resolve_records_doc,
 "resolve_records(meta_type, topic, partition, base_offset, append_time) -> None\n\n"
 "Tell each record's sink not done yet its metadata, ``meta_type((topic, partition, offset,\n"
@@ -213,18 +230,9 @@ RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize
             if (is_done)
                 continue;
         }
-        PyObject *m = meta->tp_alloc(meta, 4);
+        PyObject *m = new_metadata(info, off, appended ? appended : PyList_GET_ITEM(timestamps, i));
         if (m == NULL)
             goto out;
-        PyObject *o = PyLong_FromLongLong(off);
-        if (o == NULL) {
-            Py_DECREF(m);
-            goto out;
-        }
-        PyTuple_SET_ITEM(m, 0, Py_NewRef(args[1]));
-        PyTuple_SET_ITEM(m, 1, Py_NewRef(args[2]));
-        PyTuple_SET_ITEM(m, 2, o);
-        PyTuple_SET_ITEM(m, 3, Py_NewRef(appended ? appended : PyList_GET_ITEM(timestamps, i)));
         if (bulk) {
             int rc = PyList_Append(bulk_sinks, fut) < 0 ? -1 : PyList_Append(bulk_results, m);
             Py_DECREF(m);

@@ -24,6 +24,9 @@ int add_producer_types(PyObject *module);
  * already; -1 with an exception set, when a callback could not be scheduled);
  * ``send_future_set_result`` is its set_result (0, or -1 with an exception set). */
 int add_future_type(PyObject *module);
+/* ``meta_type((topic, partition, offset, timestamp))`` for ``info`` = (meta_type, topic,
+ * partition), meta_type a tuple subclass of 4 fields (a new reference, or NULL). */
+PyObject *new_metadata(PyObject *info, long long offset, PyObject *timestamp);
 PyObject *send_future_new(PyObject *loop);
 int send_future_check(PyObject *o);
 int send_future_resolve(PyObject *fut, PyObject *info, long long offset, PyObject *timestamp);
