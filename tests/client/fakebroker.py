@@ -274,7 +274,8 @@ class FakeBroker:
 
 
 class FakeConnection:
-    """Connection-like: ``request``, ``send_noreply``, ``drain``, ``close``, ``closed``."""
+    """Connection-like: ``request``, ``write_request``, ``send_noreply``, ``drain``,
+    ``close``, ``closed``."""
 
     def __init__(self, broker: FakeBroker):
         self.broker = broker
@@ -295,6 +296,13 @@ class FakeConnection:
         if resp.error and check:
             raise errors.error_for_code(resp.error, resp.message)
         return resp, data
+
+    def write_request(self, req, attachments=(), timeout=None, *, check=True):
+        """As ``Connection.write_request``: the broker has the request from now on (it
+        starts handling it on the loop's next turn); the future of its answer."""
+        if self.closed:
+            raise errors.ConnectionClosed("fake connection closed")
+        return asyncio.ensure_future(self.request(req, attachments, timeout, check=check))
 
     def send_noreply(self, req, attachments=()):
         asyncio.get_running_loop().create_task(self.broker.handle(req, attachments))

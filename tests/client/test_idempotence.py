@@ -274,11 +274,13 @@ async def test_a_batch_failing_after_its_sequence_renumbers_the_partition():
             return await real(node)
 
         p._cluster.connection = unreachable
+        p._cluster.connected = lambda node: None  # no open connection: requests connect first
         with pytest.raises(errors.DeliveryTimeout) as info:
             await expired
         assert info.value.maybe_stored is False
         await until(lambda: not p._sender._requests)
         p._cluster.connection = real
+        del p._cluster.connected
         broker.produce_errors = []
         metas = [await (await p.send("t", b"after-%d" % i)) for i in range(3)]
     assert values(broker) == [b"first", b"after-0", b"after-1", b"after-2"]
@@ -300,11 +302,13 @@ async def test_a_batch_expiring_while_its_request_waits_to_go_out_is_never_writt
             return await real(node)
 
         p._cluster.connection = slow
+        p._cluster.connected = lambda node: None  # no open connection: requests connect first
         with pytest.raises(errors.DeliveryTimeout) as info:
             await (await p.send("t", b"expired"))
         assert info.value.maybe_stored is False
         await asyncio.sleep(0.5)  # the request would have gone out by now
         p._cluster.connection = real
+        del p._cluster.connected
         assert (await (await p.send("t", b"after"))).offset == 1
     assert values(broker) == [b"first", b"after"]
 

@@ -318,7 +318,12 @@ class Sender:
                 if not req_batches:
                     break
                 self._inflight_nodes[node] = self._inflight_nodes.get(node, 0) + 1
-                task = self._loop.create_task(self._send_request(node, req_batches))
+                flat = [b for bs in req_batches.values() for b in bs]
+                request, attachments = self._produce_request(req_batches, flat)
+                written = self._write_now(node, request, attachments, flat)
+                task = self._loop.create_task(
+                    self._send_request(node, req_batches, flat, request, attachments, written)
+                )
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
         return wake_at
@@ -380,13 +385,56 @@ class Sender:
 
     # ------------------------------------------------------------------ requests
 
-    async def _send_request(self, node: int, batches: dict[TP, list[Batch]]) -> None:
-        """One produce request: every batch it holds ends acknowledged, failed or requeued,
-        whatever is raised (a bug, a foreign error, cancellation by ``close``)."""
-        flat = [b for bs in batches.values() for b in bs]
+    def _produce_request(self, batches: dict[TP, list[Batch]], flat: list[Batch]) -> tuple:
+        """The produce request of ``batches`` (``flat``, in order) and its attachments."""
+        partitions = []
+        attachments = []
+        for (topic, partition), bs in batches.items():
+            size = 0
+            for b in bs:
+                attachments.append(b.data)
+                size += len(b.data)
+            partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
+        # The broker holds acks=all writes no longer than the batches' delivery deadline
+        # (seed 000: each waiting write carries its own deadline, nothing waits past it).
+        wait = min(self.request_timeout, min(b.deadline for b in flat) - time.monotonic())
+        request = messages.ProduceRequestV2(
+            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(wait * 1000))
+        )
+        return request, attachments
+
+    def _write_now(self, node: int, request, attachments: list, flat: list[Batch]) -> asyncio.Future | None:
+        """Write a request at once, on the open connection to ``node``, and return the
+        future of its answer (``Connection.write_request``; ``flat`` is then in flight);
+        None when its task must connect first, or wait for room (``acks="none"``).
+
+        At once, not on its task's first turn: a loop of sends that lets the loop turn
+        rarely (once per _TURN_BYTES, see producer.py) would otherwise hold every request
+        back until its next turn, and the broker would wait on the client, not work beside it.
+        """
+        if self.acks == messages.ACKS_NONE:
+            return None
+        conn = self._cluster.connected(node)
+        if conn is None:
+            return None
+        try:
+            written = conn.write_request(request, attachments, self.request_timeout, check=False)
+        except Exception:  # it broke meanwhile: the task finds out and says so
+            return None
+        for b in flat:
+            b.in_flight = True
+        return written
+
+    async def _send_request(
+        self, node: int, batches: dict[TP, list[Batch]], flat: list[Batch], request, attachments,
+        written: asyncio.Future | None,
+    ) -> None:
+        """One produce request (``written`` already, or not yet): every batch it holds ends
+        acknowledged, failed or requeued, whatever is raised (a bug, a foreign error,
+        cancellation by ``close``)."""
         try:
             try:
-                response = await self._exchange(node, batches, flat)
+                response = await self._exchange(node, request, attachments, flat, written)
             except BaseException:
                 for b in flat:
                     b.settle(known=False)  # written or not, no answer was read
@@ -420,8 +468,9 @@ class Sender:
                 self._inflight[tp] -= len(bs)
             self.wake()
 
-    async def _exchange(self, node: int, batches: dict[TP, list[Batch]], flat: list[Batch]):
-        """Send one request and return its response (None with ``acks="none"``).
+    async def _exchange(self, node: int, request, attachments, flat: list[Batch], written):
+        """Send one request, unless ``written`` is the future of its answer already, and
+        return its response (None with ``acks="none"``).
 
         The request itself is bounded by ``connect_timeout_ms`` and ``request_timeout_ms``
         alone (a timeout closes its connection, see ``Connection.request``), never shrunk by
@@ -430,22 +479,8 @@ class Sender:
         meanwhile fails on its own (its records may have been stored) while the request runs
         on, and its partition stays in flight until the request ends.
         """
-        partitions = []
-        attachments = []
-        for (topic, partition), bs in batches.items():
-            size = 0
-            for b in bs:
-                attachments.append(b.data)
-                size += len(b.data)
-            partitions.append(messages.ProducePartition(topic=topic, partition=partition, size=size))
-        # The broker holds acks=all writes no longer than the batches' delivery deadline
-        # (seed 000: each waiting write carries its own deadline, nothing waits past it).
-        now = time.monotonic()
-        wait = min(self.request_timeout, min(b.deadline for b in flat) - now)
-        request = messages.ProduceRequestV2(
-            partitions=partitions, acks=self.acks, timeout_ms=max(1, int(wait * 1000))
-        )
-        task = self._loop.create_task(self._deliver(node, request, attachments, flat))
+        if written is None:
+            written = self._loop.create_task(self._deliver(node, request, attachments, flat))
         by_deadline = sorted(flat, key=_deadline)
         i = 0
         try:
@@ -456,16 +491,17 @@ class Sender:
                     self._acc.finish(b, b.timeout_error(self.delivery_timeout), self.release)
                     i += 1
                 timeout = by_deadline[i].deadline - now if i < len(by_deadline) else None
-                await asyncio.wait((task,), timeout=timeout)
-                if task.done():
-                    return task.result()
+                await asyncio.wait((written,), timeout=timeout)
+                if written.done():
+                    answer = written.result()
+                    return None if answer is None else answer[0]
         finally:
-            if not task.done():
-                task.cancel()
+            if not written.done():
+                written.cancel()
 
     async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
         """Connect and write (marking ``flat`` in flight only once the bytes go out), then
-        await the answer."""
+        await the answer: ``(response, attachments)``, or None with ``acks="none"``."""
         conn = await self._cluster.connection(node)
         if self.acks == messages.ACKS_NONE:
             await conn.drain()
@@ -481,8 +517,7 @@ class Sender:
         if self.acks == messages.ACKS_NONE:
             conn.send_noreply(request, attachments)
             return None
-        response, _ = await conn.request(request, attachments, self.request_timeout, check=False)
-        return response
+        return await conn.write_request(request, attachments, self.request_timeout, check=False)
 
     # ------------------------------------------------------------------ answers
 

@@ -174,6 +174,16 @@ class Connection:
         fails with ``ConnectionClosed``.  Any exception raised here means no answer was
         read, so the request's fate on the broker is unknown once it was written.
         """
+        return await self.write_request(request, attachments, timeout, check=check)
+
+    def write_request(
+        self, request, attachments=(), timeout: float | None = None, *, check: bool = True
+    ) -> asyncio.Future:
+        """``request`` without the coroutine: write the request now, before returning, and
+        return the future of its answer, which ``request`` awaits (the same outcomes).
+        Raises at once, having written nothing, when the connection is unusable or the
+        request cannot be encoded.  Cancelling the future forgets the request: a late
+        answer is ignored."""
         if self._error is not None:
             raise self._error
         api, version = messages.api_of(request)
@@ -188,13 +198,14 @@ class Connection:
         handle = None
         if timeout is not None:
             handle = self._loop.call_later(timeout, self._expire, correlation, api, timeout)
-        try:
-            return await fut
-        finally:
-            if handle is not None:
-                handle.cancel()
-            # Cancelled callers leave no entry behind; a late response is then ignored.
-            self._pending.pop(correlation, None)
+        fut.add_done_callback(functools.partial(self._forget, correlation, handle))
+        return fut
+
+    def _forget(self, correlation: int, handle: asyncio.TimerHandle | None, fut: asyncio.Future) -> None:
+        """A request's answer is in (or its caller gone): drop its timer and its entry."""
+        if handle is not None:
+            handle.cancel()
+        self._pending.pop(correlation, None)
 
     def send_noreply(self, request, attachments=()) -> None:
         """Write a request the broker will not answer (produce with ``acks=0``)."""
@@ -535,6 +546,13 @@ class Cluster:
         if addr is None:
             raise errors.NotLeader(f"broker {node_id} is not in the cluster metadata")
         return await self._connect(addr)
+
+    def connected(self, node_id: int) -> Connection | None:
+        """The open connection to broker ``node_id`` when there is one, else None (then
+        ``connection`` opens one)."""
+        addr = self.brokers.get(node_id)
+        conn = self._conns.get(addr) if addr is not None and not self._closed else None
+        return conn if conn is not None and not conn.closed else None
 
     def node_failed(self, node_id: int) -> None:
         """A request to broker ``node_id`` broke or timed out: ask it last for metadata."""
