@@ -383,7 +383,7 @@ typedef struct {
     PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
     PyObject *loop; /* the producer's loop while it takes sends (started, not closing, not fenced), else None */
     int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
-    long long header_size, slack, turn_bytes;
+    long long header_size, slack, turn_bytes, turn_records;
 } Appender;
 
 static PyTypeObject AppenderType;
@@ -438,13 +438,14 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
     int partitioner;
-    long long header_size, slack, turn_bytes;
+    long long header_size, slack, turn_bytes, turn_records;
     static char *names[] = {"producer", "topics", "routes", "lanes", "open", "memory", "sticky", "crc32c",
-                            "on_full", "py_send", "partitioner", "header_size", "slack", "turn_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!O!O!OOOpLLL:Appender", names, &producer, &PyDict_Type,
+                            "on_full", "py_send", "partitioner", "header_size", "slack", "turn_bytes",
+                            "turn_records", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!O!O!OOOpLLLL:Appender", names, &producer, &PyDict_Type,
                                      &topics, &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open,
                                      &MemoryCounterType, &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
-                                     &header_size, &slack, &turn_bytes))
+                                     &header_size, &slack, &turn_bytes, &turn_records))
         return NULL;
     Appender *self = (Appender *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -464,6 +465,7 @@ Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->header_size = header_size;
     self->slack = slack;
     self->turn_bytes = turn_bytes > 0 ? turn_bytes : LLONG_MAX;
+    self->turn_records = turn_records > 0 ? turn_records : LLONG_MAX;
     return (PyObject *)self;
 }
 
@@ -571,7 +573,8 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
     }
     mem->used += reserve;
     long long after = ((RecordBuffer *)batch)->size;
-    int turn = before / self->turn_bytes != after / self->turn_bytes;
+    int turn = before / self->turn_bytes != after / self->turn_bytes
+        || ((RecordBuffer *)batch)->count % self->turn_records == 0;
     if (after >= cap) {
         PyObject *r = PyObject_CallFunction(self->on_full, "OiLL", batch, sticky, n, p);
         if (r == NULL) {
@@ -734,7 +737,7 @@ static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sluice._crecords.Appender",
     .tp_doc = "Appender(producer, topics, routes, lanes, open, memory, sticky, crc32c, on_full, py_send, "
-              "partitioner, header_size, slack, turn_bytes): the producer's per-record path for the common record.",
+              "partitioner, header_size, slack, turn_bytes, turn_records): the producer's per-record path for the common record.",
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Appender_new,

@@ -15,7 +15,7 @@ from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer, sync
 from sluice.client.accumulator import _RecordBuffer
 from sluice.client.outbox import Outbox as PyOutbox
-from sluice.client.producer import _TURN_BYTES, _python_path
+from sluice.client.producer import _TURN_BYTES, _TURN_RECORDS, _python_path
 from sluice.client.sync import FutureGroup, RecordFuture
 from sluice.protocol import records
 
@@ -402,14 +402,16 @@ async def test_a_closed_producer_is_garbage_collected():
     assert gone() is None
 
 
+@pytest.mark.parametrize("size", [1000, 10])  # a turn per _TURN_BYTES, per _TURN_RECORDS
 @pytest.mark.parametrize("compiled", [True, False] if records._C is not None else [False])
-async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled):
+async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled, size):
     """Awaiting each ``send`` never yields while its future is done already; once per
-    ``_TURN_BYTES`` of records (and when a batch fills) it is done on the loop's next turn,
-    so other tasks and the sender run while the loop goes on: batches go out before it ends."""
+    ``_TURN_BYTES`` or ``_TURN_RECORDS`` of records (and when a batch fills) it is done on the
+    loop's next turn, so other tasks and the sender run while the loop goes on: batches go
+    out before it ends."""
     broker = FakeBroker({"t": 1})
     turns = 0
-    per_turn = _TURN_BYTES // 1000  # records of 1000 bytes
+    per_turn = min(_TURN_BYTES // size, _TURN_RECORDS)
     n = 5 * per_turn + per_turn // 2
 
     async def ticker():
@@ -426,15 +428,15 @@ async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled):
         tick = asyncio.ensure_future(ticker())
         await asyncio.sleep(0)
         before = turns
-        buffered = [p.send("t", b"x" * 1000, partition=0) for _ in range(n)]  # no await
-        assert all(b.done() for b in buffered[: per_turn - 10])  # the first _TURN_BYTES: done at once
+        buffered = [p.send("t", b"x" * size, partition=0) for _ in range(n)]  # no await
+        assert all(b.done() for b in buffered[: per_turn - 10])  # the first turn's worth: done at once
         assert not all(b.done() for b in buffered)
         stored_during = []
         for _ in range(n):
-            f = await p.send("t", b"y" * 1000, partition=0)
+            f = await p.send("t", b"y" * size, partition=0)
             stored_during.append(len(broker.logs.get(("t", 0), [])))
         tick.cancel()
-        assert turns - before >= 5  # about one turn per _TURN_BYTES
+        assert turns - before >= 5  # about one turn per turn's worth
         assert stored_during[-1] > 1  # batches went out while the loop went on
         await f
     assert [r.value[:1] for r in broker.records("t", 0)].count(b"y") == n

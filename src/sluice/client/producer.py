@@ -65,10 +65,14 @@ _FRAMING_MAX = 21
 # ... and around a bytes key (or none) and value without headers: the two length varints
 # (5 each) and the header count (1) too.
 _PLAIN_SLACK = _FRAMING_MAX + 11
-# A send whose record takes its batch past a multiple of this many bytes, or fills it, lets
-# the loop turn once before its awaitable is done: a loop of awaited sends, which never
-# yields otherwise, lets the sender and every other task run once per this much data.
-_TURN_BYTES = 128 * 1024
+# A send whose record takes its batch past a multiple of _TURN_BYTES bytes or of
+# _TURN_RECORDS records, or fills it, lets the loop turn once before its awaitable is done:
+# a loop of awaited sends, which never yields otherwise, lets the sender and every other
+# task run once per this much data.  Each turn ships what is buffered as a request: fewer
+# turns cost the broker fewer requests (large records), more of them let it work beside
+# the client sooner (small records, a window of unacknowledged ones).
+_TURN_BYTES = 256 * 1024
+_TURN_RECORDS = 512
 _BUFFERED, _TURN = 1, 2  # what _append_now returns once the record is buffered
 # A pending future of one send on a loop: the compiled SendFuture (asyncio.Future's contract
 # at a fraction of its cost, see _cfuture.c), or the loop's own future.
@@ -250,7 +254,7 @@ class Producer:
             self._appender = appender = records._C.Appender(
                 self, self._cluster.topics, self._routes, self._line.lanes, self._acc.open, self._memory,
                 self._sticky, _crc32c.crc32c, self._batch_full, Producer.send, partitioner is not None,
-                records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES,
+                records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES, _TURN_RECORDS,
             )
             self._append_common = appender.append
             if type(self).send is Producer.send:  # a subclass's own send stays its send
@@ -457,7 +461,7 @@ class Producer:
         When the record can be buffered at once (topic metadata known, buffer memory free,
         no earlier send waiting) it is, before ``send`` returns: no coroutine, task or loop
         round trip, and the awaitable returned is a future done already, but for one send in
-        128 KiB of records and the send that fills a batch: that one is done on the loop's
+        512 records or 256 KiB of records and the send that fills a batch: that one is done on the loop's
         next turn, so that a loop awaiting each send lets the sender and other tasks run as
         it goes.  Otherwise it waits in line behind earlier waiting sends, in send order:
         for metadata of a topic not seen yet, and for buffer memory (up to
@@ -596,7 +600,7 @@ class Producer:
         ``UnknownPartition``, an encoding error).
 
         Returns ``_TURN`` instead of ``_BUFFERED`` when the loop should turn (its batch
-        filled, or passed a multiple of ``_TURN_BYTES``).
+        filled, or passed a multiple of ``_TURN_BYTES`` or ``_TURN_RECORDS``).
 
         The per-record path: a few dict lookups, then one C call encodes the record into
         the batch (``Batch.add``).  Synchronous: no await between choice and append.
@@ -660,7 +664,9 @@ class Producer:
         if batch.size >= cap:
             self._batch_full(batch, sticky, n, partition)
             turn = True
-        return _TURN if turn or before // _TURN_BYTES != batch.size // _TURN_BYTES else _BUFFERED
+        if turn or before // _TURN_BYTES != batch.size // _TURN_BYTES or not batch.count % _TURN_RECORDS:
+            return _TURN
+        return _BUFFERED
 
     def _batch_full(self, batch, sticky: bool, n: int, partition: int) -> None:
         """``batch`` holds ``batch_size`` bytes: close it, and move a sticky topic on."""

@@ -409,7 +409,7 @@ class Sender:
         None when its task must connect first, or wait for room (``acks="none"``).
 
         At once, not on its task's first turn: a loop of sends that lets the loop turn
-        rarely (once per _TURN_BYTES, see producer.py) would otherwise hold every request
+        rarely (see _TURN_BYTES in producer.py) would otherwise hold every request
         back until its next turn, and the broker would wait on the client, not work beside it.
         """
         if self.acks == messages.ACKS_NONE:

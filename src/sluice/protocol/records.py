@@ -88,7 +88,7 @@ _PRODUCER = struct.Struct(">qhi")
 crc32c = _crc32c.crc32c
 
 
-_ABI_VERSION = 9  # the version of sluice._crecords this module calls (see _crecords.c)
+_ABI_VERSION = 10  # the version of sluice._crecords this module calls (see _crecords.c)
 
 
 def _compiled():
