@@ -313,6 +313,35 @@ async def test_a_batch_expiring_while_its_request_waits_to_go_out_is_never_writt
     assert values(broker) == [b"first", b"after"]
 
 
+async def test_requests_to_a_broker_go_out_in_the_order_they_were_made():
+    """A request whose task waits for its connection holds back the later ones to that
+    broker: none is written past it once a connection is open, so no sequence arrives out
+    of order (which would cost a retry)."""
+    broker = FakeBroker({"t": 1})
+    async with make(broker, linger_ms=0) as p:
+        await (await p.send("t", b"first"))
+        real = p._cluster.connection
+        opened = asyncio.Event()
+
+        async def slow(node):
+            await opened.wait()
+            return await real(node)
+
+        p._cluster.connection = slow
+        p._cluster.connected = lambda node: None  # no open connection: requests connect first
+        a = await p.send("t", b"a")
+        await until(lambda: p._sender._unwritten.get(0))  # made; its task waits to write it
+        del p._cluster.connected  # a connection is open now
+        b = await p.send("t", b"b")
+        await asyncio.sleep(0.01)
+        opened.set()
+        assert len(broker.produce_requests) == 1  # "first" only: b was not written past a
+        assert [(await a).offset, (await b).offset] == [1, 2]
+        p._cluster.connection = real
+    assert values(broker) == [b"first", b"a", b"b"]
+    assert len(broker.produce_requests) == 3  # no retry: nothing arrived out of order
+
+
 async def test_a_batch_that_may_be_stored_is_never_renumbered():
     """A batch that failed at its deadline while in flight may be stored: the next batch
     follows it under the same identity, and its copy stays the only one."""

@@ -110,6 +110,7 @@ class Sender:
         self._seqs: dict[TP, PartitionSequences] = {}
         self._inflight: dict[TP, int] = {}  # batches in flight per partition
         self._inflight_nodes: dict[int, int] = {}
+        self._unwritten: dict[int, int] = {}  # requests per node whose task writes them
         self._retry_at: dict[TP, float] = {}
         self._failures: dict[TP, int] = {}  # consecutive failed attempts
         self._requests: set[asyncio.Task] = set()
@@ -412,17 +413,20 @@ class Sender:
         rarely (see _TURN_BYTES in producer.py) would otherwise hold every request
         back until its next turn, and the broker would wait on the client, not work beside it.
         """
-        if self.acks == messages.ACKS_NONE:
-            return None
-        conn = self._cluster.connected(node)
-        if conn is None:
-            return None
-        try:
-            written = conn.write_request(request, attachments, self.request_timeout, check=False)
-        except Exception:  # it broke meanwhile: the task finds out and says so
-            return None
-        for b in flat:
-            b.in_flight = True
+        written = None
+        if self.acks != messages.ACKS_NONE and not self._unwritten.get(node):
+            # (requests to a node go out in the order they were made)
+            conn = self._cluster.connected(node)
+            if conn is not None:
+                try:
+                    written = conn.write_request(request, attachments, self.request_timeout, check=False)
+                except Exception:  # it broke meanwhile: the task finds out and says so
+                    pass
+        if written is None:
+            self._unwritten[node] = self._unwritten.get(node, 0) + 1  # until _deliver writes it
+        else:
+            for b in flat:
+                b.in_flight = True
         return written
 
     async def _send_request(
@@ -502,22 +506,26 @@ class Sender:
     async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
         """Connect and write (marking ``flat`` in flight only once the bytes go out), then
         await the answer: ``(response, attachments)``, or None with ``acks="none"``."""
-        conn = await self._cluster.connection(node)
-        if self.acks == messages.ACKS_NONE:
-            await conn.drain()
-        if conn.closed:
-            raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
-        incomplete = self._acc.incomplete
-        if any(b not in incomplete for b in flat):
-            # one failed at its deadline before a byte went out, told it was not stored:
-            # it must never be written; the others go back to their queues
-            raise _Unsent()
-        for b in flat:
-            b.in_flight = True
-        if self.acks == messages.ACKS_NONE:
-            conn.send_noreply(request, attachments)
-            return None
-        return await conn.write_request(request, attachments, self.request_timeout, check=False)
+        try:
+            conn = await self._cluster.connection(node)
+            if self.acks == messages.ACKS_NONE:
+                await conn.drain()
+            if conn.closed:
+                raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
+            incomplete = self._acc.incomplete
+            if any(b not in incomplete for b in flat):
+                # one failed at its deadline before a byte went out, told it was not stored:
+                # it must never be written; the others go back to their queues
+                raise _Unsent()
+            for b in flat:
+                b.in_flight = True
+            if self.acks == messages.ACKS_NONE:
+                conn.send_noreply(request, attachments)
+                return None
+            written = conn.write_request(request, attachments, self.request_timeout, check=False)
+        finally:
+            self._unwritten[node] -= 1
+        return await written
 
     # ------------------------------------------------------------------ answers
 
