@@ -4,8 +4,10 @@ settings, the accumulator and the metadata cache; this module decides what is se
 
 **Requests.**  Batches of many partitions go in one ``ProduceRequestV2`` per broker, within
 ``max_request_size`` (the first batch always goes) and ``max_in_flight`` requests per
-connection.  The answer lists each batch's base offset (``batch_offsets``); records are
-completed from it, never by adding counts.
+connection.  A request is written as it is made when its connection is open (else its
+task connects first), and requests to a broker go out in the order they were made.  The
+answer lists each batch's base offset (``batch_offsets``); records are completed from it,
+never by adding counts.
 
 **Per partition.**  Without idempotence a partition has one request in flight, holding any
 number of its batches: that alone keeps its order across retries.  With idempotence (the
