@@ -112,7 +112,9 @@ class Sender:
         self._seqs: dict[TP, PartitionSequences] = {}
         self._inflight: dict[TP, int] = {}  # batches in flight per partition
         self._inflight_nodes: dict[int, int] = {}
-        self._unwritten: dict[int, int] = {}  # requests per node whose task writes them
+        # requests per node whose task writes them (a count that only close(), which
+        # cancels tasks that may not have started, can leave behind)
+        self._unwritten: dict[int, int] = {}
         self._retry_at: dict[TP, float] = {}
         self._failures: dict[TP, int] = {}  # consecutive failed attempts
         self._requests: set[asyncio.Task] = set()
