@@ -461,9 +461,9 @@ class Producer:
         When the record can be buffered at once (topic metadata known, buffer memory free,
         no earlier send waiting) it is, before ``send`` returns: no coroutine, task or loop
         round trip, and the awaitable returned is a future done already, but for one send in
-        512 records or 256 KiB of records and the send that fills a batch: that one is done on the loop's
-        next turn, so that a loop awaiting each send lets the sender and other tasks run as
-        it goes.  Otherwise it waits in line behind earlier waiting sends, in send order:
+        512 records or 256 KiB of records and the send that fills a batch: that one is done
+        on the loop's next turn, so that a loop awaiting each send lets the sender and other
+        tasks run as it goes.  Otherwise it waits in line behind earlier waiting sends, in send order:
         for metadata of a topic not seen yet, and for buffer memory (up to
         ``max_block_ms``, then ``BufferExhausted``).
 
