@@ -193,7 +193,6 @@ class Controller:
                     next_rebalance = loop.time() + self.rebalance_s
                     await self._guarded(self.rebalance)
                 if self.moves_pending and loop.time() >= next_moves:
-                    self._moves_changed.clear()
                     next_moves = loop.time() + MOVES_CHECK_S
                     await self._guarded(self.complete_moves)
                 waits = [asyncio.ensure_future(self._brokers_changed.wait()), lost]
@@ -250,10 +249,15 @@ class Controller:
         await self.complete_moves()
 
     async def complete_moves(self) -> None:
-        """Take every pending replica move a step further (``complete_moves``)."""
+        """Take every pending replica move a step further (``complete_moves``).
+
+        A ``poke`` while this runs may tell of a move it has not seen: it keeps
+        ``moves_pending`` set for another look.  (Were the poke's event left set with
+        ``moves_pending`` false, the serving loop would wake on it again and again.)"""
         live = set(self.live)
         if not live:
             return
+        self._moves_changed.clear()
         pending = False
         for record in (await self.store.topics()).values():
             try:
@@ -261,7 +265,7 @@ class Controller:
             except (UnknownTopic, UnknownPartition):
                 continue
             pending = pending or len(done) < len(record.moving)
-        self.moves_pending = pending
+        self.moves_pending = pending or self._moves_changed.is_set()
 
     async def rebalance(self) -> None:
         live = set(self.live)
