@@ -174,6 +174,9 @@ class ServerConfig:
     max_in_flight_bytes_per_connection: int = 256 * 1024 * 1024
     max_partitions: int = 4096  # every partition holds open files: bounded by the fd limit
     io_threads: int = 4
+    # per partition: the newest written bytes of its active segment kept in memory, so a
+    # consumer at the end of the log is answered without a disk read (storage/tail.py); 0: off
+    tail_cache_bytes: int = 1024 * 1024
     retention_check_ms: int = 30_000
     # how often the high watermarks are checkpointed (replication-offset-checkpoint)
     hw_checkpoint_ms: int = 5_000
@@ -220,6 +223,8 @@ class ServerConfig:
             raise ConfigError("transaction check timeout and interval must be ≥ 1 ms, max checks ≥ 0")
         if self.default_replication_factor < 0 or self.leader_rebalance_interval_ms < 0:
             raise ConfigError("default replication factor and leader rebalance interval must be ≥ 0")
+        if self.tail_cache_bytes < 0:
+            raise ConfigError(f"tail cache bytes must be ≥ 0, got {self.tail_cache_bytes}")
         if self.cluster is not None:
             from sluice.cluster.etcd import parse_cluster_url, session_ttl
 

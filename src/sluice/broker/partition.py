@@ -90,6 +90,7 @@ from sluice.storage.cleaner import (
 from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
 from sluice.storage.producers import Duplicate, Staging, write_snapshot
 from sluice.storage.segment import Segment
+from sluice.storage.tail import Tail
 
 log = logging.getLogger("sluice.broker")
 
@@ -140,6 +141,7 @@ class Partition(Leadership):
         replica_id: int = 0,
         leader_epoch: int = 0,
         leader: bool = True,
+        tail_cache_bytes: int = 1024 * 1024,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -147,6 +149,7 @@ class Partition(Leadership):
         self.config = config
         self._write_executor = write_executor
         self._read_executor = read_executor
+        self._tail = Tail(tail_cache_bytes)  # the newest leader writes, for tailing readers
         self.replica_id = replica_id
         # never below an epoch already in the log: a restart keeps the last one stamped
         self.leader_epoch = max(leader_epoch, plog.epochs.latest_epoch, 0)
@@ -342,6 +345,7 @@ class Partition(Leadership):
         if self._swapping is not None:  # renames of cleaned segments: milliseconds
             await asyncio.wait([self._swapping])
         self._truncating = True
+        self._tail.clear()
         try:
             cut = self.log.reset_to if req.reset else self.log.truncate_to
             await loop.run_in_executor(self._write_executor, cut, req.offset)
@@ -456,6 +460,10 @@ class Partition(Leadership):
         except OSError as exc:
             self._failed(group, exc)
             return
+        if group[0].replica:
+            self._tail.clear()  # a follower serves no consumer, and a leader tail starts fresh
+        else:
+            self._tail.add(segment.base_offset, metas, buffers)
         plog.appended(segment, metas, offset, epochs)
         staging.commit(offset)  # only now: the producer state never runs ahead of the log
         if early:
@@ -473,6 +481,14 @@ class Partition(Leadership):
             if not self._unflushed:
                 self._unflushed_since = time.monotonic()
             self._unflushed += offset - first
+        if self.is_leader:
+            # Readers first: fetches waiting at the end wake before the writers are
+            # answered, so a tailing consumer's latency does not include those answers.
+            # An acks=all wait entered below is completed at once if the move covers it.
+            self._appended_bytes += total
+            self._marks.append((offset, self._appended_bytes))
+            self._log_end_moved()
+            self._notify_replicas()
         result_time = append_time if append_time is not None else -1
         # make_follower may have run while the write was in the thread: its purgatory was
         # emptied then, and a wait entered now would be completed by the high watermark a
@@ -501,11 +517,6 @@ class Partition(Leadership):
             else:
                 req.future.set_result(result)
             start = end
-        if self.is_leader:
-            self._appended_bytes += total
-            self._marks.append((offset, self._appended_bytes))
-            self._log_end_moved()
-            self._notify_replicas()
 
     def _deduplicate(self, group: list[_Append], staging: Staging, offset: int) -> list[_Append]:
         """The writer's idempotence check of a leader group (storage/producers.py), before
@@ -692,6 +703,9 @@ class Partition(Leadership):
             raise NotYetAvailable(f"offset {offset} is above {bound}, the bound of this read")
         if offset == bound:  # nothing new: answer without a thread hop (long polls idle here)
             return ReadResult(b"", plog.high_watermark, start, leo)
+        data = self._tail.read(offset, max_bytes, bound)
+        if data is not None:  # just written: answered from memory (storage/tail.py)
+            return ReadResult(data, plog.high_watermark, start, leo)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._read_executor, plog.read, offset, max_bytes, bound)
 

@@ -1,0 +1,101 @@
+"""The partition's tail (storage/tail.py): reads at the end of the log answered from memory,
+byte for byte what the log itself answers, and never bytes the log no longer holds."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from batches import idempotent, request, request_of
+
+from sluice.broker.partition import Partition
+from sluice.config import TopicConfig
+from sluice.storage.log import PartitionLog
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def partition(tmp_path):
+    """partition(tail_cache_bytes, **topic_config) -> a leader Partition on a fresh log."""
+    write_ex, read_ex = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    opened: list[Partition] = []
+
+    def open_(tail_cache_bytes: int, **raw: str) -> Partition:
+        config = TopicConfig.parse(raw)
+        plog = PartitionLog.open(tmp_path / f"p{len(opened)}", config.log_config)
+        part = Partition("t", 0, plog, config, write_ex, read_ex, tail_cache_bytes=tail_cache_bytes)
+        opened.append(part)
+        return part
+
+    yield open_
+    for part in opened:
+        await part.close()
+    write_ex.shutdown(wait=True)
+    read_ex.shutdown(wait=True)
+
+
+def check_reads(part: Partition, rng: random.Random, reads: int = 40) -> int:
+    """Random reads near the end: the tail's answer, where it has one, is the log's.
+    Returns how many reads the tail answered."""
+    plog, answered = part.log, 0
+    start, end = plog.log_start_offset, plog.log_end_offset
+    for _ in range(reads):
+        offset = rng.randint(max(start, end - 60), end - 1)
+        bound = rng.choice([end, rng.randint(offset, end)])
+        max_bytes = rng.choice([0, 1, 100, 700, 5000, 1 << 20])
+        got = part._tail.read(offset, max_bytes, bound)
+        if got is not None:
+            answered += 1
+            assert got == plog.read(offset, max_bytes, bound).data, (offset, max_bytes, bound)
+    return answered
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_the_tail_answers_as_the_log_does(partition, seed):
+    rng = random.Random(seed)
+    # small segments and a small tail: rolls and trims happen often
+    part = partition(3000, **{"segment.bytes": "6000", "flush.messages": "0"})
+    sent: list[bytes] = []  # idempotent batches, some sent again (duplicates, whole or mixed)
+    answered = 0
+    for _ in range(120):
+        values = [rng.randbytes(rng.randint(0, 300)) for _ in range(rng.randint(1, 6))]
+        if rng.random() < 0.5:
+            result = await part.append(*request(values))
+        else:
+            batch = idempotent(values, 7, sum(_count(b) for b in sent))
+            if sent and rng.random() < 0.3:  # a retried batch beside a new one
+                result = await part.append(*request_of(rng.choice(sent[-3:]), batch))
+            else:
+                result = await part.append(*request_of(batch))
+            sent.append(batch)
+        # the newest write is always in the tail
+        newest, end = result.batch_offsets[-1], part.log_end_offset
+        assert part._tail.read(newest, 1 << 20, end) == part.log.read(newest, 1 << 20, end).data
+        answered += check_reads(part, rng)
+    assert answered > 400
+
+
+def _count(batch: bytes) -> int:
+    return int.from_bytes(batch[57:61], "big")  # records in a batch (its header's last field)
+
+
+async def test_reads_after_a_truncation_come_from_the_log(partition):
+    part = partition(1 << 20, **{"flush.messages": "0"})
+    for i in range(10):
+        await part.append(*request([b"x%d" % i] * 3))
+    assert part._tail.read(27, 1 << 20, 30) is not None
+    await part.truncate_to(15)
+    assert part._tail.read(12, 1 << 20, 15) is None
+    await part.append(*request([b"after"] * 5))
+    got = await part.read(12, 1 << 20, part.log_end_offset)
+    assert got.data == part.log.read(12, 1 << 20, part.log_end_offset).data
+    assert part._tail.read(15, 1 << 20, 20) == part.log.read(15, 1 << 20, 20).data
+
+
+async def test_no_tail_when_it_is_off(partition):
+    part = partition(0, **{"flush.messages": "0"})
+    await part.append(*request([b"x"] * 3))
+    assert part._tail.read(0, 1 << 20, 3) is None
+    assert (await part.read(0, 1 << 20, 3)).data == part.log.read(0, 1 << 20, 3).data
