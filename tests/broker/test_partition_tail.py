@@ -10,7 +10,8 @@ import pytest
 from batches import idempotent, request, request_of
 
 from sluice.broker.partition import Partition
-from sluice.config import TopicConfig
+from sluice.config import ServerConfig, TopicConfig
+from sluice.errors import ConfigError
 from sluice.storage.log import PartitionLog
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,3 +100,8 @@ async def test_no_tail_when_it_is_off(partition):
     await part.append(*request([b"x"] * 3))
     assert part._tail.read(0, 1 << 20, 3) is None
     assert (await part.read(0, 1 << 20, 3)).data == part.log.read(0, 1 << 20, 3).data
+
+
+def test_a_negative_tail_size_is_refused():
+    with pytest.raises(ConfigError, match="tail cache bytes"):
+        ServerConfig(tail_cache_bytes=-1)
