@@ -25,7 +25,8 @@ purgatory are bounded per partition, and a write past a bound is refused at once
 (``BROKER_BUSY``).
 
 The leader's view of its followers, the ISR it applies and the high watermark they give
-are in broker/leadership.py (a part of ``Partition``).
+are in broker/leadership.py, reads and the long polls waiting for more in
+broker/reading.py (parts of ``Partition``).
 
 With ``cleanup.policy=compact`` the broker's retention pass calls ``clean``: the log cleaner
 (storage/cleaner.py) rewrites closed segments below the high watermark in the cleaner's
@@ -36,7 +37,7 @@ by time and size does not apply to compacted partitions.
 
 A follower's path (``append_as_follower``) goes through the same writer but keeps the
 leader's offsets, epochs and timestamps; ``truncate_to`` cuts a divergent tail in the
-writer's turn.  Consumers read below the high watermark, replicas below the log end.
+writer's turn.
 
 Concurrency: every method except those named ``*_blocking`` runs on the event loop; the
 writer task is the only one that appends to, truncates or flushes the log.
@@ -56,6 +57,7 @@ from dataclasses import dataclass
 
 from sluice.broker.leadership import Follower, Leadership
 from sluice.broker.purgatory import Purgatory
+from sluice.broker.reading import Reading
 from sluice.config import TopicConfig
 from sluice.errors import (
     BrokerBusy,
@@ -65,8 +67,6 @@ from sluice.errors import (
     LeadershipLost,
     NotEnoughReplicas,
     NotLeader,
-    OffsetNotAvailable,
-    OffsetOutOfRange,
     OutOfOrderSequence,
     ProducerFenced,
     UnknownServerError,
@@ -87,7 +87,7 @@ from sluice.storage.cleaner import (
     discard_cleaned,
     plan_cleaning,
 )
-from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
+from sluice.storage.log import PartitionLog
 from sluice.storage.producers import Duplicate, Staging, write_snapshot
 from sluice.storage.segment import Segment
 from sluice.storage.tail import Tail
@@ -128,7 +128,7 @@ class AppendResult:
     batch_offsets: tuple[int, ...] = ()
 
 
-class Partition(Leadership):
+class Partition(Leadership, Reading):
     def __init__(
         self,
         topic: str,
@@ -671,103 +671,6 @@ class Partition(Leadership):
         self.config = config
         self.log.reconfigure(config.log_config)
         self._wakeup.set()  # the writer re-evaluates flushes and its flush.ms timer
-
-    # ------------------------------------------------------------------ reading
-
-    @property
-    def high_watermark(self) -> int:
-        return self.log.high_watermark
-
-    @property
-    def log_end_offset(self) -> int:
-        return self.log.log_end_offset
-
-    @property
-    def log_start_offset(self) -> int:
-        return self.log.log_start_offset
-
-    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
-        """(epoch, end offset) for a follower's OffsetsForLeaderEpoch (storage/epochs.py)."""
-        return self.log.epochs.end_offset_for_epoch(epoch, self.log.log_end_offset)
-
-    async def read(self, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
-        """Whole batches from ``offset`` below ``upper_bound`` — the high watermark for a
-        consumer, the log end for a replica — read off the event loop (see
-        PartitionLog.read: ``OutOfRange``, ``NotYetAvailable``)."""
-        plog = self.log
-        leo, start = plog.log_end_offset, plog.log_start_offset
-        if offset < start or offset > leo:
-            raise OutOfRange(f"offset {offset} is outside [{start}, {leo}]")
-        bound = min(upper_bound, leo)
-        if offset > bound:
-            raise NotYetAvailable(f"offset {offset} is above {bound}, the bound of this read")
-        if offset == bound:  # nothing new: answer without a thread hop (long polls idle here)
-            return ReadResult(b"", plog.high_watermark, start, leo)
-        data = self._tail.read(offset, max_bytes, bound)
-        if data is not None:  # just written: answered from memory (storage/tail.py)
-            return ReadResult(data, plog.high_watermark, start, leo)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_executor, plog.read, offset, max_bytes, bound)
-
-    async def fetch(self, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
-        """``read``, with its refusals as the errors a fetch answers: ``OffsetOutOfRange``,
-        ``OffsetNotAvailable`` (above the bound: retry later), a ``StorageError``."""
-        try:
-            return await self.read(offset, max_bytes, upper_bound)
-        except OutOfRange:
-            raise OffsetOutOfRange(
-                f"offset {offset} of {self.topic}-{self.index} is outside "
-                f"[{self.log_start_offset}, {self.log_end_offset}]"
-            ) from None
-        except NotYetAvailable:
-            raise OffsetNotAvailable(
-                f"offset {offset} of {self.topic}-{self.index} is above the high watermark "
-                f"{self.high_watermark} (log end {self.log_end_offset}); retry"
-            ) from None
-        except OSError as exc:
-            raise storage_error_from_os(exc, f"read {self.topic}-{self.index}") from exc
-
-    async def offset_for_time(self, timestamp: int) -> int | None:
-        """First offset below the high watermark whose batch reaches ``timestamp``."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._read_executor, self.log.offset_for_time, timestamp, self.log.high_watermark
-        )
-
-    def add_waiter(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once, the next time the high watermark moves (fetch long poll)."""
-        self._waiters.append(callback)
-
-    def remove_waiter(self, callback: Callable[[], None]) -> None:
-        try:
-            self._waiters.remove(callback)
-        except ValueError:
-            pass
-
-    def wake_fetches(self) -> None:
-        """Call every fetch waiter now, as if the high watermark had moved."""
-        self._notify()
-        self._notify_replicas()
-
-    def add_replica_waiter(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once, the next time the leader appends (replica fetch long poll)."""
-        self._replica_waiters.append(callback)
-
-    def remove_replica_waiter(self, callback: Callable[[], None]) -> None:
-        try:
-            self._replica_waiters.remove(callback)
-        except ValueError:
-            pass
-
-    def _notify_replicas(self) -> None:
-        waiters, self._replica_waiters = self._replica_waiters, []
-        for cb in waiters:
-            cb()
-
-    def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for cb in waiters:
-            cb()
 
     # ------------------------------------------------------------------ lifecycle
 
