@@ -21,13 +21,25 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+_handed_out: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (all bound at once, then released)."""
-    socks = [socket.socket() for _ in range(n)]
+    """``n`` distinct free loopback ports (all bound at once, then released), none of them
+    handed out before in this process: a port picked for a broker that has not started yet
+    is free again as far as the kernel knows, and must not go to a second broker."""
+    socks = []
     try:
-        for s in socks:
+        while len(socks) < n:
+            s = socket.socket()
+            socks.append(s)
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+            if s.getsockname()[1] in _handed_out:
+                socks.pop()
+                s.close()
+        ports = [s.getsockname()[1] for s in socks]
+        _handed_out.update(ports)
+        return ports
     finally:
         for s in socks:
             s.close()
@@ -70,6 +82,7 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30) -> BrokerProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [
@@ -90,13 +103,20 @@ class BrokerProcess:
             start_new_session=True,
         )
         log.close()
+        # Started once it says so in its log (an answer on the port alone could come from
+        # another process that took the port meanwhile) and answers there.
+        listening = f"listening on 127.0.0.1:{self.port} ".encode()
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), 0.2):
-                    return self
+                with open(self.log_path, "rb") as f:
+                    f.seek(logged)
+                    said = listening in f.read()
+                if said:
+                    with socket.create_connection(("127.0.0.1", self.port), 0.2):
+                        return self
             except OSError:
                 pass
             if time.monotonic() > deadline:

@@ -8,7 +8,6 @@ import json
 import os
 import pty
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from brokers import BrokerProcess
+from brokers import BrokerProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,12 +63,6 @@ def assert_error(res, *needles: str) -> str:
 
 def json_lines(out: str) -> list[dict]:
     return [json.loads(ln) for ln in out.splitlines() if ln.strip()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lines_in(*values: str) -> bytes:
