@@ -13,6 +13,7 @@ from sluice.broker.partition import Partition
 from sluice.config import ServerConfig, TopicConfig
 from sluice.errors import ConfigError
 from sluice.storage.log import PartitionLog
+from sluice.storage.tail import Tail
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,3 +106,18 @@ async def test_no_tail_when_it_is_off(partition):
 def test_a_negative_tail_size_is_refused():
     with pytest.raises(ConfigError, match="tail cache bytes"):
         ServerConfig(tail_cache_bytes=-1)
+
+
+def test_a_small_part_of_a_large_frame_is_copied_not_kept_with_its_frame():
+    tail = Tail(1 << 20)
+    frame = bytearray(64 * 1024)  # a request frame, mostly other partitions' batches
+    with memoryview(frame) as whole:
+        tail.add(0, [(0, 1, -1, 100)], [whole[:100]])
+    frame.append(0)  # the tail keeps no view into the frame (it could not grow if it did)
+    assert tail.read(0, 1 << 20, 1) == bytes(100)
+    with memoryview(frame) as whole:
+        tail.add(0, [(1, 2, -1, 40_000)], [whole[100:40_100]])  # most of its frame: kept as is
+    with pytest.raises(BufferError):
+        frame.append(0)
+    tail.clear()
+    frame.append(0)

@@ -7,7 +7,9 @@ segment (the same bytes, cut at the same place) or says None, and the caller rea
 
 The tail holds whole writes of one segment, oldest first, at most about ``capacity`` bytes
 (an older write is dropped once newer ones fill it).  It keeps references to the written
-buffers, no copies.  The partition's writer feeds it after each leader write and clears it
+buffers, no copies, but for a buffer that is a small part of a larger request frame (a
+produce to many partitions): that one is copied, so the tail never holds much more memory
+than its bytes.  The partition's writer feeds it after each leader write and clears it
 before anything rewrites the log under it (a truncation, a follower's write); a write to a
 new segment starts it over, so it never reaches into a segment the cleaner may rewrite.
 Event loop only.
@@ -51,6 +53,9 @@ class Tail:
             pos += size
             self.end_offset = nxt
         for buf in buffers:
+            owner = getattr(buf, "obj", None)  # a view holds its whole request frame alive
+            if owner is not None and 2 * len(buf) < len(owner):
+                buf = bytes(buf)  # a small part of a larger frame: keep a copy, not the frame
             self._piece_pos.append(self._end)
             self._pieces.append(buf)
             self._end += len(buf)
