@@ -66,10 +66,10 @@ class Tail:
             self._trim()
 
     def _trim(self) -> None:
-        keep = bisect_right(self._piece_pos, self._end - self.capacity)  # pieces entirely dropped
-        keep = min(max(keep, 1), len(self._pieces) - 1)  # the newest write stays, however big
-        first = self._piece_pos[keep]
-        del self._pieces[:keep], self._piece_pos[:keep]
+        drop = bisect_right(self._piece_pos, self._end - self.capacity)  # oldest pieces out
+        drop = min(max(drop, 1), len(self._pieces) - 1)  # the newest piece stays, however big
+        first = self._piece_pos[drop]
+        del self._pieces[:drop], self._piece_pos[:drop]
         cut = bisect_right(self._batch_pos, first - 1)
         del self._bases[:cut], self._batch_pos[:cut]
         self._first = first
