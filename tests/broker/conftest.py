@@ -13,16 +13,22 @@ from sluice.storage.log import PartitionLog
 
 @pytest.fixture
 async def open_partition(tmp_path):
-    """open_partition(name="p", leader=True, **topic_config) -> a Partition on a fresh log
+    """open_partition(name="p", leader=True, tail_cache_bytes=1 MiB, **topic_config) -> a
+    Partition on a fresh log
     in its own directory; every one is closed at the end of the test."""
     write_ex = ThreadPoolExecutor(1, thread_name_prefix="test-write")
     read_ex = ThreadPoolExecutor(2, thread_name_prefix="test-read")
     opened: list[Partition] = []
 
-    def open_(name: str = "p", leader: bool = True, **raw: str) -> Partition:
+    def open_(
+        name: str = "p", leader: bool = True, tail_cache_bytes: int = 1 << 20, **raw: str
+    ) -> Partition:
         config = TopicConfig.parse(raw)
         plog = PartitionLog.open(tmp_path / name, config.log_config)
-        part = Partition("t", 0, plog, config, write_ex, read_ex, leader=leader)
+        part = Partition(
+            "t", 0, plog, config, write_ex, read_ex,
+            leader=leader, tail_cache_bytes=tail_cache_bytes,
+        )
         opened.append(part)
         return part
 

@@ -4,38 +4,16 @@ byte for byte what the log itself answers, and never bytes the log no longer hol
 from __future__ import annotations
 
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from batches import idempotent, request, request_of
 
 from sluice.broker.partition import Partition
-from sluice.config import ServerConfig, TopicConfig
+from sluice.config import ServerConfig
 from sluice.errors import ConfigError
-from sluice.storage.log import PartitionLog
 from sluice.storage.tail import Tail
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def partition(tmp_path):
-    """partition(tail_cache_bytes, **topic_config) -> a leader Partition on a fresh log."""
-    write_ex, read_ex = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
-    opened: list[Partition] = []
-
-    def open_(tail_cache_bytes: int, **raw: str) -> Partition:
-        config = TopicConfig.parse(raw)
-        plog = PartitionLog.open(tmp_path / f"p{len(opened)}", config.log_config)
-        part = Partition("t", 0, plog, config, write_ex, read_ex, tail_cache_bytes=tail_cache_bytes)
-        opened.append(part)
-        return part
-
-    yield open_
-    for part in opened:
-        await part.close()
-    write_ex.shutdown(wait=True)
-    read_ex.shutdown(wait=True)
 
 
 def check_reads(part: Partition, rng: random.Random, reads: int = 40) -> int:
@@ -55,10 +33,10 @@ def check_reads(part: Partition, rng: random.Random, reads: int = 40) -> int:
 
 
 @pytest.mark.parametrize("seed", range(6))
-async def test_the_tail_answers_as_the_log_does(partition, seed):
+async def test_the_tail_answers_as_the_log_does(open_partition, seed):
     rng = random.Random(seed)
     # small segments and a small tail: rolls and trims happen often
-    part = partition(3000, **{"segment.bytes": "6000", "flush.messages": "0"})
+    part = open_partition(tail_cache_bytes=3000, **{"segment.bytes": "6000", "flush.messages": "0"})
     sent: list[bytes] = []  # idempotent batches, some sent again (duplicates, whole or mixed)
     answered = 0
     for _ in range(120):
@@ -83,8 +61,8 @@ def _count(batch: bytes) -> int:
     return int.from_bytes(batch[57:61], "big")  # records in a batch (its header's last field)
 
 
-async def test_reads_after_a_truncation_come_from_the_log(partition):
-    part = partition(1 << 20, **{"flush.messages": "0"})
+async def test_reads_after_a_truncation_come_from_the_log(open_partition):
+    part = open_partition(**{"flush.messages": "0"})
     for i in range(10):
         await part.append(*request([b"x%d" % i] * 3))
     assert part._tail.read(27, 1 << 20, 30) is not None
@@ -96,8 +74,8 @@ async def test_reads_after_a_truncation_come_from_the_log(partition):
     assert part._tail.read(15, 1 << 20, 20) == part.log.read(15, 1 << 20, 20).data
 
 
-async def test_no_tail_when_it_is_off(partition):
-    part = partition(0, **{"flush.messages": "0"})
+async def test_no_tail_when_it_is_off(open_partition):
+    part = open_partition(tail_cache_bytes=0, **{"flush.messages": "0"})
     await part.append(*request([b"x"] * 3))
     assert part._tail.read(0, 1 << 20, 3) is None
     assert (await part.read(0, 1 << 20, 3)).data == part.log.read(0, 1 << 20, 3).data

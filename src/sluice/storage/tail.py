@@ -29,23 +29,25 @@ class Tail:
         self.clear()
 
     def clear(self) -> None:
-        self.segment = -1  # base offset of the segment the writes are in
+        self._segment = -1  # base offset of the segment the writes are in
         self._pieces: list = []  # written buffers, in order
         self._piece_pos: list[int] = []  # where each piece starts in the stream of them all
         self._bases: list[int] = []  # first offset of each batch
         self._batch_pos: list[int] = []  # where each batch starts in the stream
-        self._first = 0  # stream position of the oldest piece kept
         self._end = 0  # stream position after the newest piece
         self.end_offset = -1  # offset after the newest batch
 
-    def add(self, segment: int, batches: Sequence[tuple[int, int, int, int]], buffers: Sequence) -> None:
+    def add(
+        self, segment: int, batches: Sequence[tuple[int, int, int, int]], buffers: Sequence
+    ) -> None:
         """After a write of ``buffers`` (whole batches, in order) to segment ``segment``:
         ``batches`` holds each batch's (base offset, next offset, timestamp, size)."""
         if self.capacity <= 0:
             return
-        if segment != self.segment or (self._bases and batches and batches[0][0] != self.end_offset):
+        continues = not self._bases or not batches or batches[0][0] == self.end_offset
+        if segment != self._segment or not continues:
             self.clear()
-            self.segment = segment
+            self._segment = segment
         pos = self._end
         for base, nxt, _ts, size in batches:
             self._bases.append(base)
@@ -62,7 +64,7 @@ class Tail:
         if pos != self._end:  # batches and bytes disagree: keep nothing rather than guess
             self.clear()
             return
-        if self._end - self._first > self.capacity:
+        if self._end - self._piece_pos[0] > self.capacity:
             self._trim()
 
     def _trim(self) -> None:
@@ -72,7 +74,6 @@ class Tail:
         del self._pieces[:drop], self._piece_pos[:drop]
         cut = bisect_right(self._batch_pos, first - 1)
         del self._bases[:cut], self._batch_pos[:cut]
-        self._first = first
 
     def read(self, offset: int, max_bytes: int, bound: int) -> bytes | None:
         """Bytes of whole batches from the one holding ``offset``, about ``max_bytes``, all
