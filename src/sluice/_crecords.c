@@ -1,8 +1,8 @@
 /* The compiled half of protocol/records.py: decode a batch body into Record objects and
- * encode records, byte for byte as the pure-Python functions do.  With _cproducer.c, the
- * module sluice._crecords.
+ * encode records, byte for byte as the pure-Python functions of protocol/records_py.py do.
+ * With _cproducer.c, the module sluice._crecords.
  *
- * protocol/records.py stays the reference: it uses these functions when this module was
+ * protocol/records_py.py stays the reference: records.py uses these functions when this module was
  * built (``pip install`` compiles it; a machine without a C compiler skips it) and the tests
  * compare the two on random batches.  Errors are raised as the ``CorruptRecord`` given to
  * ``init``, with the reference's messages.
@@ -207,7 +207,7 @@ PyDoc_STRVAR(decode_body_doc,
 "partition, offset, timestamp, key, value, headers, *extra)`` objects appended to the list\n"
 "``out``, keeping those with ``min_offset <= offset`` (and ``offset < max_offset`` unless it\n"
 "is None).  ``append_ts`` (or None) replaces every record's timestamp.  Every record is\n"
-"checked, kept or not.  Raises CorruptRecord as records._decode_body_py does.");
+"checked, kept or not.  Raises CorruptRecord as records_py.decode_body does.");
 
 #define MAX_EXTRA 8
 

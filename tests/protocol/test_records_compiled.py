@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import CorruptRecord
-from sluice.protocol import records
+from sluice.protocol import records, records_py
 from sluice.protocol.records import Record, build_batch, encode_record
 
 crecords = pytest.importorskip("sluice._crecords")
@@ -54,7 +54,7 @@ def both(body: bytes, count: int, base_offset: int, base_ts: int, append_ts, min
         lambda o: crecords.decode_body(
             body, count, base_offset, base_ts, append_ts, min_offset, "t", 3, factory, o, max_offset, extra
         ),
-        lambda o: records._decode_body_py(body, h, "t", 3, min_offset, o, max_offset, factory, extra),
+        lambda o: records_py.decode_body(body, h, "t", 3, min_offset, o, max_offset, factory, extra),
     ):
         got: list = []
         try:
@@ -166,7 +166,7 @@ def test_both_refuse(body):
 @settings(suppress_health_check=[HealthCheck.too_slow])
 def test_keyless_bodies_byte_for_byte(values, first, kind):
     values = [kind(v) for v in values[: records.VARINT_TABLE_SIZE - first]]
-    assert crecords.encode_keyless(values, first) == records._encode_keyless_py(values, first)
+    assert crecords.encode_keyless(values, first) == records_py.encode_keyless(values, first)
 
 
 def test_keyless_refuses_what_is_not_bytes():
@@ -186,7 +186,7 @@ def test_records_byte_for_byte(rec, kind, pairs, none_headers):
     key = None if key is None else kind(key)
     value = None if value is None else kind(value)
     headers = None if none_headers and not headers else [pairs((k, v)) for k, v in headers]
-    assert crecords.encode_record(od, td, key, value, headers) == records._encode_record_py(od, td, key, value, headers)
+    assert crecords.encode_record(od, td, key, value, headers) == records_py.encode_record(od, td, key, value, headers)
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_records_byte_for_byte(rec, kind, pairs, none_headers):
 )
 def test_encode_record_refuses_what_the_reference_refuses(args):
     with pytest.raises((TypeError, ValueError, AttributeError)):
-        records._encode_record_py(*args)
+        records_py.encode_record(*args)
     with pytest.raises((TypeError, ValueError)):
         crecords.encode_record(*args)
     buf = bytearray(b"before")
@@ -220,7 +220,7 @@ def test_append_record_byte_for_byte(recs, room):
     ours, reference = bytearray(b"start"), bytearray(b"start")
     for key, value, headers, td, od in recs:
         got = crecords.append_record(ours, limit, od, td, key, value, headers or None)
-        want = records._append_record_py(reference, limit, od, td, key, value, headers or None)
+        want = records_py.append_record(reference, limit, od, td, key, value, headers or None)
         assert got == want
         assert ours == reference
         if got:
