@@ -2,9 +2,9 @@
  * encode records, byte for byte as the pure-Python functions of protocol/records_py.py do.
  * With _cproducer.c, the module sluice._crecords.
  *
- * protocol/records_py.py stays the reference: records.py uses these functions when this module was
- * built (``pip install`` compiles it; a machine without a C compiler skips it) and the tests
- * compare the two on random batches.  Errors are raised as the ``CorruptRecord`` given to
+ * protocol/records_py.py stays the reference: records.py uses these functions when this
+ * module was built (``pip install`` compiles it; a machine without a C compiler skips it)
+ * and the tests compare the two on random batches.  Errors are raised as the ``CorruptRecord`` given to
  * ``init``, with the reference's messages.
  *
  * Record layout (varints zig-zag encoded):
