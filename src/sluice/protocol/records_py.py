@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sluice.errors import CorruptRecord
 
-_VARINT_TABLE_SIZE = 1 << 15
+VARINT_TABLE_SIZE = 1 << 15
 
 
 def _encode_uvarint(u: int) -> bytes:
@@ -26,25 +26,21 @@ def _encode_uvarint(u: int) -> bytes:
 
 def encode_varint(n: int) -> bytes:
     """Zig-zag varint of a signed 64-bit integer."""
-    if 0 <= n < _VARINT_TABLE_SIZE:
-        return _ZZ[n]
+    if 0 <= n < VARINT_TABLE_SIZE:
+        return VARINTS[n]
     return _encode_uvarint((n << 1) ^ (n >> 63))
 
 
-# _ZZ[n] is the zig-zag varint of the non-negative n: lookups replace arithmetic per record.
-_ZZ: list[bytes] = [_encode_uvarint(n << 1) for n in range(_VARINT_TABLE_SIZE)]
+# VARINTS[n] is the zig-zag varint of the non-negative n < VARINT_TABLE_SIZE: lookups replace
+# arithmetic per record (the producer's per-record path encodes with them too).
+VARINTS: list[bytes] = [_encode_uvarint(n << 1) for n in range(VARINT_TABLE_SIZE)]
 _NULL = b"\x01"  # zig-zag varint of -1
 # Prefix shared by keyless records: attributes 0, timestamp delta 0, offset delta i, key -1.
-_KEYLESS_HEAD = [b"\x00\x00" + _ZZ[i] + _NULL for i in range(_VARINT_TABLE_SIZE)]
-
-
-# Public names for the producer's per-record path, which encodes with the same tables.
-VARINTS = _ZZ  # VARINTS[n]: zig-zag varint of 0 <= n < VARINT_TABLE_SIZE
-VARINT_TABLE_SIZE = _VARINT_TABLE_SIZE
+_KEYLESS_HEAD = [b"\x00\x00" + VARINTS[i] + _NULL for i in range(VARINT_TABLE_SIZE)]
 
 
 def _zz(n: int) -> bytes:
-    return _ZZ[n] if 0 <= n < _VARINT_TABLE_SIZE else encode_varint(n)
+    return VARINTS[n] if 0 <= n < VARINT_TABLE_SIZE else encode_varint(n)
 
 
 def decode_varint(buf, pos: int) -> tuple[int, int]:
@@ -64,10 +60,10 @@ def decode_varint(buf, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-
 # --------------------------------------------------------------------------- encoding
 
 Headers = Sequence[tuple[str, bytes | None]]
+
 
 def encode_record(
     offset_delta: int,
@@ -114,21 +110,32 @@ def append_record(buf, limit, offset_delta, timestamp_delta, key, value, headers
 def encode_keyless(values: Sequence[bytes], first_delta: int = 0) -> bytes:
     """Bodies of keyless, header-less records with timestamp delta 0, concatenated: a few
     list lookups and one join per record, no per-record calls."""
-    zz, head = _ZZ, _KEYLESS_HEAD
+    zz, head = VARINTS, _KEYLESS_HEAD
     parts: list[bytes] = []
     extend = parts.extend
     for i, v in enumerate(values, first_delta):
         vlen = len(v)
-        vl = zz[vlen] if vlen < _VARINT_TABLE_SIZE else encode_varint(vlen)
+        vl = zz[vlen] if vlen < VARINT_TABLE_SIZE else encode_varint(vlen)
         h = head[i]
         body_len = len(h) + len(vl) + vlen + 1
-        extend((zz[body_len] if body_len < _VARINT_TABLE_SIZE else encode_varint(body_len), h, vl, v, b"\x00"))
+        extend(
+            (
+                zz[body_len] if body_len < VARINT_TABLE_SIZE else encode_varint(body_len),
+                h,
+                vl,
+                v,
+                b"\x00",
+            )
+        )
     return b"".join(parts)
 
 
 # --------------------------------------------------------------------------- decoding
 
-def decode_body(body: bytes, h, topic, partition, min_offset, out: list, max_offset, factory, extra) -> None:
+
+def decode_body(
+    body: bytes, h, topic, partition, min_offset, out: list, max_offset, factory, extra
+) -> None:
     """Decode the records of one batch body (header ``h``, a ``records.BatchHeader``) into
     ``out``, as ``records.decode_records`` describes.
 
@@ -204,7 +211,9 @@ def decode_body(body: bytes, h, topic, partition, min_offset, out: list, max_off
             else:
                 headers, pos = decode_headers(body, pos)
             if pos != rec_end:
-                raise CorruptRecord(f"record fields take {pos - rec_end + length} of its {length} bytes")
+                raise CorruptRecord(
+                    f"record fields take {pos - rec_end + length} of its {length} bytes"
+                )
             offset = base_offset + off_delta
             if offset < min_offset or offset >= stop:
                 continue
