@@ -24,18 +24,25 @@ async def until_woken(
 ) -> None:
     """A long poll's wait: hand one wake-up callback to every ``subscribe`` (a partition's
     ``add_waiter``, say), return when one calls it or ``timeout`` seconds passed, and take
-    it back with every ``unsubscribe``."""
-    woken = asyncio.get_running_loop().create_future()
+    it back with every ``unsubscribe``.  A cancellation of the waiting task is raised, also
+    one that arrives as it is woken.
+
+    The task awaits ``woken`` itself, not ``asyncio.wait`` over it: a wake-up resumes it on
+    the loop's next turn, where ``asyncio.wait`` takes one turn more (a tailing consumer's
+    fetch is answered that much sooner)."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
 
     def wake() -> None:
         if not woken.done():
             woken.set_result(None)
 
+    timer = loop.call_later(timeout, wake)
     for add in subscribe:
         add(wake)
     try:
-        await asyncio.wait([woken], timeout=timeout)
+        await woken
     finally:
-        woken.cancel()
+        timer.cancel()
         for remove in unsubscribe:
             remove(wake)
