@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sluice.client.subscriber import Message, _runs
+from sluice.client.subscriber import Message, Subscriber, _runs
 from sluice.protocol.records import build_batch, decode_records, encode_record
 
 
@@ -22,10 +22,31 @@ def test_runs_are_the_sorted_ranges_of_the_offsets(offsets):
 def test_messages_built_by_the_decoder():
     body = b"".join(encode_record(i, 0, b"k", b"v%d" % i, [("h", None)]) for i in range(4))
     batch = build_batch(body, 4, 1000, 1000)
-    sub = object()
-    msgs = decode_records(batch, "t", 2, 1, max_offset=3, factory=Message, extra=(3, 12.5, sub))
+    sub, session = object(), object()
+    msgs = decode_records(batch, "t", 2, 1, max_offset=3, factory=Message, extra=(3, 12.5, sub, session))
     assert [(m.offset, m.value, m.attempt, m.deadline, m.settled) for m in msgs] == [
         (1, b"v1", 3, 12.5, False), (2, b"v2", 3, 12.5, False)
     ]
-    assert msgs[0]._sub is sub and msgs[0].headers == (("h", None),) and msgs[0].key == b"k"
+    assert msgs[0]._sub is sub and msgs[0]._session is session
+    assert msgs[0].headers == (("h", None),) and msgs[0].key == b"k"
     assert repr(msgs[0]) == "<Message t-2@1 attempt=3>"
+
+
+def test_a_nack_counts_only_in_the_session_that_delivered_the_message():
+    sub = Subscriber("127.0.0.1:1", "t", "s")  # never started: settling runs in place
+    conn = object()
+    sub._serve(0, conn)
+
+    def delivered(offset: int) -> Message:
+        return Message("t", 0, offset, 0, None, b"v", (), 1, 0.0, sub, sub._sessions.get(0))
+
+    unsent, old = delivered(1), delivered(2)
+    unsent.nack(delay_ms=5)
+    assert sub._pending[0].nack_delays[5].pairs() == [(1, 2)]
+    sub._lost(0, conn)  # the connection went (a restart): both messages come again
+    assert sub._pending[0].nack_delays == {}  # the unsent nack went with its session
+    sub._serve(0, conn)  # a new session, on the same connection even
+    old.nack(delay_ms=5)  # its delivery went with the old session
+    assert sub._pending[0].nack_delays == {} and old.settled
+    delivered(2).nack(delay_ms=5)  # the new session's copy
+    assert sub._pending[0].nack_delays[5].pairs() == [(2, 3)]

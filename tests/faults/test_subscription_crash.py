@@ -143,3 +143,34 @@ async def settled_now(bs: str):
     """The descriptions if nothing is left to deliver or settle; None otherwise."""
     infos = await describe(bs, "orders", "work")
     return infos if all(i.backlog == 0 and i.in_flight == 0 and i.retrying == 0 for i in infos) else None
+
+
+@pytest.mark.parametrize("delay_ms", [0, 20])
+async def test_a_nack_of_a_delivery_from_before_a_restart_fails_no_later_one(broker_factory, delay_ms):
+    """A message the broker lost track of in a restart comes again; a nack of the copy
+    from before the restart then belongs to the delivery the broker lost, and must not
+    fail the new one, which the application may be working on (a third copy would come)."""
+    b = broker_factory().start()
+    bs = b.bootstrap
+    await make_topic(bs, "orders")
+    await produce(bs, "orders", 1)
+    cfg = SubscriptionConfig(ack_timeout_ms=120_000, backoff_initial_ms=0)
+    sub = Subscriber(bs, "orders", "work", config=cfg, request_timeout_ms=5000)
+    await sub.start()
+    try:
+        first = await sub.get(timeout=10)
+        assert first is not None and first.attempt == 1
+        b.kill()
+        b.start()
+        again = await sub.get(timeout=10)
+        assert again is not None and again.offset == first.offset
+        first.nack(delay_ms=delay_ms)  # the slow handler of the first copy gives up
+        await sub.flush()
+        more = await sub.getmany(10, timeout=1.0)
+        assert more == [], more
+        again.ack()
+        await sub.flush()
+    finally:
+        await sub.close()
+    infos = await describe(bs, "orders", "work")
+    assert all(i.confirmed == i.high_watermark and i.backlog == 0 for i in infos), infos

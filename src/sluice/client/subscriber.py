@@ -82,6 +82,7 @@ class Message(msgspec.Struct, gc=False):
     attempt: int
     deadline: float  # monotonic time the broker redelivers it unless touched
     _sub: Subscriber
+    _session: object  # the session it came in (None: none): a nack counts only in that one
     settled: bool = False
 
     def __repr__(self) -> str:
@@ -204,6 +205,7 @@ class Subscriber:
             bootstrap, request_timeout=request_timeout_ms / 1000, connect_timeout=connect_timeout_ms / 1000
         )
         self._served: dict[int, Connection] = {}  # partition -> connection delivering it
+        self._sessions: dict[int, object] = {}  # partition -> token of its current session
         self._configs: dict[int, SubscriptionConfig] = {}
         self._ordered_parts: set[int] = set()  # partitions whose subscription is ordered
         self._ready: dict[int, deque[Message]] = {}  # partition -> messages not given out
@@ -419,6 +421,13 @@ class Subscriber:
         self._arrived.set()
 
     def _nack(self, msg: Message, delay_ms: int, reason: str) -> None:
+        """A nack goes to the session of the partition that delivered the message.  One
+        whose session ended since (a lost connection, a restarted or new leader) is dropped:
+        the message comes again anyway, and sent to the next session the nack would fail
+        that session's own delivery of it, which the application may be working on."""
+        if msg._session is None or self._sessions.get(msg.partition) is not msg._session:
+            self._settled(msg.partition)
+            return
         p = self._pending_for(msg.partition)
         p.nack_delays.setdefault(delay_ms, RangeSet()).add(msg.offset, msg.offset + 1)
         if reason:
@@ -459,9 +468,10 @@ class Subscriber:
         for partition, p in pending.items():
             conn = self._served.get(partition)
             if conn is None or conn.closed:
-                # not served now (a restart, a leader change): acked and nacked ones wait for
-                # the next leader (which takes acks of what it has not delivered itself);
+                # not served now (a restart, a leader change): acked ones wait for the next
+                # leader (which takes acks of what it has not delivered itself); nacks,
                 # touches and releases concern deliveries that are gone with the connection
+                # (``_lost`` drops the nacks)
                 if p.acks or p.nack_delays:
                     p.touches, p.releases = RangeSet(), RangeSet()
                     self._pending[partition] = p
@@ -574,7 +584,7 @@ class Subscriber:
                     self._failure = exc
                 self._cluster.mark_stale(self.topic)
                 continue
-            self._served[r.partition] = conn
+            self._serve(r.partition, conn)
             if r.config is not None:
                 self._configs[r.partition] = r.config
                 if r.config.mode == "ordered":
@@ -592,10 +602,15 @@ class Subscriber:
 
     def _lost(self, partition: int, conn: Connection | None) -> None:
         """``partition`` is no longer delivered on ``conn``: what it prefetched will be
-        redelivered by the leader, so it is dropped here; subscribe again."""
+        redelivered by the leader, so it is dropped here, with the nacks not sent yet;
+        subscribe again."""
         if conn is not None and self._served.get(partition) is not conn:
             return
         self._served.pop(partition, None)
+        self._sessions.pop(partition, None)
+        pending = self._pending.get(partition)
+        if pending is not None:  # nacks not sent yet: of deliveries that end here (see _nack)
+            pending.nack_delays.clear()
         ready = self._ready.get(partition)
         if ready:
             for msg in ready:
@@ -604,13 +619,19 @@ class Subscriber:
         self._given.pop(partition, None)
         self._changed.set()
 
+    def _serve(self, partition: int, conn: Connection) -> None:
+        """``conn`` delivers ``partition``: a new session of it unless it already did."""
+        if self._served.get(partition) is not conn:
+            self._served[partition] = conn
+            self._sessions[partition] = object()
+
     def _on_push(self, conn: Connection, key: int, _version: int, push, attachments) -> None:
         if key == m.Push.DELIVER and push.topic == self.topic and push.subscription == self.subscription:
             if push.partition not in self._served and not conn.closed:
                 # a leader delivers as soon as a partition is attached, maybe before its
                 # SUBSCRIBE answer (other partitions still loading): the acks go back here
-                self._served[push.partition] = conn
-            self._deliver(push, attachments)
+                self._serve(push.partition, conn)
+            self._deliver(conn, push, attachments)
         elif key == m.Push.SUBSCRIPTION_ENDED and push.topic == self.topic and push.subscription == self.subscription:
             exc = errors.error_for_code(push.error, push.message)
             if isinstance(exc, errors.UnknownSubscription) or not exc.retriable:
@@ -618,12 +639,13 @@ class Subscriber:
                 self._arrived.set()
             self._lost(push.partition, None)
 
-    def _deliver(self, push: m.Deliver, attachments) -> None:
+    def _deliver(self, conn: Connection, push: m.Deliver, attachments) -> None:
         if self._closed:
             return
         partition = push.partition
         ready = self._ready.setdefault(partition, deque())
         deadline = time.monotonic() + max(0.0, push.ack_deadline_ms / 1000 - time.time())
+        session = self._sessions.get(partition) if self._served.get(partition) is conn else None
         pos = 0
         for d in push.deliveries:
             data = attachments[pos:pos + d.size]
@@ -631,7 +653,7 @@ class Subscriber:
             lo, hi = (d.want[0][0], d.want[-1][1]) if d.want else (0, 0)
             try:
                 msgs = decode_records(
-                    data, self.topic, partition, lo, max_offset=hi, factory=Message, extra=(d.attempt, deadline, self),
+                    data, self.topic, partition, lo, max_offset=hi, factory=Message, extra=(d.attempt, deadline, self, session),
                 )
             except errors.SluiceError as exc:  # a corrupt batch: nack it, it comes again
                 log.warning("undecodable delivery of %s-%d at %d: %s", self.topic, partition, d.base_offset, exc)
