@@ -410,8 +410,8 @@ class Subscriber:
         self._pending_count += 1
         if self._pending_count >= self._flush_at:
             self._flush_now.set()
-        if partition in self._ordered_parts:
-            self._settled(partition)
+        if partition in self._ordered_parts and msg._session in (None, self._sessions.get(partition)):
+            self._settled(partition)  # (a message of an ended session holds no place)
 
     def _settled(self, partition: int) -> None:
         """A message of an ordered partition was settled: its next one may go out."""
@@ -426,7 +426,6 @@ class Subscriber:
         the message comes again anyway, and sent to the next session the nack would fail
         that session's own delivery of it, which the application may be working on."""
         if msg._session is None or self._sessions.get(msg.partition) is not msg._session:
-            self._settled(msg.partition)
             return
         p = self._pending_for(msg.partition)
         p.nack_delays.setdefault(delay_ms, RangeSet()).add(msg.offset, msg.offset + 1)
