@@ -21,15 +21,19 @@ Sluice installed (``PYSPARK_PYTHON``).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
@@ -50,13 +54,37 @@ def session(
 
     Executors run this Python unless ``PYSPARK_PYTHON`` says otherwise.  The ``sluice``
     data source needs no registering: PySpark finds it (module ``pyspark_sluice``).
+
+    A session that starts Spark gives it one scratch directory (under ``TMPDIR``), removed
+    when this process exits: Spark's local files (shuffle blocks, the native libraries it
+    unpacks, its own temporary directories) would otherwise stay in ``/tmp`` after every
+    run.  ``spark.local.dir`` or a ``java.io.tmpdir`` in ``spark.driver.extraJavaOptions``
+    in ``conf`` turns that off.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     defaults = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
-    for key, value in {**defaults, **(conf or {})}.items():
+    settings = {**defaults, **(conf or {})}
+    if SparkContext._active_spark_context is None:  # Spark not started yet: ours to place
+        settings = _with_scratch_dir(settings)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _with_scratch_dir(settings: dict[str, str]) -> dict[str, str]:
+    """``settings`` with Spark's local and Java temporary files in a fresh directory that
+    is removed at exit (unchanged when they place those files themselves)."""
+    java_options = settings.get("spark.driver.extraJavaOptions", "")
+    if "spark.local.dir" in settings or "-Djava.io.tmpdir=" in java_options:
+        return settings
+    scratch = tempfile.mkdtemp(prefix="sluice-spark-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return {
+        **settings,
+        "spark.local.dir": scratch,
+        "spark.driver.extraJavaOptions": f"{java_options} -Djava.io.tmpdir={scratch}".strip(),
+    }
 
 
 def archive_frame(messages: DataFrame) -> DataFrame:
