@@ -55,17 +55,18 @@ def session(
     Executors run this Python unless ``PYSPARK_PYTHON`` says otherwise.  The ``sluice``
     data source needs no registering: PySpark finds it (module ``pyspark_sluice``).
 
-    A session that starts Spark gives it one scratch directory (under ``TMPDIR``), removed
-    when this process exits: Spark's local files (shuffle blocks, the native libraries it
-    unpacks, its own temporary directories) would otherwise stay in ``/tmp`` after every
-    run.  ``spark.local.dir`` or a ``java.io.tmpdir`` in ``spark.driver.extraJavaOptions``
-    in ``conf`` turns that off.
+    A session that starts a local Spark (``local…`` master) gives it one scratch directory
+    (under ``TMPDIR``), removed when this process exits: Spark's local files (shuffle
+    blocks, the native libraries it unpacks, its own temporary directories) would
+    otherwise stay in ``/tmp`` whenever its JVM does not finish its shutdown hook (killed,
+    or its process group ended).  ``spark.local.dir`` or a ``java.io.tmpdir`` in
+    ``spark.driver.extraJavaOptions`` in ``conf`` turns that off.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     defaults = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
     settings = {**defaults, **(conf or {})}
-    if SparkContext._active_spark_context is None:  # Spark not started yet: ours to place
+    if master.startswith("local") and SparkContext._active_spark_context is None:
         settings = _with_scratch_dir(settings)
     for key, value in settings.items():
         builder = builder.config(key, value)
