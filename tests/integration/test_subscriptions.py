@@ -344,6 +344,72 @@ async def test_ordered_mode_keeps_order_under_nacks(broker):
     await settled(bs, "orders", "work")
 
 
+@pytest.mark.parametrize("chunk", [10, 1], ids=["one-batch", "a-batch-each"])
+async def test_ordered_mode_a_nack_counts_for_the_nacked_message_only(broker, chunk):
+    """Offsets 2 and 3 fail once each, max_attempts=2: each is redelivered once and then
+    acked; the messages behind a nacked one come after its redelivery, at their first
+    attempt, whether they share its stored batch or not; nothing is dead-lettered."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    await produce(bs, "orders", 10, chunk=chunk)
+    # a backoff: the messages behind a nacked one must wait for its redelivery, not pass it
+    cfg = SubscriptionConfig(mode="ordered", max_attempts=2, ack_timeout_ms=NEVER_MS, backoff_initial_ms=300)
+    log = []
+    async with Subscriber(bs, "orders", "work", config=cfg) as sub:
+        while len(log) < 12:
+            [msg] = await take(sub, 1)
+            log.append((msg.offset, msg.attempt))
+            if msg.offset in (2, 3) and msg.attempt == 1:
+                msg.nack()
+            else:
+                msg.ack()
+        await nothing_more(sub, 0.3)
+    assert log == [(0, 1), (1, 1), (2, 1), (2, 2), (3, 1), (3, 2), *((o, 1) for o in range(4, 10))]
+    [info] = await settled(bs, "orders", "work")
+    assert info.dead_lettered == 0
+
+
+async def test_prefetch_bounds_the_messages_out_inside_a_large_batch(broker):
+    """2000 messages in one stored batch, prefetch 10: never more than 10 out to the
+    consumer, new or redelivered (a consumer that closed with 999 unsettled hands them
+    back as one retry); each comes once, at its first attempt."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    await produce(bs, "orders", 2000, chunk=2000)
+    async with Admin(bs) as admin:
+        await admin.create_subscription("orders", "work", SubscriptionConfig(ack_timeout_ms=NEVER_MS))
+    first = Subscriber(bs, "orders", "work", prefetch=1000, create=False)
+    async with first:
+        [msg] = await take(first, 1)
+        await wait_for(lambda: _in_flight(bs, 1000), "1000 messages out to the first consumer")
+        msg.ack()
+    # closed with 999 unsettled that the application did not take: handed back as one
+    # retry, redelivered at once, the attempt not counted
+    got = []
+    sub = Subscriber(bs, "orders", "work", prefetch=10, create=False)
+    async with sub, Admin(bs) as admin:
+        [held] = await take(sub, 1)
+        got.append((held.offset, held.attempt))
+        await asyncio.sleep(0.3)  # a whole batch would be out by now
+        [info] = await admin.describe_subscription("orders", "work")
+        assert info.in_flight == 10, info
+        held.ack()
+        while len(got) < 1999:
+            for msg in await sub.getmany(100, timeout=5):
+                got.append((msg.offset, msg.attempt))
+                msg.ack()
+            [info] = await admin.describe_subscription("orders", "work")
+            assert info.in_flight <= 10, info
+    assert sorted(got) == [(o, 1) for o in range(1, 2000)]
+    await settled(bs, "orders", "work")
+
+
+async def _in_flight(bs: str, n: int) -> bool:
+    [info] = await describe(bs, "orders", "work")
+    assert info.in_flight <= n, info
+    return info.in_flight == n
+
+
 # --------------------------------------------------------------------------- seek
 
 

@@ -9,11 +9,15 @@ what only the leader keeps in memory —
 - units in flight: a unit is one stored batch delivered to one consumer with the offsets of
   it that delivery wants settled, an attempt number and an ack deadline.  The broker never
   decodes records to deliver them: it sends batch bytes and offset ranges, and the client
-  picks the records out.  Units live at most as long as their consumer's credit allows;
-  their deadlines are a heap, checked by the pump (no timer per message);
+  picks the records out.  A unit wants no more offsets than its consumer has credit for
+  (``prefetch``): a larger batch goes out in parts.  Deadlines are a heap, checked by the
+  pump (no timer per message);
 - retries: offset ranges waiting for their redelivery time (a nack, a deadline passed, a
   consumer gone), each with the attempt that failed.  After ``max_attempts`` deliveries
   a range is dead-lettered (broker/subscriptions.py writes the copies) and then acked.
+  Ordered mode has one unit out at a time; a failure counts for the failed message only
+  (the ones behind it were never handed to the application), the retry at the lowest
+  offset goes first, and nothing new is read while any retry waits.
 
 Batches no reader sees (half messages, control batches — the subscription records among
 them) are settled as they are read, so ``confirmed`` passes them.
@@ -57,6 +61,21 @@ MAX_ACKED_RANGES = 10_000
 MAX_WAITING = 100_000  # key-ordered: messages held behind their keys before reading stops
 MAX_RETRIES = 100_000  # pending redeliveries before reading stops
 DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
+
+
+def _first_offset(r: Retry) -> int:
+    return r.ranges[0][0]
+
+
+def first(pairs: Pairs, n: int) -> Pairs:
+    """The first ``n`` offsets of ``pairs`` (sorted, disjoint)."""
+    out = []
+    for a, b in pairs:
+        if n <= 0:
+            break
+        out.append((a, min(b, a + n)))
+        n -= out[-1][1] - a
+    return out
 
 
 class Cursor:
@@ -285,7 +304,7 @@ class SubscriptionPartition:
         now = time.monotonic()
         for unit in [u for units in self._units.values() for u in units if u.session is session]:
             self._drop(unit)
-            self._retry(unit.want.pairs(), unit.attempt, now, "consumer disconnected")
+            self._requeue(unit.want.pairs(), unit.attempt, now, "consumer disconnected")
         self.wake()
 
     def seek(self, offset: int) -> None:
@@ -341,14 +360,15 @@ class SubscriptionPartition:
                     taken = self._take(unit, a, b)
                     if not taken:
                         continue
-                    attempt = unit.attempt if counted else unit.attempt - 1
+                    reason = req.reason or ("nacked" if counted else "released")
                     if not counted:
-                        due = now
-                    elif delay >= 0:
+                        self._retry(taken, unit.attempt - 1, now, reason)
+                        continue
+                    if delay >= 0:
                         due = now + delay / 1000
                     else:
                         due = now + self.config.backoff_ms(unit.attempt) / 1000
-                    self._retry(taken, attempt, due, req.reason or ("nacked" if counted else "released"))
+                    self._requeue(taken, unit.attempt, due, reason, failed=(a, b))
         for a, b in req.touches:
             for unit in self._overlapping(a, b):
                 unit.deadline = now + self.config.ack_timeout_ms / 1000
@@ -397,6 +417,23 @@ class SubscriptionPartition:
             del self._units[unit.base]
             del self._bases[bisect_left(self._bases, unit.base)]
 
+    def _requeue(
+        self, ranges: Pairs, attempt: int, due: float, reason: str, failed: tuple[int, int] | None = None
+    ) -> None:
+        """Retry ``ranges`` of a delivery that failed at ``attempt`` (counted).  In ordered
+        mode only the failed message counts (``failed``, else the first one): the client
+        gives a partition's messages out one at a time, so the application never saw the
+        ones behind it, and they wait for its redelivery uncounted."""
+        if self.config.mode != "ordered" or not ranges:
+            self._retry(ranges, attempt, due, reason)
+            return
+        a, b = failed or (ranges[0][0], ranges[0][0] + 1)
+        rest = RangeSet(ranges)
+        counted = rest.overlap(a, b)
+        rest.remove(a, b)
+        self._retry(counted, attempt, due, reason)
+        self._retry(rest.pairs(), attempt - 1, due, reason)
+
     def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
         if ranges:
             heapq.heappush(self._retries, Retry(due, next(self._seq), list(ranges), attempt, reason))
@@ -417,7 +454,7 @@ class SubscriptionPartition:
             n = unit.want.count()
             unit.session.credit_freed(n)
             due = now + self.config.backoff_ms(unit.attempt) / 1000
-            self._retry(unit.want.pairs(), unit.attempt, due, "ack timeout")
+            self._requeue(unit.want.pairs(), unit.attempt, due, "ack timeout")
 
     # ------------------------------------------------------------------ delivering
 
@@ -440,7 +477,10 @@ class SubscriptionPartition:
                 log.exception("delivering %s on %s-%d failed; retrying", self.name, part.topic, part.index)
                 await asyncio.sleep(0.5)
                 continue
-            wake_at = [e[0] for e in self._deadlines[:1]] + [r.due for r in self._retries[:1]]
+            # a retry due already waits for credit or for the one out before it (ordered):
+            # a settle, freed credit or a new consumer wakes this, not a timer
+            nxt = self._next_retry()
+            wake_at = [e[0] for e in self._deadlines[:1]] + ([nxt.due] if nxt and nxt.due > now else [])
             timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
             if self.next_read >= part.high_watermark:
                 part.add_waiter(self._wake.set)
@@ -477,20 +517,39 @@ class SubscriptionPartition:
         return None
 
     def _ordered_busy(self) -> bool:
-        return self.config.mode == "ordered" and bool(self._units)
+        """Ordered mode: a message is out (in flight, or being dead-lettered): nothing
+        behind it goes until it is settled."""
+        return self.config.mode == "ordered" and (bool(self._units) or self._dead_lettering > 0)
+
+    def _next_retry(self) -> Retry | None:
+        """The retry to deliver next: the first due; in ordered mode the one at the lowest
+        offset (it goes first, whenever it is due)."""
+        if not self._retries:
+            return None
+        if self.config.mode == "ordered":
+            return min(self._retries, key=_first_offset)
+        return self._retries[0]
+
+    def _pop_retry(self, r: Retry) -> None:
+        retries = self._retries
+        if retries[0] is r:
+            heapq.heappop(retries)
+        else:
+            retries.remove(r)
+            heapq.heapify(retries)
 
     async def _deliver_retries(self, now: float) -> None:
-        retries = self._retries
-        while retries and retries[0].due <= now and not self.closed:
-            r = retries[0]
+        while not self.closed and (r := self._next_retry()) is not None:
             ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
             if not ranges:
-                heapq.heappop(retries)
+                self._pop_retry(r)
                 for a, b in r.ranges:  # settled meanwhile (seek, retention): their keys go on
                     self._release_keys(a, b)
                 continue
+            if r.due > now:
+                return
             if self.config.max_attempts and r.attempt >= self.config.max_attempts:
-                heapq.heappop(retries)
+                self._pop_retry(r)
                 self._dead_letter(ranges, r)
                 continue
             if self._ordered_busy():
@@ -498,15 +557,17 @@ class SubscriptionPartition:
             session = self._ready_session()
             if session is None:
                 return
-            heapq.heappop(retries)
-            await self._deliver_ranges(session, ranges, r.attempt + 1)
+            self._pop_retry(r)
+            await self._deliver_ranges(session, ranges, r.attempt + 1, r.reason)
 
-    async def _deliver_ranges(self, session: Session, ranges: Pairs, attempt: int) -> None:
-        """Deliver the stored batches holding ``ranges`` to ``session``."""
+    async def _deliver_ranges(self, session: Session, ranges: Pairs, attempt: int, reason: str) -> None:
+        """Deliver the stored batches holding ``ranges`` to ``session``, as many messages as
+        its credit takes; the rest wait as a retry due now, their attempt not counted."""
         pending = RangeSet(ranges)
         deliveries, attachments = [], []
         seeks = self._seeks
-        while pending:
+        credit = session.prefetch - session.outstanding
+        while pending and credit > 0:
             start = pending.starts[0]
             if start < self.part.log_start_offset:
                 self._expire_below(self.part.log_start_offset)
@@ -519,16 +580,21 @@ class SubscriptionPartition:
             for h, pos in iter_batches(data, check_crc=False):
                 if h.next_offset <= start:
                     continue
-                want = RangeSet(pending.overlap(h.base_offset, h.next_offset))
-                pending.remove(h.base_offset, h.next_offset)
+                if credit <= 0:
+                    break
+                want = RangeSet(first(pending.overlap(h.base_offset, h.next_offset), credit))
+                pending.remove(h.base_offset, want.ends[-1] if want else h.next_offset)
                 moved = True
                 if want:
+                    credit -= want.count()
                     mv = memoryview(data)[pos:pos + h.size]
                     self._hand_out(session, h.base_offset, h.next_offset, mv, want, attempt, deliveries, attachments)
             if not moved:
                 break
         self._push(session, deliveries, attachments)
-        if pending:  # not readable now (a new leader below its high watermark): later
+        if pending and credit <= 0:  # the rest when there is credit again
+            self._retry(pending.pairs(), attempt - 1, time.monotonic(), reason)
+        elif pending:  # not readable now (a new leader below its high watermark): later
             self._retry(pending.pairs(), attempt - 1, time.monotonic() + DEAD_LETTER_RETRY_S, "not readable")
 
     async def _deliver_new(self) -> None:
@@ -536,7 +602,9 @@ class SubscriptionPartition:
         reader sees are settled as they pass, with or without a consumer (not written
         down on their own: a reload skips them again)."""
         part = self.part
-        while not self.closed and not self._ordered_busy() and not self.stalled:
+        ordered = self.config.mode == "ordered"
+        # ordered: a message waiting for its redelivery goes before anything new
+        while not self.closed and not self._ordered_busy() and not (ordered and self._retries) and not self.stalled:
             hw = part.high_watermark
             if self.next_read < part.log_start_offset:
                 self._expire_below(part.log_start_offset)
@@ -571,11 +639,13 @@ class SubscriptionPartition:
                     if session is None or not session.ready:
                         out_of_credit = True
                         break
-                    self.next_read = hi
-                    want = self._select(data, h, pos, lo, hi)
+                    want, self.next_read = self._select(data, h, pos, lo, hi, session.prefetch - session.outstanding)
                     if want:
                         mv = memoryview(data)[pos:pos + h.size]
                         self._hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
+                    if self.next_read < hi:  # the consumer's credit ended inside the batch
+                        out_of_credit = True
+                        break
                 if self._restored:  # read past: those come as redeliveries only
                     self._restored.pop_below(self.next_read)
             finally:
@@ -587,10 +657,11 @@ class SubscriptionPartition:
             # ran, say, from another partition's deliveries), and only its own credit
             # coming back would have woken this pump
 
-    def _select(self, data, h, pos: int, lo: int, hi: int) -> RangeSet:
-        """The offsets of the batch to deliver now.  Only with a tag filter or in
-        key-ordered mode are its records decoded: filtered ones are settled, and a key's
-        messages behind one already out wait for it (``_release_keys``)."""
+    def _select(self, data, h, pos: int, lo: int, hi: int, limit: int) -> tuple[RangeSet, int]:
+        """The offsets of the batch from ``lo`` to deliver now, at most ``limit``, and the
+        offset to read on from (``hi`` unless the limit cut the batch).  Only with a tag
+        filter or in key-ordered mode are its records decoded: filtered ones are settled,
+        and a key's messages behind one already out wait for it (``_release_keys``)."""
         want = RangeSet(self.cursor.unsettled(lo, hi))
         restored = RangeSet()  # waiting for their redelivery, with their attempt counts
         if self._restored:
@@ -601,11 +672,20 @@ class SubscriptionPartition:
         cfg = self.config
         keyed = cfg.mode == "key-ordered"
         if not (want or (keyed and restored)) or not (cfg.tags or keyed):
-            return want
+            taken = first(want.pairs(), limit)
+            return RangeSet(taken), (taken[-1][1] if want.count() > limit else hi)
         chosen = RangeSet()
+        chosen_n = 0
+        stop = hi
         tags = set(cfg.tags)
         for r in decode_batch(data, h, pos, self.part.topic, self.part.index):
             o = r.offset
+            if o < lo:
+                continue
+            if chosen_n == limit:
+                stop = o
+                want.remove(o, hi)
+                break
             if keyed and o in restored and r.key not in self._keys:
                 # a retry from before a restart: its key waits for it again (the key's
                 # messages before it were settled, or it would not be first)
@@ -624,11 +704,12 @@ class SubscriptionPartition:
                 self._keys[r.key] = deque()
                 self._key_of[o] = r.key
             chosen.add(o, o + 1)
+            chosen_n += 1
         for a, b in want.pairs():  # filtered out (or compacted away): settled
             for x, y in chosen.missing(a, b):
                 if self.cursor.ack(x, y):
                     self._dirty()
-        return chosen
+        return chosen, stop
 
     def _release_keys(self, a: int, b: int) -> None:
         """Offsets in ``[a, b)`` were settled: their keys' next messages go out."""
