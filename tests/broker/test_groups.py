@@ -16,7 +16,7 @@ from sluice.config import ServerConfig
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
 from sluice.protocol.group_records import Committed, OffsetKey, decode_offset_record
-from sluice.protocol.records import decode_records
+from sluice.protocol.records import build_batch, decode_records, validate_batches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,6 +109,10 @@ async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
     resp, _ = await broker.produce(req, memoryview(data))
     assert resp.partitions[0].error == errors.InvalidRequest.code
     assert resp.partitions[0].message == "topic __groups is internal: written by brokers only"
+    # nor with the flag brokers set on the produce requests they send each other
+    req = m.ProduceRequest(partitions=req.partitions, internal=True)
+    resp, _ = await broker.produce(req, memoryview(data))
+    assert resp.partitions[0].message == "topic __groups is internal: written by brokers only"
     deleted, _ = await broker.delete_topics(m.DeleteTopicsRequest(names=[GROUPS_TOPIC]), ())
     grown, _ = await broker.create_partitions(
         m.CreatePartitionsRequest(topics=[m.PartitionsIncrease(name=GROUPS_TOPIC, total=20)]), ()
@@ -140,3 +144,18 @@ async def test_old_group_files_are_migrated_once(open_broker, tmp_path):
     assert again.groups.existing("billing")[("orders", 0)].offset == 9
     assert sorted(p.name for p in moved.iterdir()) == ["billing.json", "broken.json.bad"]
     assert not (tmp_path / "data" / "groups").exists()
+
+
+async def test_an_unreadable_batch_of_groups_is_skipped_at_load_not_fatal(open_broker):
+    """A batch of ``__groups`` whose records cannot be decoded (a sound header and CRC over
+    garbage) is logged and skipped when the partition loads: the broker starts, and the
+    commits before and after it are there."""
+    broker = await open_broker(groups_partitions=1)
+    await create(broker, "t", 2)
+    assert (await commit(broker, "g", {("t", 0): 3}))[0].error == 0
+    part = broker.partition(GROUPS_TOPIC, 0)
+    garbage = build_batch(b"\xff" * 50, 1, 0, 0)
+    await part.append(bytearray(garbage), validate_batches(garbage, 1 << 20), False)
+    assert (await commit(broker, "g", {("t", 1): 4}))[0].error == 0
+    broker = await open_broker(groups_partitions=1)  # a restart loads the partition again
+    assert await fetched(broker, "g") == {("t", 0): 3, ("t", 1): 4}

@@ -102,15 +102,25 @@ def read_partition_blocking(part: Partition, end: int) -> tuple[dict[str, Offset
         data = plog.read(offset, LOAD_READ_BYTES, end).data
         if not data:
             break
-        for rec in decode_records(data, part.topic, part.index, offset):
+        view = memoryview(data)
+        for h, pos in iter_batches(data, check_crc=False):
             try:
-                entry = decode_offset_record(rec)
-            except CorruptRecord as exc:
-                bad += 1
-                log.error("skipped record %d of %s-%d: %s", rec.offset, part.topic, part.index, exc)
+                records = decode_records(view[pos : pos + h.size], part.topic, part.index, offset, False)
+            except CorruptRecord as exc:  # a whole batch unreadable: the rest still loads
+                bad += h.records_count
+                log.error(
+                    "skipped batch %d-%d of %s-%d: %s", h.base_offset, h.next_offset - 1, part.topic, part.index, exc,
+                )
                 continue
-            if entry is not None:
-                cache.apply(entry.key, entry.value)
+            for rec in records:
+                try:
+                    entry = decode_offset_record(rec)
+                except CorruptRecord as exc:
+                    bad += 1
+                    log.error("skipped record %d of %s-%d: %s", rec.offset, part.topic, part.index, exc)
+                    continue
+                if entry is not None:
+                    cache.apply(entry.key, entry.value)
         offset = _next_offset(data)
     return cache.groups, bad
 

@@ -20,6 +20,13 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol.records import BatchTooLarge, validate_batches
+from sluice.protocol.transactions import DISCARD_TOPIC
+
+# The internal topics brokers write with a produce request flagged ``internal`` (the
+# audit copies of discarded half messages).  Every other internal topic is written by its
+# leader's own code only, and rebuilt from at startup, so no request may write it: a
+# produce cannot tell a broker from a client.
+PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
 
 # ids handed out by brokers stay below this; ids from it up are the callers' own (a Spark
 # sink derives its tasks' identities), so the two never meet
@@ -67,7 +74,7 @@ class ProduceHandler:
             pos += p.size
             try:
                 part = self.partition(p.topic, p.partition)
-                if self.topics[p.topic].internal and not req.internal:
+                if self.topics[p.topic].internal and not (req.internal and p.topic in PRODUCED_INTERNAL):
                     raise InvalidRequest(f"topic {p.topic} is internal: written by brokers only")
                 max_bytes = part.config.max_message_bytes
                 try:
