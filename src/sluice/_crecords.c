@@ -335,6 +335,132 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(check_body_doc,
+"check_body(body, count)\n\n"
+"Check, without building a record, that an uncompressed batch body holds exactly\n"
+"``count`` well-formed records whose offset deltas are 0, 1, ... ``count`` - 1 and whose\n"
+"header keys are UTF-8: what a consumer's decode_body would refuse, the broker refuses\n"
+"before storing.  Raises CorruptRecord.");
+
+/* A varint of the record being checked, bounded by its end ``lim``. */
+#define CHECK_VARINT(var)                                                       \
+    do {                                                                        \
+        int st_ = read_varint(p, lim, &pos, &(var));                            \
+        if (st_ == -1)                                                          \
+            goto truncated;                                                     \
+        if (st_ == -2) {                                                        \
+            corrupt("varint overflows 64 bits");                                \
+            goto fail;                                                          \
+        }                                                                       \
+    } while (0)
+
+/* Skip a key's or value's bytes: -1 (None) only in its one-byte form, as read_nullable. */
+#define SKIP_NULLABLE(what)                                                     \
+    do {                                                                        \
+        if (pos < lim && p[pos] == 1) {                                         \
+            pos += 1;                                                           \
+            break;                                                              \
+        }                                                                       \
+        int64_t len_;                                                           \
+        CHECK_VARINT(len_);                                                     \
+        if (len_ < 0) {                                                         \
+            corrupt("bad %s length %lld", what, (long long)len_);               \
+            goto fail;                                                          \
+        }                                                                       \
+        if (len_ > lim - pos)                                                   \
+            goto truncated;                                                     \
+        pos += (Py_ssize_t)len_;                                                \
+    } while (0)
+
+static PyObject *
+check_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "check_body takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = (const uint8_t *)view.buf;
+    Py_ssize_t pos = 0, end = view.len, lim = end;
+    int64_t length, ts_delta, off_delta, hcount, klen, vlen;
+
+    for (Py_ssize_t n = 0; n < count; n++) {
+        lim = end;
+        CHECK_VARINT(length);
+        if (length < 0 || length > end - pos) {
+            corrupt("record length runs past its batch");
+            goto fail;
+        }
+        lim = pos + (Py_ssize_t)length; /* every field inside the record */
+        if (pos >= lim)
+            goto truncated;
+        pos += 1; /* attributes */
+        CHECK_VARINT(ts_delta);
+        CHECK_VARINT(off_delta);
+        if (off_delta != n) {
+            corrupt("record %zd of a batch has offset delta %lld", n, (long long)off_delta);
+            goto fail;
+        }
+        SKIP_NULLABLE("key");
+        SKIP_NULLABLE("value");
+        CHECK_VARINT(hcount);
+        if (hcount < 0 || hcount > lim - pos) {
+            corrupt("bad header count %lld", (long long)hcount);
+            goto fail;
+        }
+        for (int64_t i = 0; i < hcount; i++) {
+            CHECK_VARINT(klen);
+            if (klen < 0) {
+                corrupt("null header key");
+                goto fail;
+            }
+            if (klen > lim - pos)
+                goto truncated;
+            for (Py_ssize_t j = pos; j < pos + (Py_ssize_t)klen; j++) {
+                if (p[j] >= 0x80) { /* not ASCII: let the decoder judge */
+                    PyObject *key = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)klen, NULL);
+                    if (key == NULL) {
+                        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                            PyErr_Clear();
+                            corrupt("header key is not UTF-8");
+                        }
+                        goto fail;
+                    }
+                    Py_DECREF(key);
+                    break;
+                }
+            }
+            pos += (Py_ssize_t)klen;
+            CHECK_VARINT(vlen);
+            if (vlen > lim - pos)
+                goto truncated;
+            if (vlen > 0)
+                pos += (Py_ssize_t)vlen;
+        }
+        if (pos != lim) {
+            corrupt("record fields take %zd of its %lld bytes", pos - lim + (Py_ssize_t)length, (long long)length);
+            goto fail;
+        }
+    }
+    if (pos != end) {
+        corrupt("%zd stray bytes after the last record of a batch", end - pos);
+        goto fail;
+    }
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+
+truncated:
+    corrupt("record runs past its batch");
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------ encoding */
 
 static inline Py_ssize_t
@@ -696,6 +822,7 @@ init(PyObject *self, PyObject *exc)
 
 static PyMethodDef methods[] = {
     {"decode_body", (PyCFunction)(void (*)(void))decode_body, METH_FASTCALL, decode_body_doc},
+    {"check_body", (PyCFunction)(void (*)(void))check_body, METH_FASTCALL, check_body_doc},
     {"encode_keyless", (PyCFunction)(void (*)(void))encode_keyless, METH_FASTCALL, encode_keyless_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL, encode_record_doc},
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL, append_record_doc},
@@ -711,7 +838,7 @@ static struct PyModuleDef module = {
 /* Raised whenever a function's arguments or results change: records.py uses a build
  * only if it says the version records.py expects (an old build left in place by an
  * editable install falls back to pure Python instead of failing). */
-#define ABI_VERSION 10
+#define ABI_VERSION 11
 
 PyMODINIT_FUNC
 PyInit__crecords(void)

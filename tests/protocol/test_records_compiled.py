@@ -230,3 +230,66 @@ def test_append_record_byte_for_byte(recs, room):
 def test_append_record_needs_a_bytearray():
     with pytest.raises(TypeError):
         crecords.append_record(b"bytes", 100, 0, 0, None, b"v", None)
+
+
+# --------------------------------------------------------------------------- check_body
+
+
+def check_verdicts(body: bytes, count: int) -> list:
+    """``records.check_body``'s verdict (None or CorruptRecord), compiled and reference."""
+    out = []
+    for codec in (records._C, None):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(records, "_C", codec)
+            try:
+                records.check_body(body, count)
+                out.append(None)
+            except CorruptRecord:
+                out.append(CorruptRecord)
+    return out
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=st.lists(record_st, min_size=1, max_size=8))
+def test_check_body_accepts_what_producers_write(recs):
+    body = b"".join(encode_record(i, td, k, v, h) for i, (k, v, h, td, _) in enumerate(recs))
+    assert check_verdicts(body, len(recs)) == [None, None]
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(mutations())
+def test_check_body_same_verdict_as_the_reference(case):
+    (body, count), edits, count_change = case
+    compiled, reference = check_verdicts(apply(body, edits), max(0, count + count_change))
+    assert compiled == reference
+
+
+def test_check_body_refuses_offset_deltas_out_of_sequence():
+    body = b"".join(encode_record(d, 0, None, b"v", []) for d in (0, 2))
+    assert check_verdicts(body, 2) == [CorruptRecord, CorruptRecord]
+
+
+@pytest.mark.parametrize("codec", [records.NO_COMPRESSION, records.LZ4, records.ZSTD])
+def test_validate_batches_refuses_records_a_consumer_could_not_read(codec):
+    good = b"".join(encode_record(i, 0, None, b"v%d" % i, []) for i in range(3))
+    assert len(records.validate_batches(build_batch(good, 3, 0, 0, codec), 1 << 20)) == 1
+    for body, count in [
+        (b"\xff" * 50, 1),  # garbage behind a sound header and CRC
+        (good, 4),  # fewer records than the header counts
+        (good + b"\x00", 3),  # bytes after the last record
+        (b"".join(encode_record(d, 0, None, b"v", []) for d in (0, 5, 6)), 3),  # offsets 0, 5, 6
+    ]:
+        with pytest.raises(CorruptRecord):
+            records.validate_batches(build_batch(body, count, 0, 0, codec), 1 << 20)
+
+
+@pytest.mark.parametrize("codec", [records.LZ4, records.ZSTD])
+def test_validate_batches_refuses_a_compressed_batch_that_grows_past_the_limit(codec):
+    batch = build_batch(bytes(records.MAX_DECOMPRESSED_BYTES + 1), 1, 0, 0, codec)
+    assert len(batch) < 1 << 20  # within max.message.bytes
+    with pytest.raises(CorruptRecord, match="decompresses to more than"):
+        records.validate_batches(batch, 1 << 20)
+    truncated = build_batch(records.compress(codec, b"x" * 1000)[:-5], 1, 0, 0)
+    truncated = truncated[:21] + bytes([codec]) + truncated[22:]  # the header names the codec
+    with pytest.raises(CorruptRecord):
+        records.validate_batches(truncated, 1 << 20)

@@ -95,7 +95,7 @@ _PRODUCER = struct.Struct(">qhi")
 crc32c = _crc32c.crc32c
 
 
-_ABI_VERSION = 10  # the version of sluice._crecords this module calls (see _crecords.c)
+_ABI_VERSION = 11  # the version of sluice._crecords this module calls (see _crecords.c)
 
 
 def _compiled():
@@ -204,16 +204,22 @@ def batch_attributes(buf, pos: int = 0) -> int:
     return _H16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)[0]
 
 
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024  # a compressed batch that grows past this is refused
+
+
 def validate_batches(buf, max_batch_bytes: int, broker: bool = False) -> list[BatchSpan]:
     """Check a producer's concatenated batches; return one span per batch.
 
     Transactional (half message) batches are accepted; control and commit batches are
     refused unless ``broker`` (a broker's own write): only brokers write those.
 
-    Per-batch work only: header fields and one C-speed CRC over the batch.  Raises
-    ``CorruptRecord`` (bad framing, magic, CRC, counts, codec) or ``ValueError`` carrying the
-    offending size when a batch exceeds ``max_batch_bytes`` (the caller maps it to
-    ``MessageTooLarge``).  An empty buffer is corrupt: a produce carries at least one batch.
+    No Python work per record: header fields, one C-speed CRC over the batch, and the
+    records' framing checked in C (``check_body``: what a consumer could not decode is
+    never stored); a compressed batch is decompressed for that, up to
+    ``MAX_DECOMPRESSED_BYTES``.  Raises ``CorruptRecord`` (bad framing, magic, CRC, counts,
+    codec, records) or ``ValueError`` carrying the offending size when a batch exceeds
+    ``max_batch_bytes`` (the caller maps it to ``MessageTooLarge``).  An empty buffer is
+    corrupt: a produce carries at least one batch.
     """
     spans: list[BatchSpan] = []
     pos, end = 0, len(buf)
@@ -243,6 +249,13 @@ def validate_batches(buf, max_batch_bytes: int, broker: bool = False) -> list[Ba
             raise CorruptRecord("control and commit batches are written by brokers only")
         if not batch_crc_ok(buf, pos, size):
             raise CorruptRecord(f"batch at byte {pos}: CRC-32C mismatch")
+        body = memoryview(buf)[pos + HEADER_SIZE : pos + size]
+        if h.compression:
+            body = decompress(h.compression, body, MAX_DECOMPRESSED_BYTES)
+        try:
+            check_body(body, h.records_count)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"batch at byte {pos}: {exc}") from None
         spans.append(BatchSpan(
             pos, size, h.records_count, h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence,
             h.attributes,
@@ -392,19 +405,54 @@ def compress(codec: int, data: bytes) -> bytes:
     raise ProtocolError(f"unsupported compression codec {codec}")
 
 
-def decompress(codec: int, data) -> bytes:
+def decompress(codec: int, data, limit: int | None = None) -> bytes:
+    """A batch body decompressed; with ``limit``, a body that would grow past ``limit``
+    bytes is refused (``CorruptRecord``) before it is all in memory."""
     try:
         if codec == LZ4:
             import lz4.frame
 
-            return lz4.frame.decompress(data)
-        if codec == ZSTD:
+            if limit is None:
+                return lz4.frame.decompress(data)
+            d = lz4.frame.LZ4FrameDecompressor()
+            out = d.decompress(data, max_length=limit + 1)
+            if len(out) <= limit and not d.eof:
+                raise CorruptRecord("truncated LZ4 frame")
+        elif codec == ZSTD:
             import zstandard
 
-            return zstandard.ZstdDecompressor().decompressobj().decompress(bytes(data))
+            if limit is None:
+                return zstandard.ZstdDecompressor().decompressobj().decompress(bytes(data))
+            parts, n = [], 0
+            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+                while n <= limit and (chunk := reader.read(limit + 1 - n)):
+                    parts.append(chunk)
+                    n += len(chunk)
+            out = b"".join(parts)
+        else:
+            raise CorruptRecord(f"unsupported compression codec {codec}")
+    except CorruptRecord:
+        raise
     except Exception as exc:  # the codecs raise their own error types
         raise CorruptRecord(f"cannot decompress batch: {exc}") from exc
-    raise CorruptRecord(f"unsupported compression codec {codec}")
+    if len(out) > limit:
+        raise CorruptRecord(f"batch decompresses to more than {limit} bytes")
+    return out
+
+
+def check_body(body, count: int) -> None:
+    """Check that an uncompressed batch body holds exactly ``count`` well-formed records
+    with offset deltas 0 .. ``count`` - 1 (``CorruptRecord`` if not): in C without building
+    them when the compiled codec is there, else by decoding them with the reference."""
+    if _C is not None:
+        _C.check_body(body, count)
+        return
+    out: list[Record] = []
+    h = _DELTAS._replace(records_count=count)
+    records_py.decode_body(bytes(body), h, "", 0, -(1 << 63), out, None, Record, ())  # every record kept
+    for n, r in enumerate(out):
+        if r.offset != n:
+            raise CorruptRecord(f"record {n} of a batch has offset delta {r.offset}")
 
 
 def build_batch(
