@@ -121,6 +121,18 @@ async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
     created, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="__mine")]), ())
     assert created.topics[0].error == errors.InvalidTopicName.code
     assert len(broker.topics[GROUPS_TOPIC].partitions) == 8
+    # nor change how long it keeps records; other settings may change
+    for change in (
+        m.TopicConfigChange(name=GROUPS_TOPIC, config={"retention.ms": "1"}),
+        m.TopicConfigChange(name=GROUPS_TOPIC, config={"cleanup.policy": "delete"}),
+        m.TopicConfigChange(name=GROUPS_TOPIC, delete=["cleanup.policy"]),
+    ):
+        altered, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), ())
+        assert altered.topics[0].error == errors.InvalidRequest.code, altered
+    assert broker.topics[GROUPS_TOPIC].config.cleanup_policy == "compact"
+    change = m.TopicConfigChange(name=GROUPS_TOPIC, config={"flush.messages": "1"})
+    altered, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), ())
+    assert altered.topics[0].error == 0, altered
 
 
 async def test_old_group_files_are_migrated_once(open_broker, tmp_path):

@@ -9,7 +9,7 @@ import asyncio
 
 import msgspec
 
-from sluice.broker.topics import error_fields
+from sluice.broker.topics import PRODUCED_INTERNAL, error_fields
 from sluice.errors import (
     BrokerError,
     CorruptRecord,
@@ -20,13 +20,6 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol.records import BatchTooLarge, validate_batches
-from sluice.protocol.transactions import DISCARD_TOPIC
-
-# The internal topics brokers write with a produce request flagged ``internal`` (the
-# audit copies of discarded half messages).  Every other internal topic is written by its
-# leader's own code only, and rebuilt from at startup, so no request may write it: a
-# produce cannot tell a broker from a client.
-PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
 
 # ids handed out by brokers stay below this; ids from it up are the callers' own (a Spark
 # sink derives its tasks' identities), so the two never meet

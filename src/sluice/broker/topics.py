@@ -43,6 +43,7 @@ from sluice.errors import (
     storage_error_from_os,
 )
 from sluice.protocol import messages as m
+from sluice.protocol.transactions import DISCARD_TOPIC
 from sluice.storage.log import PartitionLog
 
 log = logging.getLogger("sluice.broker")
@@ -75,6 +76,14 @@ def unknown_topic(topic: str) -> UnknownTopic:
 def error_fields(exc: BrokerError) -> dict:
     """The ``error`` and ``message`` fields of a result that failed with ``exc``."""
     return {"error": exc.code, "message": exc.message}
+
+
+# The internal topics brokers write with a produce request flagged ``internal`` (the
+# audit copies of discarded half messages).  Every other internal topic is written by its
+# leader's own code only, and brokers rebuild their state from it, so no request may write
+# it (a produce cannot tell a broker from a client) nor change how long it keeps records.
+PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
+KEEPING_CONFIGS = frozenset({"cleanup.policy", "retention.ms", "retention.bytes"})
 
 
 def _check_not_internal(topic: Topic, change: str) -> None:
@@ -348,6 +357,12 @@ class TopicAdmin:
         """Validate the topic's new overrides, record them, then apply them to its live
         partitions: all or nothing, no restart. Admin lock held."""
         topic = self.topic(change.name)
+        keeping = sorted(KEEPING_CONFIGS & (set(change.config) | set(change.delete)))
+        if topic.internal and topic.name not in PRODUCED_INTERNAL and keeping:
+            raise InvalidRequest(
+                f"topic {topic.name} is internal: its {', '.join(keeping)} cannot be changed "
+                "(brokers rebuild their state from it)"
+            )
         both = sorted(set(change.config) & set(change.delete))
         if both:
             raise InvalidConfig(f"{', '.join(both)}: both set and deleted")
