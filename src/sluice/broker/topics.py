@@ -86,6 +86,16 @@ PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
 KEEPING_CONFIGS = frozenset({"cleanup.policy", "retention.ms", "retention.bytes"})
 
 
+def _check_min_insync(config: TopicConfig, factor: int, name: str) -> None:
+    """A topic whose ``min.insync.replicas`` exceeds its replicas could never take an
+    ``acks=all`` write: refused when it is created or altered, not at every produce."""
+    if config.min_insync_replicas > factor:
+        raise InvalidConfig(
+            f"min.insync.replicas={config.min_insync_replicas} for topic {name!r}: it has "
+            f"{factor} replica(s)"
+        )
+
+
 def _check_not_internal(topic: Topic, change: str) -> None:
     if topic.internal:
         raise InvalidRequest(f"topic {topic.name} is internal: it cannot be {change}")
@@ -213,7 +223,7 @@ class TopicAdmin:
         name starts with ``__``); never for a client's request."""
         check_topic_name(new.name, internal_ok=internal)
         check_partitions(new.partitions)
-        TopicConfig.parse(new.config, self.defaults)
+        config = TopicConfig.parse(new.config, self.defaults)
         if new.name in self.topics:
             raise TopicAlreadyExists(f"topic {new.name!r} already exists")
         live = sorted(self.live_brokers)
@@ -223,6 +233,8 @@ class TopicAdmin:
                 f"replication factor {factor} for topic {new.name!r}: {len(live)} broker(s) alive "
                 f"({', '.join(map(str, live))})"
             )
+        if not internal:  # (brokers create theirs whatever the defaults say)
+            _check_min_insync(config, factor, new.name)
         assignment = assign_replicas(new.partitions, factor, live, self._replica_load())
         self._check_capacity(sum(self.config.node_id in r for r in assignment))
         if validate_only:
@@ -371,7 +383,7 @@ class TopicAdmin:
         record = (await self.metadata.topics())[change.name]
         overrides = {k: v for k, v in record.config.items() if k not in change.delete}
         overrides.update(change.config)
-        TopicConfig.parse(overrides, self.defaults)  # raises InvalidConfig
+        _check_min_insync(TopicConfig.parse(overrides, self.defaults), record.replication_factor, change.name)
         if validate_only:
             return
         try:
