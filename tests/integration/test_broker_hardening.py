@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+from sluice.client.sync import SyncAdmin, SyncProducer
 from sluice.protocol import frames
 from sluice.protocol import messages as m
 from sluice.protocol import records as r
@@ -144,3 +145,11 @@ def test_unreadable_old_group_file_is_kept_and_the_broker_starts(broker):
     broker.start()
     assert (broker.data_dir / "groups.migrated" / "g.json").read_text() == "[1, 2, 3]"
     assert "unreadable" in broker.log()
+
+
+def test_advertise_without_a_port_advertises_the_listening_port(broker_factory):
+    broker = broker_factory(extra_args=["--advertise", "127.0.0.1"]).start()
+    with SyncAdmin(broker.bootstrap) as admin:
+        admin.create_topic("adv")
+    with SyncProducer(broker.bootstrap, retries=0, delivery_timeout_ms=5000) as producer:
+        assert producer.send("adv", b"x").result(timeout=10).offset == 0

@@ -133,9 +133,10 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
-@click.option("--advertise", default=None, metavar="HOST:PORT",
+@click.option("--advertise", default=None, metavar="HOST[:PORT]",
               help="Address clients and other brokers are told to connect to (default: the listening "
-                   "address), for a broker reached through NAT, a proxy or a published container port.")
+                   "address; the port defaults to --port), for a broker reached through NAT, a proxy or "
+                   "a published container port.")
 @click.option("--advertised-address", default=None, hidden=True)  # the old name of --advertise
 @click.option("--cluster", default=None, metavar="etcd://HOST:PORT[,HOST:PORT][/NAME]",
               help="Join the cluster whose metadata is in etcd (brokers with distinct "
@@ -184,6 +185,8 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
             if len(addresses) != 1:
                 raise errors.ConfigError(f"--advertise takes one HOST:PORT, got {advertise!r}")
             [(adv_host, adv_port)] = addresses
+            if not _has_port(advertise):  # the listening port, as with no --advertise
+                adv_port = None
         config = ServerConfig(
             data_dir=data_dir, host=host, port=port, node_id=node_id,
             advertised_host=adv_host, advertised_port=adv_port,
@@ -222,6 +225,14 @@ PARTITION = click.IntRange(0, 2**31 - 1)
 def _given(ctx: click.Context, name: str) -> bool:
     """Whether option ``name`` was given on the command line or by the environment."""
     return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _has_port(address: str) -> bool:
+    """Does ``host:port`` / ``[v6]:port`` name a port (a bare host or IPv6 address does not)?"""
+    address = address.strip()
+    if address.startswith("["):
+        return "]:" in address
+    return address.count(":") == 1
 
 
 def _exclusive(ctx: click.Context, *names: str) -> None:

@@ -425,6 +425,8 @@ def parse_bootstrap(bootstrap: str | Iterable[str]) -> list[tuple[str, int]]:
 
 def _parse_address(item: str) -> tuple[str, int]:
     """One ``host[:port]``, ``[v6]:port`` or bare IPv6 address -> ``(host, port)``."""
+    if "/" in item or "@" in item:
+        raise errors.ConfigError(f"bad bootstrap address {item!r}: expected host:port, not a URL")
     if item.startswith("["):
         host, sep, rest = item[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
