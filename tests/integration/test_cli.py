@@ -187,6 +187,16 @@ def test_consume_from_offset(broker, cli):
     assert [(r["offset"], r["value"]) for r in recs] == [(i, f"m{i}") for i in range(2, 6)]
 
 
+def test_consume_from_an_offset_past_the_end_starts_at_the_end_with_or_without_a_group(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "off", bootstrap=b))
+    ok(cli("produce", "off", bootstrap=b, input=lines_in(*(f"m{i}" for i in range(6)))))
+    for group in ([], ["--group", "g"]):
+        res = cli("consume", "off", "--from", "1000", "--timeout-ms", "300", *group, bootstrap=b)
+        assert ok(res) == "", group
+        assert b"off-0 ends at offset 6: starting there, not at 1000" in res.stderr, group
+
+
 def test_consume_partition_from_offset(broker, cli):
     b = broker.bootstrap
     ok(cli("topic", "create", "off", "--partitions", "2", bootstrap=b))

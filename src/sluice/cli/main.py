@@ -412,6 +412,7 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
     with _admin(ctx) as admin:
         desc = admin.describe_topic(topic_name)  # UNKNOWN_TOPIC is an error, not an empty wait
         partitions = [p.partition for p in desc.partitions]
+        bounds = {p.partition: (p.log_start_offset, p.high_watermark) for p in desc.partitions}
         if partition is not None:
             if partition not in partitions:
                 raise UnknownPartition(f"topic {topic_name!r} has partitions 0-{len(partitions) - 1}, not {partition}")
@@ -421,7 +422,7 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
                             enable_auto_commit=False)
     try:
         consumer.assign([(topic_name, p) for p in partitions])
-        _seek(consumer, start)
+        _seek(consumer, start, bounds)
         _print_records(consumer, render, group=group, max_messages=max_messages, timeout_ms=timeout_ms,
                        ends=None if ends is None else {(topic_name, p): off for p, off in ends.items()})
     except BrokenPipeError:
@@ -430,8 +431,10 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
         consumer.close()
 
 
-def _seek(consumer, start) -> None:
-    """Apply ``--from`` (a ``params.Start``; None: the consumer's own default)."""
+def _seek(consumer, start, bounds: dict[int, tuple[int, int]]) -> None:
+    """Apply ``--from`` (a ``params.Start``; None: the consumer's own default).  An OFFSET
+    outside a partition's log (``bounds``: log start and end by partition, -1 unknown)
+    starts at its nearer end, said on stderr, with or without --group."""
     if start is None:
         return
     if start.kind == "earliest":
@@ -439,8 +442,16 @@ def _seek(consumer, start) -> None:
     elif start.kind == "latest":
         consumer.seek_to_end()
     elif start.kind == "offset":
-        for tp in consumer.assignment():
-            consumer.seek(tp[0], tp[1], start.arg)
+        for topic, p in consumer.assignment():
+            offset = start.arg
+            first, end = bounds.get(p, (-1, -1))
+            if 0 <= end < offset:
+                click.echo(f"{topic}-{p} ends at offset {end}: starting there, not at {offset}", err=True)
+                offset = end
+            elif offset < first:
+                click.echo(f"{topic}-{p} starts at offset {first}: starting there, not at {offset}", err=True)
+                offset = first
+            consumer.seek(topic, p, offset)
     else:
         consumer.seek_to_time(start.arg)
 
