@@ -34,7 +34,8 @@ def test_send_to_a_missing_topic_fails_fast(broker):
             started = time.monotonic()
             with pytest.raises(UnknownTopic, match="does not exist"):
                 await producer.send("no-such-topic", b"v")
-            assert time.monotonic() - started < 5  # unknown_topic_wait_ms, not max_block_ms
+            # unknown_topic_wait_ms (1 s), not max_block_ms, and all of it
+            assert 1 <= time.monotonic() - started < 5
         async with Producer(broker.bootstrap, unknown_topic_wait_ms=0) as producer:
             started = time.monotonic()
             with pytest.raises(UnknownTopic):

@@ -382,7 +382,8 @@ class Producer:
             attempt += 1
             if isinstance(last, errors.UnknownTopic):
                 wait = min(wait, self.unknown_topic_wait)
-            if time.monotonic() + delay - started > wait:
+            left = started + wait - time.monotonic()
+            if left <= 0:
                 if isinstance(last, errors.UnknownTopic):
                     raise errors.UnknownTopic(
                         f"topic {topic!r} does not exist (waited {wait * 1000:g} ms: "
@@ -392,7 +393,7 @@ class Producer:
                     f"no metadata for topic {topic!r} within {wait:g}s"
                     + (f" (last error: {last})" if last else "")
                 )
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, left))  # the last try comes when the wait ends
             if self._closing:
                 raise errors.ClientClosed("producer closed while the send waited for metadata")
 
