@@ -23,7 +23,7 @@ def _admin(ctx):
 
 @click.group()
 def topic() -> None:
-    """Create, list, describe and delete topics."""
+    """Create, list, describe, alter, grow (add-partitions) and delete topics."""
 
 
 @topic.command("create")
