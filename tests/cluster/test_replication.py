@@ -3,6 +3,9 @@ the ISR, failover after SIGKILL, and a returning broker catching up."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from cluster_helpers import eventually
 
@@ -99,3 +102,34 @@ async def _fully_replicated(boot: str, topic: str):
     if all(p.leader >= 0 and sorted(p.isr) == sorted(p.replicas) for p in parts):
         return parts
     return None
+
+
+async def test_a_dead_follower_stays_out_of_the_isr_until_it_fetches_again(three_brokers):
+    """The controller takes a broker whose session ended out of every ISR; its leaders must
+    not put it back on the fetches it made before it died (it could then be elected with
+    whatever log it comes back with), and an acks=all write must not wait for it."""
+    brokers = three_brokers
+    boot = bootstrap_of(brokers)
+    await eventually(lambda: _brokers_alive(boot, 3), 10, "three live brokers")
+    async with Admin(boot) as admin:
+        await admin.create_topic("orders", 1, {"min.insync.replicas": "2"})
+    [part] = await eventually(lambda: _fully_replicated(boot, "orders"), 10, "a full ISR")
+    async with Producer(boot, acks="all", linger_ms=0) as producer:
+        await (await producer.send("orders", b"before", partition=0))
+        victim = next(r for r in part.replicas if r != part.leader)
+        brokers[victim - 1].kill()
+
+        async def out_of_isr():
+            [p] = await partitions_of(boot, "orders")
+            return victim not in p.isr
+
+        await eventually(out_of_isr, 10, f"broker {victim} out of the ISR")
+        for _ in range(30):  # past replica.lag.time.max.ms (2 s) after its last fetch
+            [p] = await partitions_of(boot, "orders")
+            assert victim not in p.isr, p
+            await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await (await producer.send("orders", b"after", partition=0))
+        assert time.monotonic() - started < 1.5, "acks=all waited for the dead follower"
+    brokers[victim - 1].start()
+    await eventually(lambda: _fully_replicated(boot, "orders"), 20, "the returning broker in sync")

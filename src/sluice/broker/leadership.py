@@ -30,6 +30,7 @@ class Follower:
     caught_up_at: float = field(default_factory=time.monotonic)
     leader_end_at_fetch: int = -1  # the leader's log end at the follower's last fetch
     fetched_at: float = 0.0
+    left_isr_at: float = 0.0  # when this leader last saw it leave the ISR
 
 
 
@@ -62,6 +63,10 @@ class Leadership:
 
     def set_isr(self, isr: list[int]) -> None:
         """Apply the ISR the metadata store holds now; the high watermark may move."""
+        now = time.monotonic()
+        for r in self.isr:
+            if r not in isr and (f := self.followers.get(r)) is not None:
+                f.left_isr_at = now
         self.isr = tuple(isr)
         if self.is_leader:
             self._log_end_moved()
@@ -90,14 +95,15 @@ class Leadership:
 
     def caught_up(self, max_lag_s: float) -> list[int]:
         """Followers out of the ISR that may rejoin: fetching (heard from within
-        ``max_lag_s``), at or past the high watermark and the start of the current
-        leader epoch."""
+        ``max_lag_s``, and since they left the ISR: a broker that died in it, whose
+        session ended, must not come back on its last fetches), at or past the high
+        watermark and the start of the current leader epoch."""
         hw, now = self.log.high_watermark, time.monotonic()
         start = self._epoch_start()
         return [
             r for r, f in self.followers.items()
             if r not in self.isr and f.log_end >= hw and f.log_end >= start
-            and now - f.fetched_at <= max_lag_s
+            and now - f.fetched_at <= max_lag_s and f.fetched_at > f.left_isr_at
         ]
 
     def _epoch_start(self) -> int:

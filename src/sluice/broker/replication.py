@@ -174,7 +174,9 @@ class ReplicaManager:
     async def _maintain_isr(self, topic: Topic, part: Partition, lag_s: float) -> None:
         out = set(part.lagging(lag_s)) | (part.failed_followers & set(part.isr))
         out.discard(self.config.node_id)
-        join = [r for r in part.caught_up(lag_s) if r not in part.failed_followers]
+        # only live brokers join: the controller takes a broker whose session ended out of
+        # every ISR, and a leader must not put it back on fetches from before that
+        join = [r for r in part.caught_up(lag_s) if r not in part.failed_followers and r in self.live_brokers]
         if not out and not join:
             return
         expected = part.state_version
