@@ -78,6 +78,9 @@ async def test_three_replicas_survive_the_leaders_sigkill(three_brokers):
         leader0 = parts[0].leader
         victim = brokers[leader0 - 1]
         victim.kill()
+        async with Admin(boot) as admin:  # the dead leader's partition: its log state unknown
+            desc = await admin.describe_topic("orders")
+            assert [p.partition for p in desc.partitions] == [0, 1, 2]
         futs = [await producer.send("orders", f"n{i}".encode(), partition=i % 3) for i in range(300)]
         for f in futs:
             acked.append(await f)  # acks=all after failover: min ISR 2 of the 2 left

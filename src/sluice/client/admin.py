@@ -174,16 +174,25 @@ class Admin:
             out.setdefault(node, []).append(p)
         return out
 
-    async def _to_leaders(self, topic: str, partitions: Iterable[int], make, results) -> list:
+    async def _to_leaders(
+        self, topic: str, partitions: Iterable[int], make, results, *, skip_unreachable: bool = False
+    ) -> list:
         """Send ``make(partitions)`` to each leader of ``topic``'s ``partitions`` and return
         the results (``results(response)``) of all; asks again, with fresh metadata, for
-        partitions whose leader moved meanwhile (a few times)."""
+        partitions whose leader moved meanwhile (a few times).  ``skip_unreachable``: a
+        leader that cannot be reached (down, its death not noticed yet) gives no results
+        instead of failing the call."""
         todo, out = list(partitions), []
         for attempt in range(5):
             moved = []
             for node, group in (await self._leaders(topic, todo)).items():
-                conn = await self._cluster.connection(node)
-                resp, _ = await conn.request(make(group), timeout=self._cluster.request_timeout)
+                try:
+                    conn = await self._cluster.connection(node)
+                    resp, _ = await conn.request(make(group), timeout=self._cluster.request_timeout)
+                except (errors.ConnectionClosed, errors.RequestTimedOut):
+                    if not skip_unreachable:
+                        raise
+                    continue
                 for r in results(resp):
                     if getattr(r, "error", 0) == errors.NotLeader.code and attempt < 4:
                         moved.append(r.partition)
@@ -357,8 +366,8 @@ class Admin:
     async def describe_topic(self, name: str) -> TopicDescription:
         """Config, replication factor and, per partition, the replication state (leader,
         replicas, ISR, leader epoch) and log state (log start, high watermark, log end,
-        size, segments) of a topic.  Offsets and sizes are -1 for a partition whose leader
-        is not the broker that answered."""
+        size, segments) of a topic, the log state from each partition's leader: -1 where
+        that leader could not be reached."""
         resp = await self._request(messages.DescribeTopicsRequest(names=[name]))
         for t in resp.topics:
             if t.name == name:
@@ -378,8 +387,9 @@ class Admin:
             return [p for p in d.partitions if p.partition in wanted] if not d.error else []
 
         wanted = set(others)
-        found = await self._to_leaders(
-            t.name, others, lambda _: messages.DescribeTopicsRequest(names=[t.name]), results
+        found = await self._to_leaders(  # an unreachable leader's partitions keep -1
+            t.name, others, lambda _: messages.DescribeTopicsRequest(names=[t.name]), results,
+            skip_unreachable=True,
         )
         by_index = {p.partition: p for p in found if p.log_end_offset >= 0}
         return msgspec.structs.replace(
