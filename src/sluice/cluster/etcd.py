@@ -202,7 +202,10 @@ class EtcdStore(MetadataStore):
             raise InvalidRequest(f"{what}: etcd refused it: {exc}") from exc
         except (TimeoutError, aetcd.ClientError, rpc.AioRpcError) as exc:
             if isinstance(exc, TimeoutError):
-                why = f"{self._where()} did not answer within {(timeout or self.request_timeout) * 1000:.0f} ms"
+                why = (
+                    f"{self._where()} did not answer within {(timeout or self.request_timeout) * 1000:.0f} ms "
+                    "(a change may still take effect when it does: check before retrying)"
+                )
             else:
                 why = f"{self._where()} failed ({str(exc) or type(exc).__name__})"
             if isinstance(exc, TimeoutError | aetcd.ConnectionFailedError | aetcd.ConnectionTimeoutError):
