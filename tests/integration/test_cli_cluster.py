@@ -80,10 +80,10 @@ def test_advertised_address_is_what_metadata_names(broker_factory, cli, option):
 
 def test_advertise_is_documented_and_its_old_name_hidden(cli):
     flat = " ".join(ok(cli("serve", "--help", bootstrap="127.0.0.1:1")).split())
-    assert "--advertise HOST:PORT" in flat and "--advertised-address" not in flat
+    assert "--advertise HOST[:PORT]" in flat and "--advertised-address" not in flat
     res = cli("serve", "--advertise", "a:1", "--advertised-address", "a:1", bootstrap="127.0.0.1:1")
     assert_error(res, "--advertise and --advertised-address cannot be used together")
-    assert_error(cli("serve", "--advertise", "a:1,b:2", bootstrap="127.0.0.1:1"), "one HOST:PORT")
+    assert_error(cli("serve", "--advertise", "a:1,b:2", bootstrap="127.0.0.1:1"), "one HOST[:PORT]")
 
 
 def test_bootstrap_list_from_option_and_environment(broker, cli):

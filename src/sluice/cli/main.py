@@ -183,7 +183,7 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
         if advertise is not None:
             addresses = parse_bootstrap(advertise)
             if len(addresses) != 1:
-                raise errors.ConfigError(f"--advertise takes one HOST:PORT, got {advertise!r}")
+                raise errors.ConfigError(f"--advertise takes one HOST[:PORT], got {advertise!r}")
             [(adv_host, adv_port)] = addresses
             if not _has_port(advertise):  # the listening port, as with no --advertise
                 adv_port = None
