@@ -5,6 +5,7 @@ up answers it for offsets it has but may not show yet.  The consumer keeps its p
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from sluice import errors
@@ -89,3 +90,15 @@ async def test_offset_not_available_does_not_fail_the_consumer():
                 break
         assert [r.offset for r in got] == [0, 1, 2]
     await asyncio.sleep(0)
+
+
+def test_broker_unavailable_is_one_warning_while_failures_and_successes_alternate(caplog):
+    """With one leader down, the fetches of the others succeed between its failures: each
+    failure starts a new episode, but the warning comes once (WARN_EVERY_S), not each time."""
+    consumer = Consumer("127.0.0.1:1")
+    with caplog.at_level(logging.INFO, logger="sluice.client.consumer"):
+        for _ in range(5):
+            consumer._failed(errors.NotLeader("no leader known for t-0"))
+            consumer._succeeded()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "broker unavailable" in warnings[0].getMessage()

@@ -45,6 +45,7 @@ from sluice.protocol import messages, records
 __all__ = ["Consumer"]
 
 log = logging.getLogger(__name__)
+WARN_EVERY_S = 10.0  # "broker unavailable" warnings of a consumer, at most one per this
 
 TP = tuple[str, int]
 _RESETS = ("earliest", "latest", "error")
@@ -114,6 +115,7 @@ class Consumer:
         self.retry_timeout = retry_timeout_ms / 1000
         self._failing_since: float | None = None  # first retriable failure of a read loop
         self._failures = 0  # consecutive retriable failures (backoff)
+        self._warned_at = -WARN_EVERY_S  # when "broker unavailable" was last a warning
         self.metadata_max_age = metadata_max_age_ms / 1000
         self._cluster = Cluster(
             bootstrap,
@@ -339,7 +341,13 @@ class Consumer:
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
-            log.warning("broker unavailable, retrying for up to %g s: %s", self.retry_timeout, exc)
+            # once per episode, and at most every WARN_EVERY_S: with one leader down, the
+            # fetches of the others succeed between failures and would start a new one each
+            quiet = now - self._warned_at < WARN_EVERY_S
+            self._warned_at = self._warned_at if quiet else now
+            (log.info if quiet else log.warning)(
+                "broker unavailable, retrying for up to %g s: %s", self.retry_timeout, exc
+            )
         elif now - self._failing_since > self.retry_timeout:
             since, self._failing_since, self._failures = self._failing_since, None, 0
             raise self._gave_up(exc, since) from exc
@@ -348,7 +356,7 @@ class Consumer:
 
     def _succeeded(self) -> None:
         if self._failing_since is not None:
-            log.info("broker available again")
+            log.debug("broker available again")
         self._failing_since = None
         self._failures = 0
 
