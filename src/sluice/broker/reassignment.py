@@ -41,7 +41,7 @@ from sluice.broker.topics import Topic, error_fields
 from sluice.broker.wait import wait_event
 from sluice.cluster.assignment import replace_lost_replicas, spread_replicas
 from sluice.cluster.store import TopicRecord
-from sluice.errors import BrokerError, MetadataUnavailable
+from sluice.errors import BrokerError, InvalidReplicationFactor, MetadataUnavailable
 from sluice.protocol import messages as m
 
 log = logging.getLogger("sluice.reassignment")
@@ -69,7 +69,7 @@ class Reassignment:
         plan = replace_lost_replicas(
             {n: r.assignment for n, r in records.items()}, live, topics=names, keep=keep
         )
-        moves = []
+        moves = self._kept_dead_replicas(records, names, keep, plan, live)
         for name, changes in plan.items():
             old = records[name].assignment
             try:
@@ -84,6 +84,27 @@ class Reassignment:
                     log.info("%s-%d: replicas %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
         self._topics_stale.set()
         return moves
+
+    @staticmethod
+    def _kept_dead_replicas(records, names, keep, plan, live) -> list[m.ReplicaMove]:
+        """A refused ``ReplicaMove`` (with why) for each partition of ``names`` that names a
+        dead broker and that the plan leaves as it is."""
+        out = []
+        for name in names:
+            for p, replicas in enumerate(records[name].assignment):
+                dead = [r for r in replicas if r not in live]
+                if not dead or p in plan.get(name, {}):
+                    continue
+                if p in records[name].moving:
+                    why = "a replica move of it is pending"
+                elif (name, p) in keep:
+                    why = "it has no live leader (its dead replicas may hold its only copy)"
+                else:
+                    why = f"no live broker outside its replicas can take the place of broker(s) {dead}"
+                exc = InvalidReplicationFactor(f"replicas kept: {why}")
+                out.append(m.ReplicaMove(topic=name, partition=p, old=list(replicas), new=list(replicas),
+                                         **error_fields(exc)))
+        return out
 
     async def _spread_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
         """Record the first phase of the moves that even out the replica load of the live
