@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sluice.broker.subscription import Cursor
-from sluice.protocol.ranges import RangeSet, count
+from sluice.protocol.ranges import RangeSet, count, first
 
 LIMIT = 60
 offsets = st.integers(0, LIMIT)
@@ -151,3 +151,12 @@ def test_cursor_from_a_loaded_state_merges_ranges_touching_confirmed():
     assert c.ack(0, 5) == 0  # below confirmed: settled already
     c.reset(3)
     assert c.confirmed == 3 and not c.acked and c.unsettled(0, 5) == [(3, 5)]
+
+
+def test_first_takes_the_first_n_offsets():
+    pairs = [(0, 3), (5, 6), (8, 12)]
+    assert first(pairs, 0) == []
+    assert first(pairs, 2) == [(0, 2)]
+    assert first(pairs, 4) == [(0, 3), (5, 6)]
+    assert first(pairs, 6) == [(0, 3), (5, 6), (8, 10)]
+    assert first(pairs, 100) == pairs

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
-from sluice.protocol.ranges import Pairs, RangeSet, count
+from sluice.protocol.ranges import Pairs, RangeSet, count, first
 from sluice.protocol.records import HIDDEN_BITS, decode_batch, iter_batches
 from sluice.protocol.subscriptions import CursorState, SubscriptionConfig, tag_of
 from sluice.storage.log import OutOfRange
@@ -65,17 +65,6 @@ DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 def _first_offset(r: Retry) -> int:
     return r.ranges[0][0]
-
-
-def first(pairs: Pairs, n: int) -> Pairs:
-    """The first ``n`` offsets of ``pairs`` (sorted, disjoint)."""
-    out = []
-    for a, b in pairs:
-        if n <= 0:
-            break
-        out.append((a, min(b, a + n)))
-        n -= out[-1][1] - a
-    return out
 
 
 class Cursor:

@@ -119,3 +119,14 @@ class RangeSet:
 
 def count(pairs: Iterable[tuple[int, int]]) -> int:
     return sum(b - a for a, b in pairs)
+
+
+def first(pairs: Iterable[tuple[int, int]], n: int) -> Pairs:
+    """The first ``n`` offsets of ``pairs`` (sorted, disjoint), as pairs."""
+    out = []
+    for a, b in pairs:
+        if n <= 0:
+            break
+        out.append((a, min(b, a + n)))
+        n -= out[-1][1] - a
+    return out
