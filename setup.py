@@ -1,8 +1,9 @@
-"""Build the compiled record codec and the producer's per-record path, ``sluice._crecords``.
+"""Build the compiled record codec and the producer's per-record path, ``sluice._crecords``,
+and the broker's native fsync threads, ``sluice._csyncer``.
 
-Everything else is in pyproject.toml.  The extension is optional: where it cannot be built
-(no C compiler), ``pip install`` still succeeds and ``sluice.protocol.records`` runs on its
-pure-Python codec.
+Everything else is in pyproject.toml.  The extensions are optional: where it cannot be built
+(no C compiler), ``pip install`` still succeeds: ``sluice.protocol.records`` runs on its
+pure-Python codec and the broker syncs in Python worker threads.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +16,12 @@ setup(
             depends=["src/sluice/_crecords.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall"],
             optional=True,
-        )
+        ),
+        Extension(
+            "sluice._csyncer",
+            sources=["src/sluice/_csyncer.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall"],
+            optional=True,
+        ),
     ]
 )

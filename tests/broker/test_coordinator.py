@@ -19,6 +19,7 @@ from sluice.config import TopicConfig
 from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
 from sluice.protocol.group_records import Committed
 from sluice.storage.log import PartitionLog
+from sluice.storage.syncer import Syncer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,7 +30,7 @@ def c(offset: int, client: str = "10.0.0.1:5000") -> Committed:
 
 class Groups:
     """``__groups`` partitions on fresh logs in ``tmp_path``, one write thread that a test
-    can hold, and coordinators over them."""
+    can hold (their fsyncs too run in it), and coordinators over them."""
 
     def __init__(self, tmp_path, count: int) -> None:
         self.write_ex = ThreadPoolExecutor(1, thread_name_prefix="test-write")
@@ -37,7 +38,7 @@ class Groups:
         config = TopicConfig.parse({"cleanup.policy": "compact", "flush.messages": "1"})
         self.parts = [
             Partition(GROUPS_TOPIC, p, PartitionLog.open(tmp_path / f"{GROUPS_TOPIC}-{p}", config.log_config),
-                      config, self.write_ex, self.read_ex)
+                      config, self.write_ex, self.read_ex, syncer=Syncer(1, self.write_ex, native=False))
             for p in range(count)
         ]
 

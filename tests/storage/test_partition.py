@@ -1,7 +1,7 @@
 """Partition's group-commit writer: grouping, offsets, flush policy, disk-full handling.
 
-``os.pwritev`` and ``Segment.flush`` are wrapped to count (or fail) the writer's system
-calls; the model is the list of values in queue order, which must come back densely
+``os.pwritev``, ``Segment.flush`` and ``Syncer.fdatasync`` are wrapped to count (or fail)
+the writer's system calls; the model is the list of values in queue order, which must come back densely
 numbered from offset 0.
 """
 
@@ -22,6 +22,7 @@ from sluice.errors import DiskFull, StorageError
 from sluice.protocol.records import validate_batches
 from sluice.storage.log import PartitionLog
 from sluice.storage.segment import Segment
+from sluice.storage.syncer import Syncer
 
 _real_pwritev = os.pwritev
 
@@ -33,12 +34,14 @@ def request(batches: list[list[bytes]], ts: int = 1_000) -> tuple[bytearray, lis
 
 
 class Calls:
-    """Counts of the writer's pwritev and Segment.flush calls (any thread)."""
+    """Counts of the writer's pwritev calls and its fsyncs: Segment.flush in any thread, and
+    those handed to the syncer."""
 
     def __init__(self, monkeypatch) -> None:
         self.writes = 0
         self.flushes = 0
         real_flush = Segment.flush
+        real_fdatasync = Syncer.fdatasync
 
         def pwritev(fd, buffers, offset):
             self.writes += 1
@@ -48,8 +51,13 @@ class Calls:
             self.flushes += 1
             real_flush(seg)
 
+        def fdatasync(syncer, fd):
+            self.flushes += 1
+            return real_fdatasync(syncer, fd)
+
         monkeypatch.setattr(os, "pwritev", pwritev)
         monkeypatch.setattr(Segment, "flush", flush)
+        monkeypatch.setattr(Syncer, "fdatasync", fdatasync)
 
 
 @pytest.fixture
@@ -260,10 +268,12 @@ async def test_failed_fsync_cuts_the_group_again(open_partition, monkeypatch):
     await part.append(*request([[b"kept"]]))
     size = os.path.getsize(part.log.active.path)
 
-    def failing_flush(seg):
-        raise OSError(errno.EIO, "I/O error")
+    def failing_fdatasync(syncer, fd):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(OSError(errno.EIO, "I/O error"))
+        return fut
 
-    monkeypatch.setattr(Segment, "flush", failing_flush)
+    monkeypatch.setattr(Syncer, "fdatasync", failing_fdatasync)
     with pytest.raises(StorageError):
         await part.append(*request([[b"unsynced"]]))
     assert os.path.getsize(part.log.active.path) == size

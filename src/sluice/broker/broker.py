@@ -71,6 +71,7 @@ from sluice.errors import (
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
 from sluice.storage.checkpoint import read_offsets, write_offsets
+from sluice.storage.syncer import Syncer
 
 log = logging.getLogger("sluice.broker")
 
@@ -109,6 +110,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.topics: dict[str, Topic] = {}
         self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")
         self.read_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-read")
+        # the fsyncs that acknowledgements wait for: native threads, no GIL (storage/syncer.py)
+        self.syncer = Syncer(config.io_threads, self.write_executor)
         # metadata writes, directory moves and deletions: never in the way of produce / fetch
         self.housekeeping = ThreadPoolExecutor(1, thread_name_prefix="sluice-housekeeping")
         # log compaction: long passes, kept out of the way of metadata writes
@@ -285,6 +288,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         except OSError as exc:
             log.error("cannot checkpoint high watermarks: %s", exc)
         await self.metadata.close()
+        self.syncer.close()
         for executor in (self.write_executor, self.read_executor, self.housekeeping, self.cleaner):
             executor.shutdown(wait=True)
 

@@ -90,6 +90,7 @@ from sluice.storage.cleaner import (
 from sluice.storage.log import PartitionLog
 from sluice.storage.producers import Duplicate, Staging, write_snapshot
 from sluice.storage.segment import Segment
+from sluice.storage.syncer import Syncer
 from sluice.storage.tail import Tail
 
 log = logging.getLogger("sluice.broker")
@@ -142,6 +143,7 @@ class Partition(Leadership, Reading):
         leader_epoch: int = 0,
         leader: bool = True,
         tail_cache_bytes: int = 1024 * 1024,
+        syncer: Syncer | None = None,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -149,6 +151,10 @@ class Partition(Leadership, Reading):
         self.config = config
         self._write_executor = write_executor
         self._read_executor = read_executor
+        # the fsyncs acknowledgements wait for (flush.messages=1); without a shared one given,
+        # the partition has its own, closed with it
+        self._own_syncer = syncer is None
+        self._syncer = Syncer(1, write_executor) if syncer is None else syncer
         self._tail = Tail(tail_cache_bytes)  # the newest leader writes, for tailing readers
         self.replica_id = replica_id
         # never below an epoch already in the log: a restart keeps the last one stamped
@@ -449,7 +455,7 @@ class Partition(Leadership, Reading):
         # (``_synced_end``), so no acknowledgement and no consumer sees unsynced bytes.
         early = sync and self.is_leader and not group[0].replica and len(self.isr) > 1
         try:
-            if (sync and not early) or rolled is not None or total > INLINE_WRITE_BYTES:
+            if rolled is not None or total > INLINE_WRITE_BYTES:
                 await loop.run_in_executor(
                     self._write_executor, self._write_blocking, rolled, segment, buffers, total,
                     sync and not early, snapshot, first,
@@ -457,6 +463,8 @@ class Partition(Leadership, Reading):
             else:
                 # A small write to the page cache costs microseconds; a thread hop costs more.
                 self._write_blocking(None, segment, buffers, total, False)
+                if sync and not early:
+                    await self._sync(segment)
         except OSError as exc:
             self._failed(group, exc)
             return
@@ -469,7 +477,7 @@ class Partition(Leadership, Reading):
         if early:
             self._notify_replicas()
             try:
-                await loop.run_in_executor(self._write_executor, segment.flush)
+                await self._syncer.fdatasync(segment.fileno)
             except OSError as exc:
                 # Cut the group again: its fsync failed, so it must not stay as if written.
                 # Followers that copied it find their log past ours and truncate.
@@ -630,6 +638,16 @@ class Partition(Leadership, Reading):
                 os.ftruncate(segment.fileno, segment.size)
                 raise
 
+    async def _sync(self, segment: Segment) -> None:
+        """fdatasync what was just written to ``segment`` (storage/syncer.py).  On failure
+        the unsynced bytes (those past ``segment.size``) are cut, as ``_write_blocking``
+        does: the kernel may drop them, so they must not stay as if written."""
+        try:
+            await self._syncer.fdatasync(segment.fileno)
+        except OSError:
+            os.ftruncate(segment.fileno, segment.size)
+            raise
+
     def _maybe_flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start a background fsync when ``flush.messages`` or ``flush.ms`` says so.
 
@@ -683,6 +701,8 @@ class Partition(Leadership, Reading):
         if self._flush_future is not None:
             await asyncio.wait([self._flush_future])
         self._acks.fail_all(BrokerShuttingDown("partition closed before its replicas caught up"))
+        if self._own_syncer:
+            self._syncer.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._write_executor, self.log.close)
         self._notify()
@@ -699,6 +719,8 @@ class Partition(Leadership, Reading):
         await self._task
         await self._stop_cleaner()
         self._acks.fail_all(UnknownTopic(f"topic {self.topic!r} was deleted"))
+        if self._own_syncer:
+            self._syncer.close()
         self._notify()
         self._notify_replicas()
 

@@ -146,7 +146,7 @@ class TopicAdmin:
                 partitions.append(Partition(
                     name, i, plog, config, self.write_executor, self.read_executor,
                     replica_id=self.config.node_id, leader=False,
-                    tail_cache_bytes=self.config.tail_cache_bytes,
+                    tail_cache_bytes=self.config.tail_cache_bytes, syncer=self.syncer,
                 ))
         except BaseException:
             await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
