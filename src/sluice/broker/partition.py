@@ -3,9 +3,10 @@
 Group commit: every produce request for the partition, from every connection, is queued;
 the writer task takes *all* queued requests at once, assigns their offsets and the leader
 epoch (per-batch header patching, no per-record work), writes them with one ``pwritev`` and
-at most one ``fdatasync`` in a worker thread, then answers them all.  (A small group that
-needs neither fsync nor a segment roll is written to the page cache on the event loop:
-cheaper than the thread hop.)  While the thread works the next group gathers.  Flush
+at most one ``fdatasync``, then answers them all.  A group of at most ``INLINE_WRITE_BYTES``
+that rolls no segment is written to the page cache on the event loop (cheaper than a thread
+hop) and its fdatasync runs in the syncer's native threads (storage/syncer.py); a larger
+group or a roll is written in a worker thread.  While either works the next group gathers.  Flush
 policy: ``flush.messages == 1`` fsyncs every group before its acks ("always"); otherwise
 acks go out after the write, and a background fsync starts when ``flush.messages``
 messages are unflushed or the oldest unflushed write is ``flush.ms`` old (the writer task

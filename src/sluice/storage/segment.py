@@ -6,8 +6,9 @@ a write returned, so a reader that takes ``size`` first never sees a half-writte
 
 Concurrency contract:
 
-- ``write`` / ``flush`` / ``save_indexes`` run in a worker thread, one at a time per segment
-  (the writer task guarantees it); ``appended`` then runs on the event loop.
+- ``write`` / ``flush`` / ``save_indexes`` run in a worker thread (``write`` of a small
+  group on the event loop itself, its fdatasync in the broker's syncer), one at a time per
+  segment (the writer task guarantees it); ``appended`` then runs on the event loop.
 - ``read`` / ``locate`` / ``find_time`` may run in any thread at any time: they use ``pread``
   on the one file descriptor and never read past the limit they were given.  A reader
   ``pin``s the segment first (``pinned()``), which keeps the descriptor open.
@@ -186,7 +187,8 @@ class Segment:
     # ------------------------------------------------------------------ writing
 
     def write(self, buffers: list, total: int) -> None:
-        """Append ``buffers`` (``total`` bytes) at ``size``. Worker thread only.
+        """Append ``buffers`` (``total`` bytes) at ``size``. Worker thread, or the event loop
+        for a small write.
 
         All or nothing: on any ``OSError`` (disk full, I/O error) the file is cut back to
         ``size`` before the error propagates, so no partial batch stays behind.
