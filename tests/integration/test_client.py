@@ -150,6 +150,28 @@ def test_producer_errors(broker):
     asyncio.run(main())
 
 
+def test_a_consumer_of_a_missing_topic_or_partition_says_so_at_once(broker):
+    """Not ``NOT_LEADER`` retried for retry_timeout_ms as if a broker were down."""
+    b = broker.bootstrap
+    asyncio.run(create(b, "two", partitions=2))
+
+    async def main():
+        for tp, exc, code in ((("nope", 0), errors.UnknownTopic, 4), (("two", 5), errors.UnknownPartition, 5)):
+            consumer = Consumer(b)
+            consumer.assign([tp])
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(exc) as ei:
+                    await consumer.getmany(timeout_ms=10_000)
+                assert time.monotonic() - t0 < 5
+                check_error(ei, exc, code)
+                assert tp[0] in str(ei.value)
+            finally:
+                await consumer.close()
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------------- producer
 
 

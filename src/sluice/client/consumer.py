@@ -362,12 +362,21 @@ class Consumer:
 
     async def _list_offsets(self, tps: Sequence[TP], timestamp: int) -> dict[TP, int]:
         """Ask each partition's leader; a leader that moved marks the metadata stale (the
-        retry refreshes it) and raises ``NotLeader``."""
+        retry refreshes it) and raises ``NotLeader``.  A topic the metadata says does not
+        exist raises ``UnknownTopic``, a partition past its count ``UnknownPartition``."""
         by_leader: dict[int, list[TP]] = {}
         for tp in tps:
             node = self._cluster.leader(*tp)
             if node < 0:
                 self._needs_refresh = True
+                missing = self._cluster.unknown.get(tp[0])
+                if missing is not None:
+                    raise type(missing)(missing.message)
+                info = self._cluster.topic(tp[0])
+                if info is not None and tp[1] >= info.partitions:
+                    raise errors.UnknownPartition(
+                        f"topic {tp[0]!r} has partitions 0-{info.partitions - 1}, not {tp[1]}"
+                    )
                 raise errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}")
             by_leader.setdefault(node, []).append(tp)
         out = {}
