@@ -12,12 +12,13 @@ SHRUNK = PartitionStatus("orders", 0, 1, (1, 2, 3), (1, 3), 4)
 OFFLINE = PartitionStatus("audit", 2, -1, (2,), (), 7)
 
 
-def status(under=(), offline=(), controller=1) -> ClusterStatus:
+def status(under=(), offline=(), controller=1, store_error="") -> ClusterStatus:
     return ClusterStatus(
         brokers=(BrokerStatus(1, "h1:7401", True), BrokerStatus(2, "", False)),
         controller=controller,
         under_replicated=tuple(under),
         offline=tuple(offline),
+        store_error=store_error,
     )
 
 
@@ -25,6 +26,23 @@ def test_exit_status_offline_before_under_replicated():
     assert cluster.exit_status(status()) == cluster.HEALTHY == 0
     assert cluster.exit_status(status(under=[SHRUNK])) == cluster.UNDER_REPLICATED == 3
     assert cluster.exit_status(status(under=[SHRUNK, OFFLINE], offline=[OFFLINE])) == cluster.OFFLINE == 4
+
+
+def test_an_unreachable_metadata_store_is_not_healthy():
+    """A broker that cannot reach etcd answers from what it last saw: not a healthy cluster."""
+    down = status(under=[SHRUNK], store_error="etcd did not answer (for 7 s; ...)")
+    assert not down.healthy
+    assert cluster.exit_status(down) == cluster.STORE_UNREACHABLE == 5
+    assert cluster.exit_status(status(offline=[OFFLINE], store_error="x")) == cluster.OFFLINE
+    assert cluster.status_json(down)["store_error"] == "etcd did not answer (for 7 s; ...)"
+    assert cluster.summary(down).splitlines() == [
+        "NOT healthy: 1 of 2 brokers alive, controller 1, 1 under-replicated, 0 offline partitions",
+        "metadata store unreachable: etcd did not answer (for 7 s; ...)",
+    ]
+    response = m.MetadataResponse(brokers=[m.BrokerInfo(node_id=1, host="h", port=1)], controller_id=1,
+                                  store_error="etcd did not answer")
+    assert ClusterStatus.from_metadata(response).store_error == "etcd did not answer"
+    assert ClusterStatus.from_metadata(m.MetadataResponse(controller_id=1)).healthy
 
 
 def test_status_json_shape():
@@ -37,6 +55,7 @@ def test_status_json_shape():
                               "isr": [1, 3], "leader_epoch": 4}],
         "offline": [{"topic": "audit", "partition": 2, "leader": -1, "replicas": [2], "isr": [],
                      "leader_epoch": 7}],
+        "store_error": "",
         "healthy": False,
     }
 

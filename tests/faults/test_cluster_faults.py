@@ -16,6 +16,8 @@ import signal
 from checker import read_logs
 from replicated import LAG_MS, SESSION_MS, Workload, eventually
 
+from sluice.client import Admin
+
 TOPIC = "orders"
 MAX_COPIES = 1  # producers are idempotent: a send retried after a failover is stored once
 
@@ -131,8 +133,19 @@ async def test_etcd_killed_and_restarted(three_brokers):
         await asyncio.sleep(2 * SESSION_MS / 1000)
         await workload.progress(300, 5, "while etcd is still down")
         assert not workload.errors, f"sends failed while etcd was down: {workload.errors}"
+        # each broker answers from what it last saw, and says that it cannot reach etcd
+        for node in cluster.brokers:
+            async with Admin(cluster.address(node)) as admin:
+                status = await admin.cluster_status()
+            assert not status.healthy and "etcd" in status.store_error, (node, status)
     finally:
         await asyncio.to_thread(cluster.etcd.start)
+
+    async def store_answers():
+        async with Admin(cluster.bootstrap) as admin:
+            return not (await admin.cluster_status()).store_error
+
+    await eventually(store_answers, 10, "cluster status with etcd back")
     after = await cluster.fully_replicated(TOPIC)
     assert [(p.leader, p.leader_epoch) for p in after] == [(p.leader, p.leader_epoch) for p in before], (
         "no election while etcd was away"

@@ -123,6 +123,9 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.host, self.port = config.host, config.port
         self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
         self.controller_id = -1
+        # the last time (monotonic) the metadata store answered, and why it does not now;
+        # None: it does
+        self.store_unreachable: tuple[float, str] | None = None
         self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
         self._isr_check = asyncio.Event()  # wakes the ISR upkeep at once
         self._topics_stale = asyncio.Event()  # wakes the topic records' resync at once
@@ -196,14 +199,24 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
 
     async def _follow_controller(self) -> None:
         """Keep ``controller_id`` as the store has it: looked up when brokers change and
-        every ``CONTROLLER_POLL_S`` (an election need not change the brokers)."""
+        every ``CONTROLLER_POLL_S`` (an election need not change the brokers).  A lookup
+        that fails sets ``store_unreachable`` (metadata answers say so), with the time of
+        the last answer, until one succeeds."""
+        answered_at = time.monotonic()
         while True:
             await wait_event(self._controller_changed, CONTROLLER_POLL_S)
             self._controller_changed.clear()
             try:
                 controller = await self.metadata.controller()
-            except MetadataUnavailable:
+            except MetadataUnavailable as exc:
+                if self.store_unreachable is None:
+                    log.warning("the metadata store does not answer: %s", exc.message)
+                self.store_unreachable = (answered_at, exc.message)
                 continue
+            answered_at = time.monotonic()
+            if self.store_unreachable is not None:
+                log.warning("the metadata store answers again")
+                self.store_unreachable = None
             self.controller_id = -1 if controller is None else controller
 
     async def _ensure_internal_topics(self) -> bool:

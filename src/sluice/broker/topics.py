@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -175,11 +176,20 @@ class TopicAdmin:
                 internal=t.internal,
             ))
         brokers = [m.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port) for b in self.live_brokers.values()]
-        if self.controller_id < 0:  # not known yet (just started, or mid-election): ask
+        store_error = ""
+        if self.store_unreachable is not None:  # known: answer at once, saying so
+            since, why = self.store_unreachable
+            store_error = (
+                f"{why} (no answer for {time.monotonic() - since:.0f} s; brokers, leaders and "
+                f"in-sync replicas are as this broker last saw them)"
+            )
+        elif self.controller_id < 0:  # not known yet (just started, or mid-election): ask
             with contextlib.suppress(MetadataUnavailable):
                 controller = await self.metadata.controller()
                 self.controller_id = -1 if controller is None else controller
-        return m.MetadataResponse(brokers=brokers, controller_id=self.controller_id, topics=topics), ()
+        return m.MetadataResponse(
+            brokers=brokers, controller_id=self.controller_id, topics=topics, store_error=store_error
+        ), ()
 
     async def _each_topic(
         self, changes: Iterable[tuple[str, Callable[[], Awaitable[None]]]]

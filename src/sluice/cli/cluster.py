@@ -4,8 +4,9 @@ back to the preferred replicas.
 
 ``status`` reads one metadata answer (``client.status.ClusterStatus``): the brokers, alive
 or not, the controller, and the partitions that are under-replicated (fewer in-sync
-replicas than replicas) or offline (no leader).  Its exit status says the same, for
-scripts and health checks: ``HEALTHY`` (0), ``UNDER_REPLICATED`` (3), ``OFFLINE`` (4).
+replicas than replicas) or offline (no leader), and whether the broker asked can reach the
+metadata store.  Its exit status says the same, for scripts and health checks: ``HEALTHY``
+(0), ``UNDER_REPLICATED`` (3), ``OFFLINE`` (4), ``STORE_UNREACHABLE`` (5).
 
 ``rebalance`` asks a broker (``ELECT_LEADERS``) to replace the replicas of brokers that are
 not alive and to spread replicas onto live brokers holding fewer (unless
@@ -27,6 +28,7 @@ from sluice.protocol.messages import ElectionResult, ReplicaMove
 HEALTHY = 0
 UNDER_REPLICATED = 3  # some partition has fewer in-sync replicas than replicas, none is offline
 OFFLINE = 4  # some partition has no leader: it can be neither written nor read
+STORE_UNREACHABLE = 5  # the broker asked cannot reach the metadata store (etcd): no elections
 
 PARTITION_COLUMNS = ["topic", "partition", "leader", "replicas", "isr", "leader epoch"]
 
@@ -46,10 +48,13 @@ def cluster() -> None:
 
 
 def exit_status(status: ClusterStatus) -> int:
-    """``OFFLINE`` if any partition is offline, else ``UNDER_REPLICATED`` if any is
-    under-replicated, else ``HEALTHY``."""
+    """``OFFLINE`` if any partition is offline, else ``STORE_UNREACHABLE`` if the metadata
+    store is, else ``UNDER_REPLICATED`` if any partition is under-replicated, else
+    ``HEALTHY``."""
     if status.offline:
         return OFFLINE
+    if status.store_error:
+        return STORE_UNREACHABLE
     return UNDER_REPLICATED if status.under_replicated else HEALTHY
 
 
@@ -61,12 +66,13 @@ def _partition_json(p: PartitionStatus) -> dict:
 def status_json(status: ClusterStatus) -> dict:
     """``cluster status --json``: brokers (node_id, address, alive), controller (-1: none),
     under_replicated and offline (partitions: topic, partition, leader, replicas, isr,
-    leader_epoch), healthy."""
+    leader_epoch), store_error (``""``: the metadata store answers), healthy."""
     return {
         "brokers": [{"node_id": b.node_id, "address": b.address, "alive": b.alive} for b in status.brokers],
         "controller": status.controller,
         "under_replicated": [_partition_json(p) for p in status.under_replicated],
         "offline": [_partition_json(p) for p in status.offline],
+        "store_error": status.store_error,
         "healthy": status.healthy,
     }
 
@@ -89,12 +95,16 @@ def partition_rows(partitions) -> list[list]:
 
 
 def summary(status: ClusterStatus) -> str:
-    """One line: healthy or not, with the counts."""
+    """One line: healthy or not, with the counts (and a second when the metadata store
+    cannot be reached)."""
     alive = sum(b.alive for b in status.brokers)
     word = "healthy" if status.healthy else "NOT healthy"
     controller = status.controller if status.controller >= 0 else "none"
-    return (f"{word}: {alive} of {len(status.brokers)} brokers alive, controller {controller}, "
+    line = (f"{word}: {alive} of {len(status.brokers)} brokers alive, controller {controller}, "
             f"{len(status.under_replicated)} under-replicated, {len(status.offline)} offline partitions")
+    if status.store_error:
+        line += f"\nmetadata store unreachable: {status.store_error}"
+    return line
 
 
 @cluster.command("status")
@@ -109,7 +119,9 @@ def cluster_status(ctx, as_json: bool) -> None:
     replicas (ISR) than replicas.  Offline: no leader.
 
     Exit status: 0 healthy, 3 some partition under-replicated (none offline), 4 some
-    partition offline; 1 when the cluster cannot be asked, as for every command.
+    partition offline, 5 the broker asked cannot reach the metadata store (etcd: nothing
+    can be elected or changed, and what is shown may be stale); 1 when the cluster cannot
+    be asked, as for every command.
     """
     with _admin(ctx) as admin:
         status = admin.cluster_status()

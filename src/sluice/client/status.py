@@ -9,7 +9,9 @@ Pure: ``ClusterStatus.from_metadata`` reads a ``MetadataResponse`` and does no I
   as not alive, without an address;
 - a partition is **under-replicated** when its ISR is smaller than its replica list;
 - a partition is **offline** when it has no leader (leader -1).  An offline partition is
-  usually under-replicated too, and is then listed in both.
+  usually under-replicated too, and is then listed in both;
+- the **metadata store** is unreachable when the answering broker says so (``store_error``):
+  nothing can then be elected or changed, and what the rest shows may be stale.
 
 Topics the metadata answers with an error are left out: they have no partitions to judge.
 """
@@ -56,18 +58,21 @@ class PartitionStatus:
 
 @dataclass(frozen=True)
 class ClusterStatus:
-    """Brokers by node id, the controller's node id (-1: none known), and the
-    under-replicated and offline partitions by topic and partition."""
+    """Brokers by node id, the controller's node id (-1: none known), the under-replicated
+    and offline partitions by topic and partition, and why the metadata store cannot be
+    reached (``""``: it can)."""
 
     brokers: tuple[BrokerStatus, ...]
     controller: int
     under_replicated: tuple[PartitionStatus, ...]
     offline: tuple[PartitionStatus, ...]
+    store_error: str = ""
 
     @property
     def healthy(self) -> bool:
-        """Every partition has a leader and its whole replica list in sync."""
-        return not self.under_replicated and not self.offline
+        """The metadata store answers, and every partition has a leader and its whole
+        replica list in sync."""
+        return not self.under_replicated and not self.offline and not self.store_error
 
     @classmethod
     def from_metadata(cls, response: messages.MetadataResponse) -> ClusterStatus:
@@ -93,6 +98,7 @@ class ClusterStatus:
             controller=response.controller_id,
             under_replicated=tuple(p for p in partitions if p.under_replicated),
             offline=tuple(p for p in partitions if p.offline),
+            store_error=response.store_error,
         )
 
 

@@ -138,6 +138,9 @@ class MetadataResponse(Response):
     brokers: list[BrokerInfo] = []  # the live ones
     controller_id: int = -1
     topics: list[TopicMetadata] = []
+    # set while the answering broker cannot reach the metadata store: why, and that the
+    # brokers, leaders and ISRs above are as it last saw them
+    store_error: str = ""
 
 
 # --------------------------------------------------------------------------- topic admin
