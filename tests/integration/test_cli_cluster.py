@@ -40,7 +40,7 @@ def test_replicated_topic_on_one_broker(broker, cli):
     code, shown = status(cli, b)  # piped: JSON
     assert code == 0
     assert shown == {"brokers": [{"node_id": 0, "address": b, "alive": True}], "controller": 0,
-                     "under_replicated": [], "offline": [], "healthy": True}
+                     "under_replicated": [], "offline": [], "store_error": "", "healthy": True}
     assert status(cli, b, "--json") == (0, shown)
 
 
