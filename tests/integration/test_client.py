@@ -172,6 +172,50 @@ def test_a_consumer_of_a_missing_topic_or_partition_says_so_at_once(broker):
     asyncio.run(main())
 
 
+def test_a_consumer_learns_of_new_partitions_and_created_and_deleted_topics(broker):
+    """Judged on fresh metadata, after unknown_topic_wait_ms: a partition added after the
+    consumer last asked is read, not UNKNOWN_PARTITION; a topic created within the wait is
+    read; a topic deleted under a running consumer is UNKNOWN_TOPIC, not silence."""
+    b = broker.bootstrap
+    asyncio.run(create(b, "grow"))
+
+    async def main():
+        async with Producer(b, linger_ms=0) as producer:
+            await (await producer.send("grow", b"p0", partition=0))
+            consumer = Consumer(b, fetch_max_wait_ms=100, unknown_topic_wait_ms=3000)
+            try:
+                consumer.assign([("grow", 0)])
+                assert [r.value for r in await consumer.getmany(timeout_ms=5000)] == [b"p0"]
+                async with Admin(b) as admin:
+                    await admin.add_partitions("grow", total=3)
+                await (await producer.send("grow", b"p2", partition=2))
+                consumer.assign([("grow", 0), ("grow", 2)])
+                got = await consumer.getmany(timeout_ms=5000)
+                assert [(r.partition, r.value) for r in got] == [(2, b"p2")]
+
+                consumer.assign([("later", 0)])  # created while the consumer waits for it
+                waiting = asyncio.ensure_future(consumer.getmany(timeout_ms=5000))
+                await asyncio.sleep(0.5)
+                await create(b, "later")
+                await (await producer.send("later", b"hello", partition=0))
+                got = await waiting
+                while not got:
+                    got = await consumer.getmany(timeout_ms=5000)
+                assert [r.value for r in got] == [b"hello"]
+
+                async with Admin(b) as admin:
+                    await admin.delete_topic("later")
+                t0 = time.monotonic()
+                with pytest.raises(errors.UnknownTopic):
+                    for _ in range(20):
+                        await consumer.getmany(timeout_ms=1000)
+                assert time.monotonic() - t0 < 10
+            finally:
+                await consumer.close()
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------------- producer
 
 

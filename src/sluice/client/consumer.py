@@ -24,7 +24,11 @@ iteration keep retrying with backoff (100 ms doubling to 1 s) and return what th
 when their own timeout passes; ``commit``, ``committed`` and the seeks retry within the call.
 Only when the broker has failed every attempt for ``retry_timeout_ms`` (default 60 s) does
 the error surface, its message saying for how long it was retried.  ``start()`` itself does
-not retry: a wrong address fails at once.
+not retry: a wrong address fails at once.  An assigned partition that the metadata says does
+not exist (its topic unknown, or deleted meanwhile; a partition past the topic's count) is
+asked about again for ``unknown_topic_wait_ms`` (default 1 s: a topic may be being created
+right then), then ``getmany`` and iteration raise ``UnknownTopic`` / ``UnknownPartition``.
+A subscription only reads the topics that exist.
 
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
@@ -76,12 +80,14 @@ class Consumer:
         connect_timeout_ms: float = 10000,
         retry_timeout_ms: float = 60000,
         metadata_max_age_ms: float = 30000,
+        unknown_topic_wait_ms: float = 1000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
         """``metadata_max_age_ms``: how often metadata is refreshed, which picks up new
         partitions of subscribed topics.  ``retry_timeout_ms``: how long retriable errors
-        (a broker restarting, a lost connection) are retried before they surface (see the
-        module docstring)."""
+        (a broker restarting, a lost connection) are retried before they surface;
+        ``unknown_topic_wait_ms``: how long an assigned partition that does not exist is
+        asked about again before it is an error (see the module docstring)."""
         if auto_offset_reset not in _RESETS:
             raise errors.ConfigError(
                 f"auto_offset_reset must be one of {_RESETS}, got {auto_offset_reset!r}"
@@ -97,6 +103,7 @@ class Consumer:
             ("request_timeout_ms", request_timeout_ms, 1),
             ("retry_timeout_ms", retry_timeout_ms, 0),
             ("metadata_max_age_ms", metadata_max_age_ms, 1),
+            ("unknown_topic_wait_ms", unknown_topic_wait_ms, 0),
         ):
             if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
                 raise errors.ConfigError(f"{name} must be a number >= {low}, got {value!r}")
@@ -117,6 +124,10 @@ class Consumer:
         self._failures = 0  # consecutive retriable failures (backoff)
         self._warned_at = -WARN_EVERY_S  # when "broker unavailable" was last a warning
         self.metadata_max_age = metadata_max_age_ms / 1000
+        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
+        # assigned partitions the metadata says do not exist, and since when it says so
+        self._missing: set[TP] = set()
+        self._missing_since: float | None = None
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -202,6 +213,8 @@ class Consumer:
         """Read exactly these (topic, partition) pairs; replaces any assignment."""
         self._subscription = None
         self._set_assignment([(t, int(p)) for t, p in partitions])
+        self._missing, self._missing_since = set(), None  # judged again at the next refresh
+        self._needs_refresh = True
 
     def subscribe(self, topics: Iterable[str]) -> None:
         """Read every partition of ``topics``; partitions added later are picked up."""
@@ -362,21 +375,13 @@ class Consumer:
 
     async def _list_offsets(self, tps: Sequence[TP], timestamp: int) -> dict[TP, int]:
         """Ask each partition's leader; a leader that moved marks the metadata stale (the
-        retry refreshes it) and raises ``NotLeader``.  A topic the metadata says does not
-        exist raises ``UnknownTopic``, a partition past its count ``UnknownPartition``."""
+        retry refreshes it) and raises ``NotLeader`` (a partition that does not exist is
+        then found out by ``_check_assigned``)."""
         by_leader: dict[int, list[TP]] = {}
         for tp in tps:
             node = self._cluster.leader(*tp)
             if node < 0:
                 self._needs_refresh = True
-                missing = self._cluster.unknown.get(tp[0])
-                if missing is not None:
-                    raise type(missing)(missing.message)
-                info = self._cluster.topic(tp[0])
-                if info is not None and tp[1] >= info.partitions:
-                    raise errors.UnknownPartition(
-                        f"topic {tp[0]!r} has partitions 0-{info.partitions - 1}, not {tp[1]}"
-                    )
                 raise errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}")
             by_leader.setdefault(node, []).append(tp)
         out = {}
@@ -401,10 +406,11 @@ class Consumer:
 
     async def _ensure_assignment(self) -> None:
         """Refresh metadata when due or needed; with a subscription, re-derive the
-        assignment from the partition counts."""
+        assignment from the partition counts; with an assignment, check that its partitions
+        exist (``_check_assigned``)."""
         now = time.monotonic()
         topics = self._cluster.topics
-        if any(tp[0] not in topics for tp in self._assigned):
+        if any(tp[0] not in topics or tp[1] >= topics[tp[0]].partitions for tp in self._assigned):
             self._needs_refresh = True
         if not self._needs_refresh and now - self._metadata_at < self.metadata_max_age:
             return
@@ -412,6 +418,7 @@ class Consumer:
             await self._cluster.refresh(sorted({t for t, _ in self._assigned}))
             self._metadata_at = now
             self._needs_refresh = False
+            self._check_assigned(now)
             return
         await self._cluster.refresh(self._subscription)
         self._metadata_at = now
@@ -424,12 +431,37 @@ class Consumer:
         if tps != self._assigned:
             self._set_assignment(tps)
 
+    def _check_assigned(self, now: float) -> None:
+        """After a refresh: note the assigned partitions the metadata says do not exist;
+        once it has said so for ``unknown_topic_wait_ms``, raise why (``UnknownTopic``, or
+        ``UnknownPartition`` for a partition past the topic's count)."""
+        missing: dict[TP, errors.SluiceError] = {}
+        for tp in self._assigned:
+            unknown = self._cluster.unknown.get(tp[0])
+            info = self._cluster.topic(tp[0])
+            if unknown is not None:
+                missing[tp] = type(unknown)(unknown.message)
+            elif info is not None and tp[1] >= info.partitions:
+                missing[tp] = errors.UnknownPartition(
+                    f"topic {tp[0]!r} has partitions 0-{info.partitions - 1}, not {tp[1]}"
+                )
+        self._missing = set(missing)
+        if not missing:
+            self._missing_since = None
+            return
+        if self._missing_since is None:
+            self._missing_since = now
+        if now - self._missing_since >= self.unknown_topic_wait:
+            self._missing_since = None
+            raise next(iter(missing.values()))
+        self._needs_refresh = True  # ask again: it may be being created
+
     async def _init_positions(self) -> None:
         """Give every assigned partition without a position one: the committed offset, else
         a reset.  A partition whose position the broker called out of range goes straight
         to the reset (``OffsetOutOfRange`` with ``auto_offset_reset='error'``): its
         committed offset may be the very offset that is out of range."""
-        todo = [tp for tp in self._assigned if self._positions.get(tp) is None]
+        todo = [tp for tp in self._assigned if self._positions.get(tp) is None and tp not in self._missing]
         if not todo:
             return
         fresh = [tp for tp in todo if tp not in self._out_of_range]
@@ -569,6 +601,18 @@ class Consumer:
             self._fetches[node] = task
 
     async def _fetch(self, node: int, tps: list[TP]) -> None:
+        try:
+            await self._fetch_from(node, tps)
+        finally:
+            self._fetches.pop(node, None)
+            if self._fetch_done is not None and not self._fetch_done.done():
+                self._fetch_done.set_result(None)
+
+    async def _fetch_from(self, node: int, tps: list[TP]) -> None:
+        # an assign() or seek between _maybe_fetch and this task's start took some away
+        tps = [tp for tp in tps if tp in self._fetch_offsets]
+        if not tps:
+            return
         epochs = {tp: self._epochs[tp] for tp in tps}
         offsets = {tp: self._fetch_offsets[tp] for tp in tps}
         req = messages.FetchRequest(
@@ -603,10 +647,6 @@ class Consumer:
                     await asyncio.sleep(delay)  # broker unreachable or busy: do not spin
             else:
                 self._error = exc
-        finally:
-            self._fetches.pop(node, None)
-            if self._fetch_done is not None and not self._fetch_done.done():
-                self._fetch_done.set_result(None)
 
     def _on_fetch(self, resp, data: memoryview, epochs, offsets) -> None:
         pos = 0
