@@ -138,6 +138,7 @@ async def test_etcd_killed_and_restarted(three_brokers):
             async with Admin(cluster.address(node)) as admin:
                 status = await admin.cluster_status()
             assert not status.healthy and "etcd" in status.store_error, (node, status)
+            assert status.controller == -1  # none can act without the store
     finally:
         await asyncio.to_thread(cluster.etcd.start)
 

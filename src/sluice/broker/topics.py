@@ -187,8 +187,10 @@ class TopicAdmin:
             with contextlib.suppress(MetadataUnavailable):
                 controller = await self.metadata.controller()
                 self.controller_id = -1 if controller is None else controller
+        # without the store no controller can act: none is shown (not the last one seen)
+        controller = -1 if store_error else self.controller_id
         return m.MetadataResponse(
-            brokers=brokers, controller_id=self.controller_id, topics=topics, store_error=store_error
+            brokers=brokers, controller_id=controller, topics=topics, store_error=store_error
         ), ()
 
     async def _each_topic(

@@ -139,7 +139,7 @@ class MetadataResponse(Response):
     controller_id: int = -1
     topics: list[TopicMetadata] = []
     # set while the answering broker cannot reach the metadata store: why, and that the
-    # brokers, leaders and ISRs above are as it last saw them
+    # brokers, leaders and ISRs above are as it last saw them (controller_id is then -1)
     store_error: str = ""
 
 
