@@ -16,7 +16,7 @@ import signal
 from checker import read_logs
 from replicated import LAG_MS, SESSION_MS, Workload, eventually
 
-from sluice.client import Admin
+from sluice.client import Admin, Producer
 
 TOPIC = "orders"
 MAX_COPIES = 1  # producers are idempotent: a send retried after a failover is stored once
@@ -123,6 +123,7 @@ async def test_follower_then_leader_sigstopped(three_brokers):
 async def test_etcd_killed_and_restarted(three_brokers):
     cluster = await three_brokers.start()
     before = await cluster.create_topic(TOPIC)
+    await cluster.create_topic("fresh", partitions=1)
     workload = await Workload(cluster.bootstrap, TOPIC, [0, 1, 2]).start()
     await workload.progress(200, 20, "before etcd goes")
 
@@ -139,6 +140,9 @@ async def test_etcd_killed_and_restarted(three_brokers):
                 status = await admin.cluster_status()
             assert not status.healthy and "etcd" in status.store_error, (node, status)
             assert status.controller == -1  # none can act without the store
+        # a producer that starts now gets its id from a block its broker reserved at start
+        async with Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=5000) as fresh:
+            assert (await (await fresh.send("fresh", b"new producer", partition=0))).offset == 0
     finally:
         await asyncio.to_thread(cluster.etcd.start)
 

@@ -179,7 +179,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
-            self._groups_later(), self.transactions.run(), self.delays.run(),
+            self._groups_later(), self.transactions.run(), self.delays.run(), self.reserve_producer_ids(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 

@@ -16,6 +16,7 @@ from sluice.errors import (
     InvalidRecord,
     InvalidRequest,
     MessageTooLarge,
+    MetadataUnavailable,
     RequestTimedOut,
 )
 from sluice.protocol import messages as m
@@ -25,9 +26,26 @@ from sluice.protocol.records import BatchTooLarge, validate_batches
 # sink derives its tasks' identities), so the two never meet
 DERIVED_PRODUCER_IDS = 1 << 62
 PRODUCER_ID_BLOCK = 1000  # ids a broker reserves from the metadata store at a time
+RESERVE_RETRY_S = (0.5, 10.0)  # first and longest wait between tries of reserving at start
 
 
 class ProduceHandler:
+    async def reserve_producer_ids(self) -> None:
+        """At start, reserve a block of producer ids before any producer asks, so that
+        producers starting during a later outage of the metadata store still get theirs
+        (until the block is used up).  Retried until the store answers."""
+        delay = RESERVE_RETRY_S[0]
+        while True:
+            try:
+                async with self._producer_ids_lock:
+                    nxt, last = self._producer_ids
+                    if nxt > last:
+                        self._producer_ids = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
+                return
+            except MetadataUnavailable:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESERVE_RETRY_S[1])
+
     async def init_producer_id(self, req: m.InitProducerIdRequest, _att):
         """A producer id no other producer of the cluster was or will be given, epoch 0:
         taken from a block this broker reserved in the metadata store (blocks never overlap,

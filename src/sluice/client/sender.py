@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -49,6 +50,7 @@ from sluice.protocol import messages
 log = logging.getLogger("sluice.client.producer")
 
 TP = tuple[str, int]
+IDENTITY_WARN_EVERY_S = 10.0  # "no producer id yet" warnings, at most one per this
 
 
 def backoff_delay(base: float, maximum: float, attempt: int) -> float:
@@ -204,6 +206,7 @@ class Sender:
         with backoff; a non-retriable one is kept in ``_identity_error`` (the queued batches
         fail with it)."""
         attempt = 0
+        warned_at = -math.inf
         while True:
             try:
                 response, _ = await self._cluster.request(messages.InitProducerIdRequest())
@@ -218,6 +221,11 @@ class Sender:
                 self._identity_error = exc
                 if not exc.retriable:
                     return
+                if time.monotonic() - warned_at >= IDENTITY_WARN_EVERY_S:
+                    warned_at = time.monotonic()
+                    log.warning(
+                        "no producer id yet (sends wait for one, up to delivery_timeout_ms): %s; retrying", exc
+                    )
             finally:
                 self.wake()
             await asyncio.sleep(backoff_delay(self.backoff, self.backoff_max, attempt))
