@@ -601,6 +601,7 @@ def test_large_piped_input_arrives_whole_and_in_order(broker, cli):
         (("--bootstrap", "", "topic", "list"), "--bootstrap"),
         (("no-such-command",), "no-such-command"),
         (("consume",), "TOPIC"),
+        (("topic", "list", "--bootstrap", "127.0.0.1:7400"), "before the command: sluice --bootstrap"),
     ],
 )
 def test_bad_usage_is_refused_before_anything_is_sent(cli, args, needle):

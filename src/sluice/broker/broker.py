@@ -77,6 +77,7 @@ log = logging.getLogger("sluice.broker")
 
 HW_CHECKPOINT = "replication-offset-checkpoint"
 CONTROLLER_POLL_S = 1.0
+GROUPS_WARN_EVERY_S = 30.0  # "cannot start the group coordinator yet", at most one per this
 INTERNAL_REPLICAS = 3  # a cluster's internal topics get min(3, live brokers) replicas
 INTERNAL_TOPIC_WAIT_S = 10.0  # ... once that many are alive, or after this long
 
@@ -247,7 +248,9 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
 
     async def _groups_later(self) -> None:
         """Start the group coordinator once ``__groups`` exists (a cluster's first brokers
-        wait for each other; see ``_ensure_internal_topics``)."""
+        wait for each other; see ``_ensure_internal_topics``).  Why it cannot yet is a
+        warning at most every ``GROUPS_WARN_EVERY_S`` (the tries go on every second)."""
+        warned_at = -GROUPS_WARN_EVERY_S
         while self.groups is None:
             await asyncio.sleep(1.0)
             try:
@@ -255,7 +258,9 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
                     async with self._admin_lock:  # the topic is opened by then
                         await self._start_coordinator()
             except Exception as exc:  # noqa: BLE001 - retried: the store or a broker may be back
-                log.warning("cannot start the group coordinator yet: %s", exc)
+                quiet = time.monotonic() - warned_at < GROUPS_WARN_EVERY_S
+                warned_at = warned_at if quiet else time.monotonic()
+                (log.debug if quiet else log.warning)("cannot start the group coordinator yet: %s", exc)
 
     def _leadership_changed(self, part: Partition) -> None:
         """A partition held here began or stopped leading: the coordinator follows its

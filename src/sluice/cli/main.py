@@ -566,7 +566,10 @@ def main() -> None:
         sys.exit(130)  # Ctrl-C: click already ended the line
     except click.ClickException as exc:
         # one line, like every other error; `--help` shows the usage
-        _fail(errors.describe(errors.UsageError(exc.format_message())), exc.exit_code)
+        message = exc.format_message()
+        if isinstance(exc, click.NoSuchOption) and exc.option_name == "--bootstrap":
+            message += " Give it before the command: sluice --bootstrap HOST[:PORT] COMMAND ..."
+        _fail(errors.describe(errors.UsageError(message)), exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
 
