@@ -85,8 +85,10 @@ with ``raise ... from exc`` at their boundary.
 stored (never sent, or every attempt refused by the broker with an error whose
 ``appended_nothing`` is true); ``True`` when the fate of any attempt is unknown (a request
 timed out or its connection broke after it was written, or the broker answered
-``REQUEST_TIMED_OUT``).  The message says the same.  Errors not about a send leave it
-``None``.
+``REQUEST_TIMED_OUT``).  The message says the same, but for an error that kept a record
+from being buffered at all (the call raised, or the future of ``send`` / ``send_nowait``
+failed before anything was sent): ``maybe_stored`` is ``False`` and the message is the
+error's own.  Errors not about a send leave it ``None``.
 """
 
 from __future__ import annotations
@@ -466,6 +468,14 @@ def send_failure(exc: BaseException, maybe_stored: bool) -> SluiceError:
         out.__cause__ = exc
     out.maybe_stored = maybe_stored
     return out
+
+
+def unbuffered(exc: BaseException) -> BaseException:
+    """``exc``, which kept a record from being buffered, marked ``maybe_stored = False``
+    (a foreign exception, a caller's bug such as a value that is not bytes, is left as it is)."""
+    if isinstance(exc, SluiceError) and exc.maybe_stored is None:
+        exc.maybe_stored = False
+    return exc
 
 
 def annotated(exc: SluiceError, note: str) -> SluiceError:

@@ -216,6 +216,39 @@ def test_a_consumer_learns_of_new_partitions_and_created_and_deleted_topics(brok
     asyncio.run(main())
 
 
+def test_a_send_refused_before_anything_was_buffered_is_not_stored(broker):
+    """``maybe_stored`` is False, not None, on errors that kept records out of the buffer."""
+    b = broker.bootstrap
+    asyncio.run(create(b, "small", config={"max.message.bytes": "1024"}))
+
+    async def main():
+        producer = Producer(b, linger_ms=0, delivery_timeout_ms=1000, unknown_topic_wait_ms=200)
+        await producer.start()
+        failures = []
+        try:
+            for call in (
+                lambda: producer.send("nope", b"x"),
+                lambda: producer.send("small", b"a" * 5000),
+                lambda: producer.send_many("small", [b"a" * 5000]),
+                lambda: producer.send_many("small", [b"x"], partition=9),
+                lambda: producer.send_nowait("small", b"b" * 5000),
+            ):
+                with pytest.raises(errors.SluiceError) as ei:
+                    await call()
+                failures.append(ei.value)
+        finally:
+            await producer.close()
+        with pytest.raises(errors.ClientClosed) as ei:
+            await producer.send("small", b"x")
+        failures.append(ei.value)
+        assert [(type(e).__name__, e.maybe_stored) for e in failures] == [
+            ("UnknownTopic", False), ("MessageTooLarge", False), ("MessageTooLarge", False),
+            ("UnknownPartition", False), ("MessageTooLarge", False), ("ClientClosed", False),
+        ]
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------------- producer
 
 

@@ -337,13 +337,14 @@ class Producer:
             self._appender.loop = None
 
     def _check_open(self) -> None:
+        """Raise, before a send buffers anything, when the producer cannot send."""
         if self._closing or self._closed:
-            raise errors.ClientClosed("producer is closed")
+            raise errors.unbuffered(errors.ClientClosed("producer is closed"))
         if not self._started:
-            raise errors.ClientError("producer not started: await start() first")
+            raise errors.unbuffered(errors.ClientError("producer not started: await start() first"))
         fenced = self._sender.fenced
         if fenced is not None:
-            raise errors.annotated(fenced, "(this producer was fenced; nothing was buffered)")
+            raise errors.unbuffered(errors.annotated(fenced, "(this producer was fenced; nothing was buffered)"))
 
     def _forced(self) -> bool:
         """Close lingering batches at once (a flush or close is waiting)?"""
@@ -492,7 +493,7 @@ class Producer:
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
         except Exception as exc:  # nothing was buffered
-            buffered.set_exception(exc)
+            buffered.set_exception(errors.unbuffered(exc))
             return buffered
         if common == _TURN:
             return self._buffered_later(buffered, fut)
@@ -509,7 +510,7 @@ class Producer:
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
         except Exception as exc:  # nothing was buffered
-            buffered.set_exception(exc)
+            buffered.set_exception(errors.unbuffered(exc))
             return buffered
         if not appended:
             self._line.add((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
@@ -573,6 +574,7 @@ class Producer:
             self._unbuffered(sink, exc)
 
     def _unbuffered(self, sink, exc: BaseException) -> None:
+        errors.unbuffered(exc)
         if not sink.done():
             sink.set_exception(exc)
         if self.on_unbuffered is not None:
@@ -709,6 +711,15 @@ class Producer:
         ``acks="none"`` it resolves to ``(partition, -1)``.  Records of one call stay in order;
         a concurrent ``send`` to the same partition may land between two of its batches.
         """
+        try:
+            return await self._send_many(topic, values, partition, key)
+        except errors.SluiceError as exc:
+            errors.unbuffered(exc)  # it raises only when none of the records was buffered
+            raise
+
+    async def _send_many(
+        self, topic: str, values: Sequence[bytes], partition: int | None, key: bytes | None
+    ) -> asyncio.Future:
         self._check_open()
         count = len(values)
         if count == 0:

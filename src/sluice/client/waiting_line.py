@@ -55,7 +55,7 @@ class WaitingLine:
                     if buffered is None:
                         self._producer._unbuffered(sink, exc)
                     elif not buffered.done():
-                        buffered.set_exception(exc)
+                        buffered.set_exception(errors.unbuffered(exc))
                 else:
                     lane.popleft()
                     if buffered is not None and not buffered.done():
@@ -102,7 +102,7 @@ class WaitingLine:
             for *_, sink, buffered in lane:
                 target = sink if buffered is None else buffered
                 if not target.done():
-                    target.set_exception(type(exc)(*exc.args))
+                    target.set_exception(errors.unbuffered(type(exc)(*exc.args)))
 
     async def drained(self) -> None:
         """Return once every send waiting in line was buffered or failed."""
