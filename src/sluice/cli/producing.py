@@ -143,10 +143,12 @@ class Sender:
         self._acked(meta.partition, [meta.offset])
 
     def summary_error(self) -> str | None:
-        """The one-line failure of the whole run (None when every message was acked)."""
+        """The one-line failure of the whole run (None when every message was acked): the
+        first error, ``NAME (code): message`` as every error line, then how many failed."""
         if not self.failed:
             return None
-        return f"{self.failed} of {self.sent} messages failed; first: {_describe(self.first_error)}"
+        more = "" if self.failed == 1 else "; this was the first"
+        return f"{_describe(self.first_error)} ({self.failed} of {self.sent} messages failed{more})"
 
 
 def _where(partition: int | None, offset: int) -> str:
