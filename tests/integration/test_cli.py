@@ -723,7 +723,8 @@ def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
     res = cli("produce", "keys", "--key-separator", ":", "--file", str(tmp_path / "input"), "-H", "src=file",
               bootstrap=b, input=b"ignored:stdin\n")
     line = assert_error(res, "1 of 3 messages failed", "no key separator")
-    assert line.startswith("error: USAGE_ERROR (1002): no key separator") and res.returncode == 1
+    assert line.startswith("error: USAGE_ERROR (1002): no key separator ':' in message 'no separator here'")
+    assert res.returncode == 1
     recs = json_lines(ok(cli("consume", "keys", "--from", "earliest", "-e", "--json", bootstrap=b)))
     assert [(r["key"], r["value"], r["headers"]) for r in recs] == [
         ("alice", "one:1", {"src": "file"}), ("bob", "two", {"src": "file"})]

@@ -247,6 +247,13 @@ def test_a_send_refused_before_anything_was_buffered_is_not_stored(broker):
         ]
 
     asyncio.run(main())
+    sync = SyncProducer(b)
+    sync.close()
+    for call in (lambda: sync.send("small", b"x"), lambda: sync.send_many("small", [b"x"]),
+                 lambda: sync.send_batch([b"x"], topic="small")):
+        with pytest.raises(errors.ClientClosed) as ei:
+            call()
+        assert ei.value.maybe_stored is False
 
 
 # ---------------------------------------------------------------------- producer

@@ -165,7 +165,7 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
           session_timeout_ms: int, replica_lag_time_max_ms: int, default_replication_factor: int,
           leader_rebalance_interval_ms: int, groups_partitions: int, txn_check_timeout_ms: int,
           txn_check_interval_ms: int, txn_max_checks: int) -> None:
-    """Run a broker: data in DATA_DIR, metadata there too unless --cluster names etcd.
+    """Run a broker: data in --data-dir, metadata there too unless --cluster names etcd.
 
     Brokers of one cluster share the --cluster URL and each has its own --node-id and
     data directory.
@@ -332,8 +332,9 @@ def _send_keyed(sender, messages: list[bytes], separator: bytes) -> None:
         if values:
             sender.send(values, keys)
             keys, values = [], []
-        shown = m[:40].decode("utf-8", "backslashreplace")
-        sender.refuse(errors.UsageError(f"no key separator {separator!r} in message {shown!r}"))
+        shown = m[:40].decode("utf-8", "backslashreplace") + ("…" if len(m) > 40 else "")
+        sep = separator.decode("utf-8", "backslashreplace")
+        sender.refuse(errors.UsageError(f"no key separator {sep!r} in message {shown!r}"))
     if values:
         sender.send(values, keys)
 

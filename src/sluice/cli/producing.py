@@ -148,7 +148,8 @@ class Sender:
         if not self.failed:
             return None
         more = "" if self.failed == 1 else "; this was the first"
-        return f"{_describe(self.first_error)} ({self.failed} of {self.sent} messages failed{more})"
+        noun = "message" if self.sent == 1 else "messages"
+        return f"{_describe(self.first_error)} ({self.failed} of {self.sent} {noun} failed{more})"
 
 
 def _where(partition: int | None, offset: int) -> str:

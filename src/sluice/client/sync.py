@@ -322,6 +322,15 @@ class SyncProducer(_SyncBase):
         client.on_unbuffered = self._unbuffered.append
         return client
 
+    def _ensure(self) -> tuple:
+        """As ``_SyncBase._ensure``; every call of a producer sends, so its ``ClientClosed``
+        is a send refused before anything was buffered (``maybe_stored`` False)."""
+        try:
+            return super()._ensure()
+        except errors.ClientClosed as exc:
+            errors.unbuffered(exc)
+            raise
+
     def send(
         self, topic: str, value: bytes | None, *, key: bytes | None = None, headers=None,
         partition: int | None = None, timestamp_ms: int | None = None,
@@ -355,7 +364,7 @@ class SyncProducer(_SyncBase):
     def _loop_thread(self) -> _LoopThread:
         lt = self._lt
         if lt is None:  # closed by another thread meanwhile
-            raise errors.ClientClosed(f"{type(self).__name__} is closed")
+            raise errors.unbuffered(errors.ClientClosed(f"{type(self).__name__} is closed"))
         return lt
 
     def _hand_over(self, client: Producer) -> None:
