@@ -716,6 +716,21 @@ def test_exit_at_end_stops_at_the_end_it_started_with(broker, cli):
     assert ok(cli("consume", "ends", "-e", "--group", "snap", bootstrap=b)) == ""
 
 
+def test_produce_delayed_stores_the_good_messages_and_says_which_failed(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "later", bootstrap=b))
+    res = cli("produce", "later", "--key-separator", ":", "--delay-ms", "3000", bootstrap=b,
+              input=b"a:1\nno separator\nb:2\n")
+    line = assert_error(res, "(1 of 3 messages failed)")
+    assert line.startswith("error: USAGE_ERROR (1002): no key separator ':' in message 'no separator'")
+    assert ok(cli("consume", "later", "--from", "earliest", "-e", bootstrap=b)) == ""  # not due yet
+    recs = wait_for(
+        lambda: json_lines(ok(cli("consume", "later", "--from", "earliest", "-e", "--json", bootstrap=b))),
+        15, "the delayed messages",
+    )
+    assert sorted((r["key"], r["value"]) for r in recs) == [("a", "1"), ("b", "2")]
+
+
 def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
     b = broker.bootstrap
     ok(cli("topic", "create", "keys", bootstrap=b))

@@ -287,11 +287,13 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
         with _admin(ctx) as admin:
             admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
         if delay_ms is not None:
-            n = produce_delayed(
+            n, failure = produce_delayed(
                 ctx.obj["bootstrap"], topic_name, split_messages(read_available(fd), None if raw else delimiter),
                 delay_ms=delay_ms, key=key.encode() if key is not None else None, key_separator=key_separator,
                 headers=hdrs, partition=partition,
             )
+            if failure:
+                _fail(failure)
             if sys.stderr.isatty():
                 click.echo(f"stored {n} delayed message{'s' if n != 1 else ''} for {topic_name}", err=True)
             return
@@ -322,6 +324,8 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
 def _send_keyed(sender, messages: list[bytes], separator: bytes) -> None:
     """Split each message at its first ``separator`` into key and value and send those;
     a message without the separator is refused (and counted as failed)."""
+    from sluice.cli.producing import key_separator_missing
+
     keys, values = [], []
     for m in messages:
         k, sep, v = m.partition(separator)
@@ -332,9 +336,7 @@ def _send_keyed(sender, messages: list[bytes], separator: bytes) -> None:
         if values:
             sender.send(values, keys)
             keys, values = [], []
-        shown = m[:40].decode("utf-8", "backslashreplace") + ("…" if len(m) > 40 else "")
-        sep = separator.decode("utf-8", "backslashreplace")
-        sender.refuse(errors.UsageError(f"no key separator {sep!r} in message {shown!r}"))
+        sender.refuse(key_separator_missing(separator, m))
     if values:
         sender.send(values, keys)
 

@@ -143,13 +143,25 @@ class Sender:
         self._acked(meta.partition, [meta.offset])
 
     def summary_error(self) -> str | None:
-        """The one-line failure of the whole run (None when every message was acked): the
-        first error, ``NAME (code): message`` as every error line, then how many failed."""
-        if not self.failed:
-            return None
-        more = "" if self.failed == 1 else "; this was the first"
-        noun = "message" if self.sent == 1 else "messages"
-        return f"{_describe(self.first_error)} ({self.failed} of {self.sent} {noun} failed{more})"
+        """The one-line failure of the whole run (None when every message was acked)."""
+        return summary_error(self.failed, self.sent, self.first_error)
+
+
+def summary_error(failed: int, sent: int, first_error: BaseException | None) -> str | None:
+    """The one-line failure of a ``produce`` run (None when nothing failed): the first error,
+    ``NAME (code): message`` as every error line, then how many failed."""
+    if not failed:
+        return None
+    more = "" if failed == 1 else "; this was the first"
+    noun = "message" if sent == 1 else "messages"
+    return f"{_describe(first_error)} ({failed} of {sent} {noun} failed{more})"
+
+
+def key_separator_missing(separator: bytes, message: bytes) -> errors.UsageError:
+    """The error of a message without its key separator (``--key-separator``)."""
+    shown = message[:40].decode("utf-8", "backslashreplace") + ("…" if len(message) > 40 else "")
+    sep = separator.decode("utf-8", "backslashreplace")
+    return errors.UsageError(f"no key separator {sep!r} in message {shown!r}")
 
 
 def _where(partition: int | None, offset: int) -> str:
@@ -164,10 +176,13 @@ def _describe(exc: BaseException | None) -> str:
 
 
 def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], *, delay_ms: int,
-                    key: bytes | None, key_separator: bytes | None, headers, partition: int | None) -> int:
+                    key: bytes | None, key_separator: bytes | None, headers,
+                    partition: int | None) -> tuple[int, str | None]:
     """``sluice produce --delay-ms``: each group of messages read together becomes delayed
     messages due ``delay_ms`` after it was read (one stored batch per key and 1000
-    messages).  Returns how many were stored; a message without ``key_separator`` fails."""
+    messages).  A message without ``key_separator`` fails, and so does a stored batch the
+    broker refuses; the others are stored.  Returns how many were stored and the run's
+    ``summary_error`` (None when none failed)."""
     import asyncio
     import time
 
@@ -175,25 +190,33 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
 
     hdrs = list(headers or ())
 
-    async def run() -> int:
-        sent = 0
+    async def run() -> tuple[int, str | None]:
+        seen = stored = failed = 0
+        first: BaseException | None = None
         async with DelayedProducer(bootstrap) as producer:
             for values in batches:
                 at = int(time.time() * 1000) + delay_ms
                 by_key: dict[bytes | None, list] = {}
+                seen += len(values)
                 for v in values:
                     k = key
                     if key_separator is not None:
                         k, sep, v = v.partition(key_separator)
                         if not sep:
-                            shown = k[:40].decode("utf-8", "backslashreplace")
-                            raise errors.UsageError(f"no key separator {key_separator!r} in message {shown!r}")
+                            failed += 1
+                            first = first or key_separator_missing(key_separator, k)
+                            continue
                     by_key.setdefault(k, []).append((k, v, hdrs))
                 for recs in by_key.values():
                     for i in range(0, len(recs), 1000):
                         chunk = recs[i:i + 1000]
-                        await producer.send_delayed(topic, chunk, deliver_at_ms=at, partition=partition)
-                        sent += len(chunk)
-        return sent
+                        try:
+                            await producer.send_delayed(topic, chunk, deliver_at_ms=at, partition=partition)
+                        except errors.SluiceError as exc:
+                            failed += len(chunk)
+                            first = first or exc
+                        else:
+                            stored += len(chunk)
+        return stored, summary_error(failed, seen, first)
 
     return asyncio.run(run())
