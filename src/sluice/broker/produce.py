@@ -38,22 +38,26 @@ class ProduceHandler:
         while True:
             try:
                 async with self._producer_ids_lock:
-                    nxt, last = self._producer_ids
-                    if nxt > last:
-                        self._producer_ids = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
+                    await self._producer_id_block()
                 return
             except MetadataUnavailable:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESERVE_RETRY_S[1])
+
+    async def _producer_id_block(self) -> tuple[int, int]:
+        """(next id, last id) of this broker's block, a new block reserved in the metadata
+        store when this one is used up.  ``_producer_ids_lock`` held."""
+        nxt, last = self._producer_ids
+        if nxt > last:
+            nxt, last = self._producer_ids = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
+        return nxt, last
 
     async def init_producer_id(self, req: m.InitProducerIdRequest, _att):
         """A producer id no other producer of the cluster was or will be given, epoch 0:
         taken from a block this broker reserved in the metadata store (blocks never overlap,
         across brokers and restarts; an id unused when the broker stops is skipped)."""
         async with self._producer_ids_lock:
-            nxt, last = self._producer_ids
-            if nxt > last:
-                nxt, last = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
+            nxt, last = await self._producer_id_block()
             if last >= DERIVED_PRODUCER_IDS:
                 raise InvalidRequest("the cluster's producer ids are exhausted")
             self._producer_ids = (nxt + 1, last)
