@@ -452,6 +452,13 @@ def raise_for_code(code: int, message: str = "") -> None:
         raise error_for_code(code, message)
 
 
+def unknown_partition(topic: str, partition: int, count: int) -> UnknownPartition:
+    """The one wording of "partition ``partition`` of ``topic`` does not exist" (it has
+    ``count``), wherever it is found out: broker, metadata store, client or CLI."""
+    have = "partition 0 only" if count == 1 else f"partitions 0-{count - 1}"
+    return UnknownPartition(f"topic {topic!r} has {have}, not {partition}")
+
+
 def send_failure(exc: BaseException, maybe_stored: bool) -> SluiceError:
     """A fresh copy of ``exc`` for the records of one failed batch, saying whether they may
     have been stored (``maybe_stored``, and the end of the message).

@@ -10,6 +10,7 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncAdmin, SyncConsumer, SyncProducer
+from sluice.client.transport import Connection
 from sluice.config import ServerConfig
 from sluice.protocol import messages
 
@@ -170,6 +171,46 @@ def test_a_consumer_of_a_missing_topic_or_partition_says_so_at_once(broker):
                 await consumer.close()
 
     asyncio.run(main())
+
+
+def test_a_missing_partition_is_worded_alike_everywhere(broker):
+    """Producer, consumer, admin and the broker's own answer (a raw fetch) say it the same
+    way, and a one-partition topic reads as such, not "partitions 0-0"."""
+    b = broker.bootstrap
+    asyncio.run(create(b, "one"))
+    asyncio.run(create(b, "three", partitions=3))
+
+    async def main():
+        said = []
+        async with Producer(b, linger_ms=0) as producer:
+            for topic in ("one", "three"):
+                with pytest.raises(errors.UnknownPartition) as ei:
+                    await producer.send(topic, b"x", partition=7)
+                said.append(ei.value.message)
+        consumer = Consumer(b)
+        consumer.assign([("three", 7)])
+        try:
+            with pytest.raises(errors.UnknownPartition) as ei:
+                await consumer.getmany(timeout_ms=10_000)
+            said.append(ei.value.message)
+        finally:
+            await consumer.close()
+        async with Admin(b) as admin:
+            with pytest.raises(errors.UnknownPartition) as ei:
+                await admin.list_offsets("three", [7])
+            said.append(ei.value.message)
+        conn = await Connection.open("127.0.0.1", broker.port)
+        try:
+            fetch = messages.FetchRequest(partitions=[messages.FetchPartition(topic="three", partition=7, offset=0)])
+            resp, _ = await conn.request(fetch, ())
+            said.append(resp.partitions[0].message)
+        finally:
+            conn.close()
+        return said
+
+    said = asyncio.run(main())
+    assert said[0] == "topic 'one' has partition 0 only, not 7"
+    assert said[1:] == ["topic 'three' has partitions 0-2, not 7"] * 4
 
 
 def test_a_consumer_learns_of_new_partitions_and_created_and_deleted_topics(broker):

@@ -66,7 +66,7 @@ from sluice.errors import (
     NotCoordinator,
     NotLeader,
     TopicAlreadyExists,
-    UnknownPartition,
+    unknown_partition,
 )
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
@@ -405,7 +405,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         """The topic, if it has partition ``index`` (``UnknownTopic``, ``UnknownPartition``)."""
         t = self.topic(topic)
         if not 0 <= index < t.count:
-            raise UnknownPartition(f"topic {topic!r} has partitions 0-{t.count - 1}, not {index}")
+            raise unknown_partition(topic, index, t.count)
         return t
 
     def partition(self, topic: str, index: int) -> Partition:

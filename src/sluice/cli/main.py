@@ -390,7 +390,6 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
     --json encodes them (base64 when not UTF-8).
     """
     from sluice.client.sync import SyncConsumer
-    from sluice.errors import UnknownPartition
 
     _exclusive(ctx, "as_json", "raw", "fmt")
     for mode in ("as_json", "fmt"):
@@ -418,7 +417,7 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
         bounds = {p.partition: (p.log_start_offset, p.high_watermark) for p in desc.partitions}
         if partition is not None:
             if partition not in partitions:
-                raise UnknownPartition(f"topic {topic_name!r} has partitions 0-{len(partitions) - 1}, not {partition}")
+                raise errors.unknown_partition(topic_name, partition, len(partitions))
             partitions = [partition]
         ends = admin.list_offsets(topic_name, partitions) if exit_at_end else None
     consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, auto_offset_reset="earliest" if group else "latest",

@@ -167,7 +167,7 @@ class Admin:
         out: dict[int, list[int]] = {}
         for p in partitions:
             if not 0 <= p < count:
-                raise errors.UnknownPartition(f"topic {topic!r} has partitions 0-{count - 1}, not {p}")
+                raise errors.unknown_partition(topic, p, count)
             node = self._cluster.leader(topic, p)
             if node < 0:
                 raise errors.NotLeader(f"{topic}-{p} has no leader now; retry")

@@ -442,9 +442,7 @@ class Consumer:
             if unknown is not None:
                 missing[tp] = type(unknown)(unknown.message)
             elif info is not None and tp[1] >= info.partitions:
-                missing[tp] = errors.UnknownPartition(
-                    f"topic {tp[0]!r} has partitions 0-{info.partitions - 1}, not {tp[1]}"
-                )
+                missing[tp] = errors.unknown_partition(tp[0], tp[1], info.partitions)
         self._missing = set(missing)
         if not missing:
             self._missing_since = None

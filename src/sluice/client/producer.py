@@ -621,7 +621,7 @@ class Producer:
         if partition is not None and not 0 <= partition < n:
             if partition >= 0:
                 return False  # the topic may have grown: the line refreshes metadata
-            raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
+            raise errors.unknown_partition(topic, partition, n)
         if headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes):
             reserve = len(value) + (0 if key is None else len(key)) + _PLAIN_SLACK
         else:
@@ -735,7 +735,7 @@ class Producer:
         else:
             sticky = False
             if not 0 <= partition < n:
-                raise errors.UnknownPartition(f"{topic!r} has {n} partitions, not {partition}")
+                raise errors.unknown_partition(topic, partition, n)
         lens = list(map(len, values))
         biggest = max(lens)
         klen = len(key) if key is not None else 0

@@ -445,7 +445,7 @@ class TransactionProducer:
         n = info.partitions
         if partition is not None:
             if not 0 <= partition < n:
-                raise errors.UnknownPartition(f"topic {topic!r} has partitions 0-{n - 1}, not {partition}")
+                raise errors.unknown_partition(topic, partition, n)
             return partition
         if key is not None:
             return _crc32c.crc32c(key) % n
@@ -465,7 +465,7 @@ async def leader_connection(cluster: Cluster, topic: str, partition: int):
             err = cluster.unknown.get(topic)
             raise err if err is not None else errors.UnknownTopic(f"unknown topic {topic!r}")
         if not 0 <= partition < info.partitions:
-            raise errors.UnknownPartition(f"topic {topic!r} has partitions 0-{info.partitions - 1}, not {partition}")
+            raise errors.unknown_partition(topic, partition, info.partitions)
         leader = cluster.leader(topic, partition)
         if leader < 0:
             raise errors.NotLeader(f"{topic}-{partition} has no leader now")

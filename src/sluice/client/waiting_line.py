@@ -74,7 +74,7 @@ class WaitingLine:
                 p._check_open()
                 info = await p._usable_topic(topic, partition)
                 if partition is not None and not 0 <= partition < info.partitions:
-                    raise errors.UnknownPartition(f"{topic!r} has {info.partitions} partitions, not {partition}")
+                    raise errors.unknown_partition(topic, partition, info.partitions)
                 if not reserved:
                     p._fitting(topic, info, tail_size(key, value, headers))
                     reserve = p._reserve(key, value, headers)

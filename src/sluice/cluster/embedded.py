@@ -49,7 +49,6 @@ from sluice.cluster.store import (
     producer_id_block,
     reassigned_record,
     reassigned_state,
-    unknown_partition,
     unknown_topic,
 )
 from sluice.errors import (
@@ -59,6 +58,7 @@ from sluice.errors import (
     StorageError,
     TopicAlreadyExists,
     storage_error_from_os,
+    unknown_partition,
 )
 from sluice.storage.checkpoint import write_json
 

@@ -62,7 +62,6 @@ from sluice.cluster.store import (
     producer_id_block,
     reassigned_record,
     reassigned_state,
-    unknown_partition,
     unknown_topic,
 )
 from sluice.errors import (
@@ -73,6 +72,7 @@ from sluice.errors import (
     NodeIdInUse,
     TopicAlreadyExists,
     UnknownServerError,
+    unknown_partition,
 )
 
 log = logging.getLogger("sluice.cluster")

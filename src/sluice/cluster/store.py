@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sluice.errors import InvalidPartitions, InvalidRequest, UnknownPartition, UnknownTopic
+from sluice.errors import InvalidPartitions, InvalidRequest, UnknownTopic, unknown_partition
 
 MAX_PRODUCER_ID = (1 << 63) - 1  # producer ids are int64 on the wire
 MAX_PRODUCER_ID_BLOCK = 1 << 20
@@ -371,10 +371,6 @@ def _check_assignment(record: TopicRecord) -> None:
 
 def unknown_topic(name: str) -> UnknownTopic:
     return UnknownTopic(f"topic {name!r} does not exist")
-
-
-def unknown_partition(topic: str, partition: int, count: int) -> UnknownPartition:
-    return UnknownPartition(f"topic {topic!r} has partitions 0-{count - 1}, not {partition}")
 
 
 def check_block_size(block_size: int) -> None:
