@@ -178,6 +178,9 @@ def test_add_partitions_refuses_bad_counts(broker):
                 admin.add_partitions("p", **kw)
             assert ei.value.code == 8
         assert "above 3" in str(ei.value) or "10000" in str(ei.value)
+        with pytest.raises(errors.InvalidPartitions) as ei:
+            admin.add_partitions("p", count=-5)  # said as given, not as the total 3 - 5
+        assert ei.value.message == "partitions to add must be at least 1, got -5"
         for kw in ({}, {"total": 4, "count": 1}, {"total": "4"}):
             with pytest.raises(errors.ConfigError):
                 admin.add_partitions("p", **kw)

@@ -277,6 +277,16 @@ def test_create_bad_partitions_names_invalid_partitions(shared, cli, n):
     )
 
 
+def test_create_partitions_help_and_a_count_past_32_bits(shared, cli):
+    """Help gives the real range (not a 32-bit one); a count the wire cannot carry is a
+    usage error at once, naming the option."""
+    out = ok(cli("topic", "create", "--help", bootstrap=shared.bootstrap))
+    assert "Partitions of the topic, 1-10000." in out and "2147483647" not in out
+    res = cli("topic", "create", "p-huge", "--partitions", "99999999999", bootstrap=shared.bootstrap)
+    assert res.returncode == 2
+    assert_error(res, "USAGE_ERROR", "'--partitions': 99999999999 does not fit in 32 bits")
+
+
 def test_create_existing_topic(shared, cli):
     b = shared.bootstrap
     ok(cli("topic", "create", "dup", "--partitions", "2", bootstrap=b))

@@ -252,7 +252,7 @@ def test_topic_add_partitions(broker, cli):
     [
         (("--total", "2"), ("INVALID_PARTITIONS (8)", "above 3")),  # shrinking
         (("--total", "3"), ("INVALID_PARTITIONS (8)", "above 3")),
-        (("--num", "0"), ("INVALID_PARTITIONS (8)",)),
+        (("--num", "0"), ("INVALID_PARTITIONS (8)", "to add must be at least 1, got 0")),
         (("--total", "10001"), ("INVALID_PARTITIONS (8)",)),
         (("--total", "1", "--dry-run"), ("INVALID_PARTITIONS (8)",)),
         (("--num", "1", "--total", "5"), ("exactly one of --num and --total",)),

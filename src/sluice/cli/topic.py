@@ -11,7 +11,8 @@ import click
 
 from sluice.cli import output
 from sluice.cli.output import node_list, or_dash
-from sluice.cli.params import key_values
+from sluice.cli.params import Int32, key_values
+from sluice.config import MAX_PARTITIONS
 from sluice.protocol.messages import TopicDescription
 
 
@@ -28,7 +29,8 @@ def topic() -> None:
 
 @topic.command("create")
 @click.argument("name")
-@click.option("--partitions", type=click.IntRange(-(2**31), 2**31 - 1), default=1, show_default=True)
+@click.option("--partitions", type=Int32(), default=1, show_default=True,
+              help=f"Partitions of the topic, 1-{MAX_PARTITIONS}.")
 @click.option("--replication-factor", type=click.IntRange(min=1), default=None,
               help="Replicas of each partition, on as many brokers  [default: the brokers' default].")
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config (repeatable).")

@@ -347,6 +347,8 @@ class Admin:
         for value in (total, count):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise errors.ConfigError(f"partition counts are ints, got {value!r}")
+        if count is not None and count < 1:
+            raise errors.InvalidPartitions(f"partitions to add must be at least 1, got {count}")
         if total is None:
             total = len(await self._partitions(name)) + count
         req = messages.CreatePartitionsRequest(
