@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sluice.broker import partition as partition_module
+from sluice.broker import compacting as partition_module
 from sluice.broker.partition import Partition
 from sluice.protocol.records import (
     build_batch,
