@@ -151,6 +151,39 @@ def test_producer_errors(broker):
     asyncio.run(main())
 
 
+def test_a_send_to_a_topic_deleted_under_the_producer_fails_after_the_wait(broker):
+    """Not retried until delivery_timeout_ms (2 minutes) with metadata asked back to back:
+    UNKNOWN_TOPIC once fresh metadata has said so for unknown_topic_wait_ms, nothing stored,
+    and at most one metadata request per retry_backoff_ms meanwhile."""
+    b = broker.bootstrap
+    asyncio.run(create(b, "gone"))
+
+    async def main():
+        async with Producer(b, linger_ms=0) as producer:
+            await (await producer.send("gone", b"kept"))
+            async with Admin(b) as admin:
+                await admin.delete_topic("gone")
+            refreshes = 0
+            refresh = producer._cluster.refresh
+
+            async def counted(*args, **kwargs):
+                nonlocal refreshes
+                refreshes += 1
+                return await refresh(*args, **kwargs)
+
+            producer._cluster.refresh = counted
+            t0 = time.monotonic()
+            with pytest.raises(errors.UnknownTopic) as ei:
+                await asyncio.wait_for(await producer.send("gone", b"late"), 15)
+            took = time.monotonic() - t0
+            assert ei.value.maybe_stored is False
+            assert "unknown_topic_wait_ms" in ei.value.message
+            assert 0.9 < took < 5, took
+            assert refreshes <= took / 0.1 + 3, (refreshes, took)
+
+    asyncio.run(main())
+
+
 def test_a_consumer_of_a_missing_topic_or_partition_says_so_at_once(broker):
     """Not ``NOT_LEADER`` retried for retry_timeout_ms as if a broker were down."""
     b = broker.bootstrap

@@ -100,7 +100,10 @@ class Sender:
         self.request_timeout = producer.request_timeout
         self.max_request_size = producer.max_request_size
         self.metadata_max_age = producer.metadata_max_age
+        self.unknown_topic_wait = producer.unknown_topic_wait
         self.metadata_at = 0.0  # monotonic time of the last metadata refresh
+        # partitions with queued batches that metadata says do not exist, since when
+        self._missing_since: dict[TP, float] = {}
         self._cluster = cluster
         self._acc = acc
         self._memory = memory
@@ -186,6 +189,11 @@ class Sender:
             self._refresh_task = self._loop.create_task(self._refresh())
 
     async def _refresh(self) -> None:
+        # At most one refresh per retry_backoff_ms: a partition with no leader (a deleted
+        # topic, an election under way) must not turn the sender into a metadata loop.
+        pause = self.metadata_at + self.backoff - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
         topics = set(self._cluster.topics) | self._acc.topics()
         try:
             await self._cluster.refresh(sorted(topics))
@@ -317,6 +325,11 @@ class Sender:
                 del self._retry_at[tp]
             node = cluster.leader(*tp)
             if node < 0:
+                gone = self._gone(tp, now)
+                if gone is not None:
+                    while q:
+                        self._acc.finish(q.popleft(), gone, self.release)
+                    continue
                 need_refresh = True
                 for b in q:
                     b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp}")
@@ -340,6 +353,26 @@ class Sender:
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
         return wake_at
+
+    def _gone(self, tp: TP, now: float) -> errors.BrokerError | None:
+        """The error ``tp``'s queued batches fail with once metadata has said for
+        ``unknown_topic_wait_ms`` that the partition does not exist (its topic was deleted,
+        or recreated with fewer partitions), judged on a refresh made after it was first
+        seen missing; None while it may still appear (a topic being created)."""
+        topic, partition = tp
+        info = self._cluster.topics.get(topic)
+        unknown = self._cluster.unknown.get(topic)
+        if not (isinstance(unknown, errors.UnknownTopic) or (info is not None and partition >= info.partitions)):
+            self._missing_since.pop(tp, None)
+            return None
+        since = self._missing_since.setdefault(tp, now)
+        if now - since < self.unknown_topic_wait or self.metadata_at <= since:
+            return None
+        if info is None:
+            return errors.UnknownTopic(
+                f"topic {topic!r} does not exist (waited {self.unknown_topic_wait * 1000:g} ms: unknown_topic_wait_ms)"
+            )
+        return errors.unknown_partition(topic, partition, info.partitions)
 
     def _take_request(self, tps: list[TP]) -> dict[TP, list[Batch]]:
         """Pop batches of as many partitions of ``tps`` as fit in ``max_request_size`` (the
