@@ -230,3 +230,9 @@ class ServerConfig:
 
             parse_cluster_url(self.cluster)
             session_ttl(self.session_timeout_ms)
+            if self.host in ("0.0.0.0", "::", "") and self.advertised_host is None:
+                raise ConfigError(
+                    f"listening on every address ({self.host or 'all'}), a broker of a cluster needs "
+                    "--advertise HOST[:PORT]: the other brokers and the clients connect to the "
+                    "address it advertises"
+                )

@@ -111,7 +111,8 @@ def test_parse_bootstrap_default_port_is_sluices(spelled, addr):
 
 @pytest.mark.parametrize(
     "bad",
-    ["h:0", "h:65536", "127.0.0.1:99999", "h:x", "h:-1", "[::1]x", "h:\u0661", "http://h:1", "h:1/x", "u@h:1"],
+    ["h:0", "h:65536", "127.0.0.1:99999", "h:x", "h:-1", "[::1]x", "h:\u0661", "http://h:1", "h:1/x", "u@h:1",
+     "a:b:c", "h:1:2"],
 )
 def test_parse_bootstrap_refuses_bad_ports(bad):
     with pytest.raises(errors.ConfigError, match="bad bootstrap address"):

@@ -210,9 +210,11 @@ async def test_cli_list_commit_rollback(broker, cli):
     assert refused.returncode == 1 and b"TRANSACTION_ENDED (34)" in refused.stderr
     unknown = cli("txn", "rollback", "orders/0/999", bootstrap=bs)
     assert unknown.returncode == 1 and b"UNKNOWN_TRANSACTION (35)" in unknown.stderr
-    bad = cli("txn", "commit", "nonsense", bootstrap=bs)
-    assert bad.returncode != 0 and b"topic/partition/offset" in bad.stderr
+    bad = cli("txn", "commit", "nonsense", bootstrap=bs)  # a bad argument: usage error, exit 2
+    assert bad.returncode == 2 and b"USAGE_ERROR (1002)" in bad.stderr and b"topic/partition/offset" in bad.stderr
     assert json.loads(cli("txn", "list", bootstrap=bs).stdout) == []
+    missing = cli("txn", "list", "-t", "nosuch", bootstrap=bs)
+    assert missing.returncode == 1 and b"UNKNOWN_TOPIC (4)" in missing.stderr and b"nosuch" in missing.stderr
     assert [r.value for r in await read_all(bs, "orders")] == [b"a"]
 
 

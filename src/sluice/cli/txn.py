@@ -12,13 +12,26 @@ from __future__ import annotations
 import click
 
 from sluice.cli.output import echo_json, iso_ms, table, wants_json
-from sluice.protocol.transactions import format_id
+from sluice.protocol.transactions import format_id, parse_id
 
 
 def _admin(ctx):
     from sluice.client.sync import SyncAdmin
 
     return SyncAdmin(ctx.obj["bootstrap"])
+
+
+class TxnId(click.ParamType):
+    """A transaction id, ``topic/partition/offset``: a malformed one is a usage error."""
+
+    name = "ID"
+
+    def convert(self, value, param, ctx):
+        try:
+            parse_id(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
 
 
 @click.group()
@@ -62,7 +75,7 @@ def _end(ctx, txn_id: str, commit: bool, as_json: bool) -> None:
 
 
 @txn.command("commit")
-@click.argument("txn_id", metavar="ID")
+@click.argument("txn_id", metavar="ID", type=TxnId())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
@@ -71,7 +84,7 @@ def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
 
 
 @txn.command("rollback")
-@click.argument("txn_id", metavar="ID")
+@click.argument("txn_id", metavar="ID", type=TxnId())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def txn_rollback(ctx, txn_id: str, as_json: bool) -> None:

@@ -130,7 +130,9 @@ class Admin:
     async def list_transactions(self, topics: Iterable[str] | None = None) -> list[messages.TransactionInfo]:
         """Unresolved half messages, oldest first: each broker answers for the partitions
         it leads, so every broker of the cluster is asked."""
-        await self._cluster.refresh(None if topics is None else list(topics))
+        resp = await self._cluster.refresh(None if topics is None else list(topics))
+        for t in resp.topics if topics is not None else ():
+            errors.raise_for_code(t.error, t.message or t.name)
         request = messages.ListTransactionsRequest(topics=None if topics is None else list(topics))
         out: list[messages.TransactionInfo] = []
         for node in sorted(self._cluster.brokers):

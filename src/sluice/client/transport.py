@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import itertools
 import math
 import os
@@ -434,6 +435,12 @@ def _parse_address(item: str) -> tuple[str, int]:
         port = rest[1:] if rest else str(DEFAULT_PORT)
     elif item.count(":") > 1:  # a bare IPv6 address: no port
         host, port = item, str(DEFAULT_PORT)
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise errors.ConfigError(
+                f"bad bootstrap address {item!r}: neither host:port nor an IPv6 address"
+            ) from None
     else:
         host, sep, port = item.partition(":")
         if not sep:
