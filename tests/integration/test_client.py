@@ -184,6 +184,22 @@ def test_a_send_to_a_topic_deleted_under_the_producer_fails_after_the_wait(broke
     asyncio.run(main())
 
 
+def test_a_request_the_broker_refuses_whole_was_not_stored(broker_factory):
+    """A produce frame past the broker's cap is answered INVALID_REQUEST before any of it
+    is read: its records were not stored (maybe_stored False), not "may have been"."""
+    broker = broker_factory(extra_args=["--max-frame-bytes", "2048"]).start()
+    asyncio.run(create(broker.bootstrap, "capped"))
+
+    async def main():
+        async with Producer(broker.bootstrap, linger_ms=0, retries=0) as producer:
+            with pytest.raises(errors.InvalidRequest) as ei:
+                await (await producer.send("capped", b"x" * 10_000))
+            assert "exceeds the 2048-byte cap" in ei.value.message
+            assert ei.value.maybe_stored is False
+
+    asyncio.run(main())
+
+
 def test_a_consumer_of_a_missing_topic_or_partition_says_so_at_once(broker):
     """Not ``NOT_LEADER`` retried for retry_timeout_ms as if a broker were down."""
     b = broker.bootstrap

@@ -484,9 +484,12 @@ class Sender:
         try:
             try:
                 response = await self._exchange(node, request, attachments, flat, written)
-            except BaseException:
+            except BaseException as exc:
+                # The broker refusing the whole request (a frame past its cap, say) wrote
+                # none of it; otherwise, written or not, no answer was read.
+                refused = isinstance(exc, errors.BrokerError) and exc.appended_nothing
                 for b in flat:
-                    b.settle(known=False)  # written or not, no answer was read
+                    b.settle(known=refused)
                 raise
             if response is None:  # acks=none: written is all we will know
                 for b in flat:
