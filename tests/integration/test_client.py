@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import crc32c
@@ -196,6 +197,26 @@ def test_a_request_the_broker_refuses_whole_was_not_stored(broker_factory):
                 await (await producer.send("capped", b"x" * 10_000))
             assert "exceeds the 2048-byte cap" in ei.value.message
             assert ei.value.maybe_stored is False
+
+    asyncio.run(main())
+
+
+def test_a_producer_says_once_that_the_broker_is_unavailable(broker_factory, caplog):
+    """Sends retried while the broker is down are not silent: one warning (not one per
+    retry) names the failure and how long each send is retried."""
+    broker = broker_factory().start()
+    asyncio.run(create(broker.bootstrap, "down"))
+
+    async def main():
+        async with Producer(broker.bootstrap, linger_ms=0, delivery_timeout_ms=3000) as producer:
+            await (await producer.send("down", b"before"))
+            broker.kill()
+            with caplog.at_level(logging.WARNING, logger="sluice.client.producer"):
+                with pytest.raises(errors.DeliveryTimeout):
+                    await (await producer.send("down", b"during"))
+        warned = [r.getMessage() for r in caplog.records if "broker unavailable" in r.getMessage()]
+        assert len(warned) == 1, warned
+        assert "delivery_timeout_ms=3000" in warned[0]
 
     asyncio.run(main())
 

@@ -51,6 +51,7 @@ log = logging.getLogger("sluice.client.producer")
 
 TP = tuple[str, int]
 IDENTITY_WARN_EVERY_S = 10.0  # "no producer id yet" warnings, at most one per this
+RETRY_WARN_EVERY_S = 10.0  # "retrying" warnings, at most one per this
 
 
 def backoff_delay(base: float, maximum: float, attempt: int) -> float:
@@ -104,6 +105,7 @@ class Sender:
         self.metadata_at = 0.0  # monotonic time of the last metadata refresh
         # partitions with queued batches that metadata says do not exist, since when
         self._missing_since: dict[TP, float] = {}
+        self._retry_warned_at = -math.inf
         self._cluster = cluster
         self._acc = acc
         self._memory = memory
@@ -332,7 +334,7 @@ class Sender:
                     continue
                 need_refresh = True
                 for b in q:
-                    b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp}")
+                    b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}")
                 wake_at = _earliest(wake_at, q[0].deadline)
                 continue
             by_node.setdefault(node, []).append(tp)
@@ -678,6 +680,15 @@ class Sender:
             self._cluster.mark_stale(tp[0])
         if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed | errors.RequestTimedOut):
             self.request_refresh()
+        if counted and now - self._retry_warned_at >= RETRY_WARN_EVERY_S:
+            # A send that waits out a broken connection or a refusal (too few in-sync
+            # replicas, say) for up to 2 minutes says so, once, not at every retry.
+            self._retry_warned_at = now
+            what = "broker unavailable" if isinstance(exc, errors.ConnectionClosed) else f"send to {tp[0]}-{tp[1]} refused"
+            log.warning(
+                "%s (%s); retrying each send for up to delivery_timeout_ms=%g",
+                what, errors.describe(exc) if isinstance(exc, errors.SluiceError) else exc, self.delivery_timeout * 1000,
+            )
         incomplete = self._acc.incomplete
         keep = []
         for b in bs:
