@@ -157,3 +157,56 @@ def test_bad_usage_exits_2(shared, cli, args, needle):
     err = res.stderr.decode()
     assert res.returncode == 2, (res.returncode, err)
     assert "Traceback" not in err and needle in err, err
+
+
+def test_redrive_unknown_subscription_and_nothing_dead_lettered_yet(shared, cli):
+    b = shared.bootstrap
+    ok(cli("topic", "create", "redrive-t", bootstrap=b))
+    assert_error(cli("sub", "redrive", "redrive-t", "nosuchsub", bootstrap=b),
+                 "UNKNOWN_SUBSCRIPTION", "(36)", "'nosuchsub'")
+    ok(cli("sub", "create", "redrive-t", "billing", "--max-attempts", "3", bootstrap=b))
+    out = ok(cli("sub", "redrive", "redrive-t", "billing", bootstrap=b))
+    assert out == "re-drove 0 message(s) from redrive-t.billing.dlq into redrive-t\n"
+
+
+def test_create_refuses_a_dead_letter_topic_name_over_the_limit(shared, cli):
+    b = shared.bootstrap
+    topic = "t" * 240  # + ".billing.dlq": 252 characters
+    ok(cli("topic", "create", topic, bootstrap=b))
+    assert_error(cli("sub", "create", topic, "billing", "--max-attempts", "3", bootstrap=b),
+                 "INVALID_SUBSCRIPTION", "(38)", "dead-letter topic name would be 252 characters, too long")
+    assert json.loads(ok(cli("sub", "list", topic, bootstrap=b))) == {topic: []}
+    ok(cli("sub", "create", topic, "b", "--max-attempts", "3", bootstrap=b))  # 246: fits
+    ok(cli("sub", "create", topic, "billing", bootstrap=b))  # never dead-letters: no such topic
+
+
+def test_create_refuses_another_subscriptions_dead_letter_topic(shared, cli):
+    b = shared.bootstrap
+    ok(cli("topic", "create", "col", bootstrap=b))
+    ok(cli("topic", "create", "col.x", bootstrap=b))
+    ok(cli("sub", "create", "col", "x.y", "--max-attempts", "3", bootstrap=b))
+    assert_error(cli("sub", "create", "col.x", "y", "--max-attempts", "3", bootstrap=b),
+                 "INVALID_SUBSCRIPTION", "'col.x.y.dlq'", "subscription 'x.y' of topic 'col'")
+    ok(cli("sub", "delete", "col", "x.y", bootstrap=b))
+    ok(cli("sub", "create", "col.x", "y", "--max-attempts", "3", bootstrap=b))
+
+
+def test_a_topic_with_subscriptions_is_not_made_compacted(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    ok(cli("sub", "create", "orders", "billing", bootstrap=b))
+    ok(cli("sub", "create", "orders", "audit", bootstrap=b))
+
+    def refused():
+        for extra in ([], ["--dry-run"]):
+            assert_error(cli("topic", "alter", "orders", "--config", "cleanup.policy=compact", *extra, bootstrap=b),
+                         "INVALID_CONFIG", "(9)", "has subscriptions (audit, billing)")
+
+    refused()
+    broker.kill()
+    broker.start()  # nothing loaded: the subscriptions are read from the log to answer
+    refused()
+    assert json.loads(ok(cli("sub", "list", bootstrap=b))) == {"orders": ["audit", "billing"]}
+    ok(cli("sub", "delete", "orders", "billing", bootstrap=b))
+    ok(cli("sub", "delete", "orders", "audit", bootstrap=b))
+    ok(cli("topic", "alter", "orders", "--config", "cleanup.policy=compact", bootstrap=b))

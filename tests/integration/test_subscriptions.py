@@ -300,6 +300,57 @@ async def test_dead_letter_after_max_attempts_and_redrive(broker, cli):
     assert res.returncode == 0 and b"re-drove 0 message(s)" in res.stdout, res
 
 
+async def test_redrive_copies_only_the_dead_letters_of_its_own_subscription(broker, cli):
+    """``col`` + ``x.y`` and ``col.x`` + ``y`` share ``col.x.y.dlq`` (dead letters from
+    before sharing was refused): each re-drive copies its own, into its own topic, and
+    leaves the other's for the other."""
+    bs = broker.bootstrap
+    await make_topic(bs, "col")
+    await make_topic(bs, "col.x")
+    await make_topic(bs, "col.x.y.dlq")
+
+    def dead(topic: str, sub: str) -> list[tuple[str, bytes]]:
+        return [("sluice.dlq.topic", topic.encode()), ("sluice.dlq.partition", b"0"),
+                ("sluice.dlq.subscription", sub.encode()), ("sluice.dlq.offset", b"0")]
+
+    async with Producer(bs, acks="all") as p:
+        for value, headers in [(b"of-col", dead("col", "x.y")), (b"of-col.x", dead("col.x", "y")),
+                               (b"col-again", dead("col", "x.y"))]:
+            await (await p.send("col.x.y.dlq", value, headers=headers))
+    res = cli("sub", "redrive", "col", "x.y", bootstrap=bs)
+    assert res.returncode == 0 and b"re-drove 2 message(s)" in res.stdout, res
+    assert sorted(r.value for r in await read_all(bs, "col")) == [b"col-again", b"of-col"]
+    res = cli("sub", "redrive", "col.x", "y", bootstrap=bs)
+    assert res.returncode == 0 and b"re-drove 1 message(s)" in res.stdout, res
+    assert [r.value for r in await read_all(bs, "col.x")] == [b"of-col.x"]
+    for topic, sub in (("col", "x.y"), ("col.x", "y")):  # each where it stopped
+        res = cli("sub", "redrive", topic, sub, bootstrap=bs)
+        assert res.returncode == 0 and b"re-drove 0 message(s)" in res.stdout, res
+
+
+async def test_a_dead_letter_topic_of_its_own_with_a_legal_name(broker):
+    """A subscription that can dead-letter is refused, through the admin client and on
+    first use by a subscriber, when its dead-letter topic name is too long or another
+    subscription's; one that never dead-letters is not."""
+    bs = broker.bootstrap
+    long_topic = "t" * 240
+    for name in ("col", "col.x", long_topic):
+        await make_topic(bs, name)
+    async with Admin(bs) as admin:
+        await admin.create_subscription("col", "x.y", SubscriptionConfig(max_attempts=3))
+        with pytest.raises(errors.InvalidSubscription, match="subscription 'x.y' of topic 'col'"):
+            await admin.create_subscription("col.x", "y", SubscriptionConfig(max_attempts=3))
+        with pytest.raises(errors.InvalidSubscription, match="252 characters, too long"):
+            await admin.create_subscription(long_topic, "billing", SubscriptionConfig(max_attempts=3))
+        for topic, name, match in (("col.x", "y", "'col.x.y.dlq'"), (long_topic, "billing", "too long")):
+            with pytest.raises(errors.InvalidSubscription, match=match):
+                async with Subscriber(bs, topic, name, max_attempts=1):
+                    pass
+            async with Subscriber(bs, topic, name):  # max_attempts 0: no dead-letter topic
+                pass
+        assert await admin.list_subscriptions() == {"col": ["x.y"], "col.x": ["y"], long_topic: ["billing"]}
+
+
 # --------------------------------------------------------------------------- ordered
 
 
@@ -659,3 +710,31 @@ async def test_sync_subscriber_from_a_thread(broker):
     assert not t.is_alive() and not failure, failure
     assert sorted(got) == sorted(values)
     await settled(bs, "orders", "work")
+
+
+async def test_run_takes_a_plain_function_handler(broker):
+    bs = broker.bootstrap
+    await make_topic(bs, "orders")
+    values = await produce(bs, "orders", 6)
+    calls: Counter = Counter()
+
+    def handler(msg):
+        calls[msg.value] += 1
+        if msg.attempt == 1 and msg.offset == 2:
+            raise ValueError("not yet")
+
+    async with Subscriber(bs, "orders", "work", ack_timeout_ms=NEVER_MS, max_attempts=3, **FAST) as sub:
+        task = asyncio.ensure_future(sub.run(handler))
+        [info] = await settled(bs, "orders", "work", timeout=10)
+    await asyncio.wait_for(task, 10)
+    assert info.dead_lettered == 0
+    assert calls == {v: 2 if v.endswith(b"000002") else 1 for v in values}
+
+
+async def test_backoff_settings_as_keywords(broker):
+    bs = broker.bootstrap
+    await make_topic(bs, "orders")
+    async with Subscriber(bs, "orders", "work", backoff_initial_ms=100, backoff_max_ms=400, max_attempts=2):
+        pass
+    [info] = await describe(bs, "orders", "work")
+    assert (info.config.backoff_initial_ms, info.config.backoff_max_ms, info.config.max_attempts) == (100, 400, 2)

@@ -14,7 +14,9 @@ the state from its own copy of the log.
 Dead letters: a message delivered ``max_attempts`` times without an ack is copied to the
 topic ``<topic>.<subscription>.dlq`` (created with one partition when missing) with the
 ``sluice.dlq.*`` headers, through a producer of the broker's own with ``acks=all``; only
-once the copy is acknowledged is the message acked in the source.
+once the copy is acknowledged is the message acked in the source.  A subscription that can
+dead-letter (``max_attempts`` > 0) is created only if that name is a legal topic name and
+no other subscription's dead-letter topic (``check_new``).
 
 Concurrency: event loop only; scans and reads run in the broker's read executor.
 """
@@ -34,6 +36,7 @@ from sluice.errors import (
     SubscriptionAlreadyExists,
     TopicAlreadyExists,
     UnknownSubscription,
+    UnknownTopic,
 )
 from sluice.protocol import messages as m
 from sluice.protocol import subscriptions as sub
@@ -360,6 +363,7 @@ class SubscriptionManager:
         self._sessions: dict[tuple[int, str, str], Session] = {}
         self._producer = None
         self._producer_lock = asyncio.Lock()
+        self._admin = None
 
     def handlers(self) -> dict:
         return {
@@ -422,6 +426,8 @@ class SubscriptionManager:
         ))
         if self._producer is not None:
             await self._producer.close()
+        if self._admin is not None:
+            await self._admin.close()
 
     # ------------------------------------------------------------------ dead-letter writes
 
@@ -445,6 +451,37 @@ class SubscriptionManager:
                 await producer.start()
                 self._producer = producer
             return self._producer
+
+    # ------------------------------------------------------------------ cluster-wide checks
+
+    async def names(self, topic: str) -> set[str]:
+        """The subscriptions of ``topic`` (none if it is gone, compacted or internal),
+        asked of each partition's leader through an admin client of the broker's own:
+        other brokers may lead them.  Never call it holding a partition's ``lock``."""
+        if self._admin is None:
+            from sluice.client.admin import Admin  # the broker's own client, made on first use
+
+            self._admin = Admin(f"{self.broker.host}:{self.broker.port}")
+        try:
+            infos = await self._admin.describe_subscription(topic)
+        except (UnknownTopic, InvalidSubscription):
+            return set()
+        return {i.subscription for i in infos}
+
+    async def check_new(self, topic: str, name: str, config: sub.SubscriptionConfig) -> None:
+        """Refuse (``InvalidSubscription``) to create a subscription that can dead-letter
+        whose dead-letter topic name is too long, or is the dead-letter topic of another
+        existing subscription (whose dead letters a re-drive would mix up).  Checked
+        before creating, so two such creations at the same moment may both pass."""
+        if not config.max_attempts:
+            return  # never dead-letters: no dead-letter topic
+        dlq = sub.check_dlq_topic(topic, name)
+        for other, other_name in sub.dlq_sharers(topic, name):
+            if other in self.broker.topics and other_name in await self.names(other):
+                raise InvalidSubscription(
+                    f"subscription {name!r} of topic {topic!r} would dead-letter into {dlq!r}, the "
+                    f"dead-letter topic of subscription {other_name!r} of topic {other!r}; choose another name"
+                )
 
     # ------------------------------------------------------------------ handlers
 
@@ -471,12 +508,14 @@ class SubscriptionManager:
             session = self._sessions[key] = Session(conn, req.topic, req.subscription, req.prefetch)
             conn.on_close(lambda: self._session_closed(key))
         session.prefetch = max(1, req.prefetch)
+        check = _Once(lambda: self.check_new(req.topic, req.subscription, create))
 
         async def attach(ps: PartitionSubscriptions):
             sp = ps.subs.get(req.subscription)
             if sp is None:
                 if create is None:
                     ps.get(req.subscription)  # raises UnknownSubscription
+                await check()
                 try:
                     sp = await ps.create(req.subscription, create, req.start)
                 except SubscriptionAlreadyExists:
@@ -515,8 +554,11 @@ class SubscriptionManager:
     async def create(self, req: m.CreateSubscriptionRequest, _att):
         sub.check_name(req.subscription)
         config = sub.check_config(req.config)
+        check = _Once(lambda: self.check_new(req.topic, req.subscription, config))
 
         async def create(ps: PartitionSubscriptions):
+            if req.subscription not in ps.subs:
+                await check()
             try:
                 return (await ps.create(req.subscription, config, req.start)).config
             except SubscriptionAlreadyExists:
@@ -560,3 +602,16 @@ class SubscriptionManager:
                 ))
         return m.DescribeSubscriptionsResponse(subscriptions=out), ()
 
+
+class _Once:
+    """``await once()`` runs ``make()`` the first time only; every caller gets its outcome
+    (a request's partitions share one check)."""
+
+    def __init__(self, make) -> None:
+        self._make = make
+        self._task: asyncio.Future | None = None
+
+    async def __call__(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._make())
+        await asyncio.shield(self._task)

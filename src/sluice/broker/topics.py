@@ -379,7 +379,8 @@ class TopicAdmin:
 
     async def _alter_topic_config(self, change: m.TopicConfigChange, validate_only: bool) -> None:
         """Validate the topic's new overrides, record them, then apply them to its live
-        partitions: all or nothing, no restart. Admin lock held."""
+        partitions: all or nothing, no restart.  A topic with subscriptions cannot become
+        compacted (``InvalidConfig`` naming them).  Admin lock held."""
         topic = self.topic(change.name)
         keeping = sorted(KEEPING_CONFIGS & (set(change.config) | set(change.delete)))
         if topic.internal and topic.name not in PRODUCED_INTERNAL and keeping:
@@ -395,7 +396,16 @@ class TopicAdmin:
         record = (await self.metadata.topics())[change.name]
         overrides = {k: v for k, v in record.config.items() if k not in change.delete}
         overrides.update(change.config)
-        _check_min_insync(TopicConfig.parse(overrides, self.defaults), record.replication_factor, change.name)
+        parsed = TopicConfig.parse(overrides, self.defaults)
+        _check_min_insync(parsed, record.replication_factor, change.name)
+        if parsed.cleanup_policy == "compact" and topic.config.cleanup_policy != "compact":
+            # a compacted topic takes no subscriptions: those it has would be stranded
+            names = await self.subscriptions.names(change.name)
+            if names:
+                raise InvalidConfig(
+                    f"topic {change.name!r} has subscriptions ({', '.join(sorted(names))}): it cannot be "
+                    "compacted while it has them; delete them first"
+                )
         if validate_only:
             return
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -40,7 +41,17 @@ from sluice.client.transport import Cluster, Connection
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import RangeSet
 from sluice.protocol.records import decode_records
-from sluice.protocol.subscriptions import SubscriptionConfig, check_config, check_name, tag_of
+from sluice.protocol.subscriptions import (
+    DLQ_HEADERS,
+    DLQ_PARTITION,
+    DLQ_SUBSCRIPTION,
+    DLQ_TOPIC,
+    SubscriptionConfig,
+    check_config,
+    check_name,
+    dlq_topic,
+    tag_of,
+)
 
 log = logging.getLogger("sluice.client.subscriber")
 
@@ -156,8 +167,9 @@ class _Pending:
 class Subscriber:
     """Consume ``topic`` through subscription ``subscription`` (see the module docstring).
 
-    ``create``: create the subscription on partitions that lack it, with ``config`` (or
-    the settings ``mode``, ``max_attempts``, ``ack_timeout_ms``, ``tags`` given here) from ``start``
+    ``create``: create the subscription on partitions that lack it, with ``config`` (each
+    of the settings ``mode``, ``max_attempts``, ``ack_timeout_ms``, ``backoff_initial_ms``,
+    ``backoff_max_ms``, ``tags`` given here overrides its field) from ``start``
     (``earliest``, ``latest``, an offset, ``time:<ms>``); with ``create=False`` a missing
     subscription fails the subscriber with ``UnknownSubscription``.
     """
@@ -175,6 +187,8 @@ class Subscriber:
         mode: str | None = None,
         max_attempts: int | None = None,
         ack_timeout_ms: int | None = None,
+        backoff_initial_ms: int | None = None,
+        backoff_max_ms: int | None = None,
         tags: Sequence[str] | None = None,
         ack_interval_ms: float = 5,
         request_timeout_ms: float = 30000,
@@ -186,6 +200,8 @@ class Subscriber:
         cfg = config or SubscriptionConfig()
         overrides = {k: v for k, v in (("mode", mode), ("max_attempts", max_attempts),
                                         ("ack_timeout_ms", ack_timeout_ms),
+                                        ("backoff_initial_ms", backoff_initial_ms),
+                                        ("backoff_max_ms", backoff_max_ms),
                                         ("tags", None if tags is None else list(tags))) if v is not None}
         if overrides:
             import msgspec
@@ -324,22 +340,30 @@ class Subscriber:
         return out
 
     async def run(
-        self, handler: Callable[[Message], Awaitable[None]], *, concurrency: int = 10, keep_alive: bool = True
+        self, handler: Callable[[Message], Awaitable[None] | None], *, concurrency: int = 10, keep_alive: bool = True
     ) -> None:
         """Call ``handler(message)`` for every message, up to ``concurrency`` at once
         (one per partition at a time in ordered mode): ack when it returns, nack when it
-        raises, touch while it runs (``keep_alive``).  Returns when the subscriber is
-        closed; raises what stopped it."""
+        raises, touch while it runs (``keep_alive``).  ``handler`` may be a coroutine
+        function or a plain function (what it returns is awaited only if awaitable); a
+        plain one runs on the event loop, so it should be quick: nothing else, touches
+        included, runs until it returns.  Returns when the subscriber is closed; raises
+        what stopped it."""
         slots = asyncio.Semaphore(concurrency)
         running: set[asyncio.Task] = set()
+
+        async def call(msg: Message) -> None:
+            result = handler(msg)
+            if inspect.isawaitable(result):
+                await result
 
         async def handle(msg: Message) -> None:
             try:
                 if keep_alive:
                     async with msg.keep_alive():
-                        await handler(msg)
+                        await call(msg)
                 else:
-                    await handler(msg)
+                    await call(msg)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
@@ -738,48 +762,73 @@ def _runs(offsets: list[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-REDRIVE_SUBSCRIPTION = "sluice.redrive"
+REDRIVE_SUBSCRIPTION = "sluice.redrive"  # before 2 subscriptions could share a dead-letter topic
+
+
+def redrive_subscription(topic: str) -> str:
+    """The subscription a re-drive into ``topic`` reads the dead-letter topic through:
+    ``sluice.redrive.<length of topic>``.  The length tells the pairs that share a
+    dead-letter topic apart (``col`` + ``x.y``, ``col.x`` + ``y``: creating the second is
+    refused now, not so before), so each re-drive keeps its own place."""
+    return f"{REDRIVE_SUBSCRIPTION}.{len(topic)}"
 
 
 async def redrive(bootstrap, topic: str, subscription: str, *, idle_s: float = 1.0) -> int:
-    """Copy every message of the dead-letter topic of ``subscription`` back into
-    ``topic`` — into its original partition, without the ``sluice.dlq.*`` headers — and
-    return how many.  It reads the dead-letter topic through the subscription
-    ``sluice.redrive`` and acks each message once its copy is acknowledged: a re-drive cut
-    short goes on where it stopped, and copies nothing twice unless its acks were lost."""
+    """Copy the dead letters of ``subscription`` of ``topic`` — the messages of its
+    dead-letter topic whose ``sluice.dlq.topic`` and ``sluice.dlq.subscription`` headers
+    name them — back into ``topic``, into their original partition, without the
+    ``sluice.dlq.*`` headers, and return how many.  It reads the dead-letter topic through
+    the subscription ``redrive_subscription(topic)`` and acks each message once its copy
+    is acknowledged (or at once, another's dead letter): a re-drive cut short goes on where
+    it stopped, and copies nothing twice unless its acks were lost.
+
+    0 when there is no dead-letter topic yet; ``UnknownTopic`` without ``topic``,
+    ``UnknownSubscription`` without either the subscription or its dead-letter topic (the
+    dead letters of a deleted subscription can still be re-driven)."""
     from sluice.client.admin import Admin
     from sluice.client.producer import Producer
-    from sluice.protocol.subscriptions import DLQ_HEADERS, DLQ_PARTITION, dlq_topic
 
     source = dlq_topic(topic, subscription)
-    admin = Admin(bootstrap)
-    producer = Producer(bootstrap, acks="all")
-    sub = Subscriber(bootstrap, source, REDRIVE_SUBSCRIPTION, create=True, start="earliest")
+    name = redrive_subscription(topic)
+    mine = (topic.encode(), subscription.encode())
     copied = 0
-    await admin.start()
-    try:
-        await producer.start()
+    async with Admin(bootstrap) as admin:
         count = len((await admin.describe_topic(topic)).partitions)
-        await sub.start()
-        while True:
-            batch = await sub.getmany(1000, idle_s)
-            if not batch:
-                await sub.flush()
-                infos = await admin.describe_subscription(source, REDRIVE_SUBSCRIPTION)
-                if all(i.backlog == 0 and i.in_flight == 0 and i.retrying == 0 for i in infos):
-                    return copied
-                continue
-            futures = []
-            for msg in batch:
-                part = msg.header(DLQ_PARTITION)
-                partition = int(part) if part is not None and part.isdigit() and int(part) < count else None
-                headers = [(k, v) for k, v in msg.headers if k not in DLQ_HEADERS]
-                futures.append(await producer.send(topic, msg.value, key=msg.key, headers=headers, partition=partition))
-            for msg, fut in zip(batch, futures, strict=True):
-                await fut
-                msg.ack()
-                copied += 1
-    finally:
-        await sub.close()
-        await producer.close()
-        await admin.close()
+        if source not in {t.name for t in await admin.list_topics()}:
+            await admin.describe_subscription(topic, subscription)  # UnknownSubscription if none
+            return 0
+        start = await _legacy_redrive_position(admin, source)
+        async with Producer(bootstrap, acks="all") as producer, \
+                Subscriber(bootstrap, source, name, create=True, start=start) as sub:
+            while True:
+                batch = await sub.getmany(1000, idle_s)
+                if not batch:
+                    await sub.flush()
+                    infos = await admin.describe_subscription(source, name)
+                    if all(i.backlog == 0 and i.in_flight == 0 and i.retrying == 0 for i in infos):
+                        return copied
+                    continue
+                sent = []
+                for msg in batch:
+                    if (msg.header(DLQ_TOPIC), msg.header(DLQ_SUBSCRIPTION)) != mine:
+                        msg.ack()  # another subscription's, sharing the name: its re-drive's
+                        continue
+                    part = msg.header(DLQ_PARTITION)
+                    partition = int(part) if part is not None and part.isdigit() and int(part) < count else None
+                    headers = [(k, v) for k, v in msg.headers if k not in DLQ_HEADERS]
+                    fut = await producer.send(topic, msg.value, key=msg.key, headers=headers, partition=partition)
+                    sent.append((msg, fut))
+                for msg, fut in sent:
+                    await fut
+                    msg.ack()
+                    copied += 1
+
+
+async def _legacy_redrive_position(admin, source: str) -> str | int:
+    """Where a new per-topic re-drive subscription starts: where the one all re-drives
+    of ``source`` once shared (``sluice.redrive``) got to, else the earliest message."""
+    try:
+        infos = await admin.describe_subscription(source, REDRIVE_SUBSCRIPTION)
+    except errors.UnknownSubscription:
+        return "earliest"
+    return min((i.confirmed for i in infos), default="earliest")

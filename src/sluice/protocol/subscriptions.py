@@ -32,7 +32,9 @@ the newest segment, never deletes the last state of a subscription, and a load r
 only from the newest snapshot on.
 
 A dead letter is a copy of the message in the ordinary topic ``<topic>.<subscription>.dlq``
-with the ``DLQ_*`` headers below; re-driving copies it back without them.
+with the ``DLQ_*`` headers below; re-driving copies it back without them — only the copies
+whose headers name the subscription, since two pairs can join into one name (``col`` +
+``x.y``, ``col.x`` + ``y``; ``dlq_sharers``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ MAX_TAGS = 100
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")  # fullmatch: "$" would let a final newline in
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
+MAX_TOPIC_NAME = 249  # config.check_topic_name's limit, which dead-letter topics obey too
 
 
 class SubscriptionConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -138,7 +141,31 @@ def check_name(name: str) -> str:
 
 
 def dlq_topic(topic: str, subscription: str) -> str:
+    """The dead-letter topic of ``subscription`` of ``topic``: ``<topic>.<subscription>.dlq``."""
     return f"{topic}.{subscription}{DLQ_SUFFIX}"
+
+
+def check_dlq_topic(topic: str, subscription: str) -> str:
+    """The dead-letter topic name of a new subscription; ``InvalidSubscription`` if it
+    would be longer than a topic name may be (dead letters could never be written)."""
+    name = dlq_topic(topic, subscription)
+    if len(name) > MAX_TOPIC_NAME:
+        raise InvalidSubscription(
+            f"subscription {subscription!r} of topic {topic!r}: its dead-letter topic name would be "
+            f"{len(name)} characters, too long (at most {MAX_TOPIC_NAME}); use a shorter subscription name"
+        )
+    return name
+
+
+def dlq_sharers(topic: str, subscription: str) -> list[tuple[str, str]]:
+    """The other (topic, subscription) pairs whose dead-letter topic is that of
+    ``subscription`` of ``topic``: the same ``<topic>.<subscription>`` split at another
+    dot (``col`` + ``x.y`` and ``col.x`` + ``y``), with a legal subscription name."""
+    joined = f"{topic}.{subscription}"
+    return [
+        (joined[:i], joined[i + 1:]) for i, ch in enumerate(joined)
+        if ch == "." and i not in (0, len(topic)) and _NAME.fullmatch(joined[i + 1:])
+    ]
 
 
 class CursorState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
