@@ -4,6 +4,7 @@ stores, and etcd going away and coming back."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -195,6 +196,24 @@ async def test_etcd_killed_and_restarted(etcd_factory, cluster_name):
         await asyncio.gather(follower, return_exceptions=True)
         await watcher.close()
         await store.close()
+
+
+async def test_a_campaign_waiting_for_etcd_says_so_once_not_every_try(etcd, stores, caplog):
+    """A broker waiting out an etcd outage logs the wait once per 30 s (it retries every
+    0.5 s), and says its session is gone without claiming why."""
+    store = await stores()
+    etcd.kill()
+    try:
+        with caplog.at_level(logging.INFO, logger="sluice.cluster"):
+            campaign = asyncio.create_task(store.campaign(1))
+            await asyncio.sleep(SESSION_MS / 1000 + 3)  # the session is lost, then tries go on
+            campaign.cancel()
+            await asyncio.gather(campaign, return_exceptions=True)
+        waits = [r.getMessage() for r in caplog.records if "campaign for controller waits" in r.getMessage()]
+        assert len(waits) == 1, waits
+    finally:
+        etcd.start()  # the same data directory: the module's other tests go on with it
+        await eventually(answered(store.topics), 15, "etcd answering again")
 
 
 async def _next_change(seen: asyncio.Queue, topic: str, epoch: int):

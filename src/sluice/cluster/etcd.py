@@ -90,6 +90,7 @@ _GRPC_OPTIONS = {
 }
 _URL = re.compile(r"etcd://(?P<hosts>[^/]+)(?:/(?P<cluster>[A-Za-z0-9._-]+))?/?")
 _CONTENDED_TRIES = 20  # read-check-write loops lost to concurrent writers before giving up
+CAMPAIGN_LOG_EVERY_S = 30.0  # "campaign for controller waits" (etcd out): at most one line per this
 
 
 class _State(msgspec.Struct):
@@ -258,7 +259,10 @@ class EtcdStore(MetadataStore):
     def _live_session(self) -> _Session:
         s = self._session
         if self._closed or s is None or s.lost.is_set():
-            raise MetadataUnavailable(f"no session with {self._where()} (etcd unreachable); retry")
+            raise MetadataUnavailable(
+                f"no session with {self._where()} (etcd unreachable, or the session expired: "
+                "a new one is being made); retry"
+            )
         return s
 
     # ------------------------------------------------------------------ lifecycle
@@ -599,6 +603,7 @@ class EtcdStore(MetadataStore):
 
     async def campaign(self, node_id: int) -> Leadership:
         key, value = self._key("controller"), msgspec.json.encode(_Controller(node_id))
+        said_at = -math.inf  # the wait is logged once per CAMPAIGN_LOG_EVERY_S, not every try
         while not self._closed:
             if self._leadership is not None and not self._leadership.lost.is_set():
                 return self._leadership
@@ -614,7 +619,9 @@ class EtcdStore(MetadataStore):
                 if got[0]:
                     await self._wait_for_vacancy(key, got[0][0][1], s)
             except MetadataUnavailable as exc:
-                log.info("campaign for controller waits: %s", exc)
+                if time.monotonic() - said_at >= CAMPAIGN_LOG_EVERY_S:
+                    said_at = time.monotonic()
+                    log.info("campaign for controller waits: %s", exc)
                 await asyncio.sleep(min(0.5, self.request_timeout))
         raise MetadataUnavailable("the metadata store is closed")
 
