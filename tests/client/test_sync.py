@@ -140,3 +140,18 @@ def test_sync_producer_takes_the_idempotence_settings():
     assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h in hs] == [
         ((1 << 62) + 9, 4, 0), ((1 << 62) + 9, 4, 1)
     ]
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "needle"),
+    [({"compression": "rar"}, errors.ConfigError, "compression"), ({"acks": 5}, errors.ConfigError, "acks"),
+     ({"lingerms": 5}, TypeError, "lingerms")],
+)
+def test_a_bad_setting_fails_when_the_facade_is_made_not_at_its_first_call(kw, error, needle):
+    """The client is made on first use, in its loop thread; its settings are checked at once."""
+    with pytest.raises(error, match=needle):
+        SyncProducer("127.0.0.1:1", **kw)
+    with pytest.raises(errors.ConfigError, match="bootstrap must be"):
+        SyncProducer(7610)
+    with pytest.raises(errors.ConfigError, match="bootstrap must be"):
+        SyncConsumer([b"127.0.0.1:1"])

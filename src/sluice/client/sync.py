@@ -109,6 +109,9 @@ class _SyncBase:
     _thread_name = "sluice-client"
 
     def __init__(self, bootstrap, **config) -> None:
+        # The client itself is made on first use (in its loop thread), but its settings are
+        # checked now: a bad one (ConfigError, TypeError) fails here, not at the first call.
+        self._client_cls(bootstrap, **config)
         self._bootstrap = bootstrap
         self._config = config
         self._lt: _LoopThread | None = None

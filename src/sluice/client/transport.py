@@ -417,7 +417,11 @@ def parse_bootstrap(bootstrap: str | Iterable[str]) -> list[tuple[str, int]]:
     The port defaults to ``DEFAULT_PORT`` and must be 1-65535; an IPv6 address takes
     brackets when it has a port (``[::1]:7400``).
     """
-    items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    items = bootstrap.split(",") if isinstance(bootstrap, str) else None
+    if items is None and isinstance(bootstrap, Iterable) and not isinstance(bootstrap, bytes | bytearray):
+        items = list(bootstrap)
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise errors.ConfigError(f"bootstrap must be 'host:port[,host:port...]' or a list of them, got {bootstrap!r}")
     out = [_parse_address(item.strip()) for item in items if item.strip()]
     if not out:
         raise errors.ConfigError("bootstrap must name at least one host:port")
