@@ -2,10 +2,10 @@
 
 A group is the offsets committed under its name: the broker has no membership protocol, so
 it cannot tell whether a consumer of the group is running.  ``describe`` shows, per
-partition, the committed offset, the log end, the lag and when and from which client
-address the last commit came.  ``reset-offsets`` and ``delete`` act at once; a consumer of
-the group that is still running overwrites a reset (or recreates a deleted group) with its
-next commit, so stop it first.
+partition, the committed offset, the log start and end (as the partition's leader has
+them), the lag and when and from which client address the last commit came.
+``reset-offsets`` and ``delete`` act at once; a consumer of the group that is still running
+overwrites a reset (or recreates a deleted group) with its next commit, so stop it first.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ def group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_context
 def group_list(ctx, as_json: bool) -> None:
-    """List groups with committed offsets: topics, partitions, total lag, last commit."""
+    """List groups with committed offsets: topics, partitions, total lag, last commit.
+
+    The lag is summed over the committed partitions from each partition's leader; a
+    partition with no leader now adds nothing.
+    """
     with _admin(ctx) as admin:
         groups = admin.list_groups()
     if as_json:
@@ -51,9 +55,13 @@ def group_list(ctx, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped).")
 @click.pass_context
 def group_describe(ctx, name: str, as_json: bool) -> None:
-    """Show committed offset, log end and lag per partition of every topic GROUP committed to.
+    """Show committed offset, log start, log end and lag per partition of every topic GROUP
+    committed to.
 
-    Partitions the group never committed show "-" (-1 in JSON).
+    Log start and log end come from each partition's leader, whichever broker coordinates
+    the group.  "-" (-1 in JSON) means unknown: committed, for a partition the group never
+    committed; log start and log end, for a partition with no leader now (or one that
+    cannot be reached); lag, where either the committed offset or the log end is unknown.
     """
     with _admin(ctx) as admin:
         desc = admin.describe_group(name)

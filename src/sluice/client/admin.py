@@ -13,6 +13,7 @@ timeout; ``list_groups`` asks every live broker.  Belongs to one event loop;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,22 @@ def _check_coordinator(resp) -> None:
 def _raise_partition_errors(resp) -> None:
     for r in resp.partitions:
         errors.raise_for_code(r.error, r.message)
+
+
+def _with_log(p: messages.GroupPartition, logs: dict) -> messages.GroupPartition:
+    """``p`` with its leader's log start and high watermark from ``logs`` (-1 when not
+    there: unknown) and the lag they give."""
+    if p.error:
+        return p
+    start, hw = logs.get((p.topic, p.partition), (-1, -1))
+    return msgspec.structs.replace(p, log_start_offset=start, high_watermark=hw, lag=_lag(p, logs))
+
+
+def _lag(p: messages.GroupPartition, logs: dict) -> int:
+    """Leader's high watermark minus the committed offset, at least 0; -1 when either is
+    unknown."""
+    _, hw = logs.get((p.topic, p.partition), (-1, -1))
+    return max(hw - p.committed_offset, 0) if hw >= 0 and p.committed_offset >= 0 else -1
 
 
 @dataclass(frozen=True)
@@ -494,27 +511,119 @@ class Admin:
         """Every group with committed offsets: its topics, partitions, total lag and the
         time of its latest commit, by name.  Every live broker is asked for the groups it
         coordinates (a broker that cannot be reached fails the call: a partial list would
-        mislead); a group two brokers list while its coordinator moves is listed once."""
+        mislead); a group two brokers list while its coordinator moves is listed once.
+
+        The lag is summed over the group's committed partitions from each partition's
+        leader (see ``describe_group``), whichever broker coordinates the group; a
+        partition with no reachable leader now adds nothing.  That costs one DESCRIBE_GROUPS
+        per coordinator and one LIST_OFFSETS per partition leader."""
         await self._cluster.refresh([])
-        found: dict[str, GroupListing] = {}
+        found: dict[str, tuple[int, GroupListing]] = {}  # name -> (its coordinator, listing)
         for node in sorted(self._cluster.brokers):
             conn = await self._cluster.connection(node)
             resp, _ = await conn.request(messages.ListGroupsRequest(), (), self._cluster.request_timeout)
             for g in resp.groups:
-                if g.name not in found or g.last_commit_ms > found[g.name].last_commit_ms:
-                    found[g.name] = g
-        return [found[name] for name in sorted(found)]
+                if g.name not in found or g.last_commit_ms > found[g.name][1].last_commit_ms:
+                    found[g.name] = (node, g)
+        by_node: dict[int, list[str]] = {}
+        for name, (node, _) in found.items():
+            by_node.setdefault(node, []).append(name)
+        described: dict[str, GroupDescription] = {}
+        for node, names in sorted(by_node.items()):
+            conn = await self._cluster.connection(node)
+            req = messages.DescribeGroupsRequest(names=sorted(names))
+            resp, _ = await conn.request(req, (), self._cluster.request_timeout)
+            for d in resp.groups:
+                if d.error == errors.NotCoordinator.code:  # it moved since: ask its new coordinator
+                    with contextlib.suppress(errors.UnknownGroup):
+                        described[d.name] = await self._group_description(d.name)
+                elif d.error != errors.UnknownGroup.code:  # else deleted since it was listed
+                    errors.raise_for_code(d.error, d.message or d.name)
+                    described[d.name] = d
+        committed = {
+            (p.topic, p.partition) for d in described.values() for p in d.partitions if p.committed_offset >= 0
+        }
+        logs = await self._log_offsets(committed)
+        out = []
+        for name in sorted(described):
+            lags = (_lag(p, logs) for p in described[name].partitions if not p.error)
+            out.append(msgspec.structs.replace(found[name][1], lag=sum(lag for lag in lags if lag > 0)))
+        return out
 
     async def describe_group(self, group: str) -> GroupDescription:
         """Per partition of every topic ``group`` committed to: the committed offset (-1 if
         none), log start, high watermark, lag, when the last commit came and from which
-        client address.  ``UnknownGroup`` if the group has no committed offsets."""
+        client address.  ``UnknownGroup`` if the group has no committed offsets.
+
+        The committed offsets come from the group's coordinator; log start and high
+        watermark from each partition's leader (one LIST_OFFSETS per leader), whichever
+        broker coordinates the group.  They are -1 where the partition has no leader now
+        (or its leader cannot be reached); the lag is -1 there and where nothing is
+        committed."""
+        d = await self._group_description(group)
+        logs = await self._log_offsets((p.topic, p.partition) for p in d.partitions if not p.error)
+        return msgspec.structs.replace(d, partitions=[_with_log(p, logs) for p in d.partitions])
+
+    async def _group_description(self, group: str) -> GroupDescription:
+        """``group`` as its coordinator describes it (the log state of only the partitions
+        it holds a replica of)."""
         resp = await self._group_request(group, messages.DescribeGroupsRequest(names=[group]), _check_coordinator)
         for g in resp.groups:
             if g.name == group:
                 errors.raise_for_code(g.error, g.message or group)
                 return g
         raise errors.UnknownGroup(group)
+
+    async def _log_offsets(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(log start, high watermark) of each (topic, partition) of ``keys`` as its leader
+        has them now, from fresh metadata: one LIST_OFFSETS request per leader, all sent at
+        once.  Partitions whose leader moved meanwhile are asked again (a few times).  A
+        partition with no leader now, or whose leader cannot be reached or answers with
+        another error, is left out: its log state is unknown."""
+        todo, out = sorted(set(keys)), {}
+        for attempt in range(3):
+            if not todo:
+                break
+            if attempt:
+                await asyncio.sleep(0.1 * attempt)
+            await self._cluster.refresh(sorted({t for t, _ in todo}))
+            by_leader: dict[int, list[tuple[str, int]]] = {}
+            for t, p in todo:
+                node = self._cluster.leader(t, p)
+                if node >= 0:
+                    by_leader.setdefault(node, []).append((t, p))
+            answers = await asyncio.gather(*(self._log_offsets_at(n, parts) for n, parts in by_leader.items()))
+            moved = []
+            for found, not_leader in answers:
+                out.update(found)
+                moved += not_leader
+            todo = moved
+        return out
+
+    async def _log_offsets_at(self, node: int, keys: list[tuple[str, int]]):
+        """``_log_offsets`` of one leader: ({(topic, partition): (log start, high
+        watermark)}, the partitions it no longer leads); nothing if it cannot be reached."""
+        asked = [
+            messages.ListOffsetsPartition(topic=t, partition=p, timestamp=ts)
+            for t, p in keys for ts in (messages.EARLIEST, messages.LATEST)
+        ]
+        try:
+            conn = await self._cluster.connection(node)
+            resp, _ = await conn.request(messages.ListOffsetsRequest(partitions=asked), (), self._cluster.request_timeout)
+        except (errors.ConnectionClosed, errors.RequestTimedOut, errors.NotLeader):
+            self._cluster.node_failed(node)
+            return {}, []
+        found: dict[tuple[str, int], list[int]] = {}
+        not_leader = set()
+        for a, r in zip(asked, resp.partitions, strict=False):  # answered in the order asked
+            key = (a.topic, a.partition)
+            if (r.topic, r.partition) != key:
+                break
+            if r.error == errors.NotLeader.code:
+                not_leader.add(key)
+            elif not r.error:
+                found.setdefault(key, []).append(r.offset)
+        return {k: (v[0], v[1]) for k, v in found.items() if len(v) == 2}, sorted(not_leader)
 
     async def delete_group(self, group: str) -> None:
         """Delete ``group``'s committed offsets, durably; ``UnknownGroup`` if it has none.
