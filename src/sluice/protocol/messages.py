@@ -426,9 +426,9 @@ class GroupPartition(Struct):
     message: str = ""
     committed_offset: int = -1  # -1: none (a partition of a topic the group committed to)
     metadata: str = ""
-    log_start_offset: int = -1
+    log_start_offset: int = -1  # -1 (and high_watermark): unknown, e.g. no leader now
     high_watermark: int = -1
-    lag: int = -1  # high_watermark - committed_offset, at least 0; -1: nothing committed
+    lag: int = -1  # high_watermark - committed_offset, at least 0; -1: nothing committed or no log end known
     commit_time_ms: int = -1  # broker time of the last commit of this partition; -1: unknown
     committed_by: str = ""  # client address (host:port) of that commit's connection
 
