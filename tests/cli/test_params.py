@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from sluice.cli.params import MAX_OFFSET, Start, StartPosition, unescape
+from sluice.cli.params import MAX_OFFSET, Start, StartPosition, key_values, unescape
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,10 @@ def test_unescape(text, data):
 def test_unescape_refuses_unknown_escapes(bad):
     with pytest.raises(ValueError, match="unknown escape"):
         unescape(bad)
+
+
+def test_key_values_refuse_a_key_given_twice_unless_repeats_are_allowed():
+    assert key_values(("a=1", " b = 2 "), "--config") == {"a": "1", "b": "2"}
+    with pytest.raises(click.BadParameter, match=r"a is given twice \('1', '2'\)"):
+        key_values(("a=1", "a=2"), "--config")
+    assert key_values(("a=1", "a=2"), "--header", repeats=True) == {"a": "2"}

@@ -229,6 +229,8 @@ async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker
             for i in range(200)]
     due = int(time.time() * 1000) + 800
     async with DelayedProducer(bs) as producer:
+        with pytest.raises(errors.ConfigError, match="delay_ms must be at least 0, got -5"):
+            await producer.send_delayed("orders", sent, delay_ms=-5)  # as the CLI refuses it
         stored_at = await producer.send_delayed("orders", sent, deliver_at_ms=due)
         sent_ms = int(time.time() * 1000)
     deadline = time.monotonic() + 15

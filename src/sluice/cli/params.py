@@ -16,14 +16,18 @@ MAX_OFFSET = 2**63 - 1  # offsets are signed 64-bit integers on the wire
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
-    """``KEY=VALUE`` items of a repeatable option as a dict; ``BadParameter`` otherwise."""
+def key_values(items: tuple[str, ...], option: str, repeats: bool = False) -> dict[str, str]:
+    """``KEY=VALUE`` items of a repeatable option as a dict; ``BadParameter`` otherwise, and
+    for a key given twice unless ``repeats`` (then the last one counts)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        if key in out and not repeats:
+            raise click.BadParameter(f"{key} is given twice ({out[key]!r}, {value.strip()!r})", param_hint=option)
+        out[key] = value.strip()
     return out
 
 

@@ -41,9 +41,9 @@ def topic_create(ctx, name: str, partitions: int, replication_factor: int | None
     Each partition gets --replication-factor replicas on distinct brokers; more than the
     live brokers is refused (INVALID_REPLICATION_FACTOR).
     """
+    config = key_values(configs, "--config")
     with _admin(ctx) as admin:
-        admin.create_topic(name, partitions=partitions, config=key_values(configs, "--config"),
-                           replication_factor=replication_factor or 0)
+        admin.create_topic(name, partitions=partitions, config=config, replication_factor=replication_factor or 0)
     done = f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}"
     if replication_factor:
         done += f", {replication_factor} replica{'s' if replication_factor != 1 else ''} each"

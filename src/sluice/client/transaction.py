@@ -283,6 +283,8 @@ class TransactionProducer:
         now = int(time.time() * 1000)
         if (deliver_at_ms is None) == (delay_ms is None):
             raise errors.ConfigError("give one of deliver_at_ms and delay_ms")
+        if delay_ms is not None and delay_ms < 0:
+            raise errors.ConfigError(f"delay_ms must be at least 0, got {delay_ms}")
         at = deliver_at_ms if deliver_at_ms is not None else now + delay_ms
         if not now - tx.MAX_DELAY_MS <= at <= now + tx.MAX_DELAY_MS or at <= 0:
             raise errors.ConfigError(f"a delivery time must be within {tx.MAX_DELAY_MS // 86_400_000} days of now")
