@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sluice.cli.producing import read_available, split_messages
+from sluice.cli.producing import key_separator_missing, read_available, split_messages
 
 
 def test_each_chunk_yields_the_messages_it_completes():
@@ -44,3 +44,11 @@ def test_read_available_does_not_wait_for_a_full_buffer():
         os.close(r)
         if w is not None:
             os.close(w)
+
+
+def test_a_message_without_its_key_separator_is_shown_with_single_escapes():
+    """Bytes that are not UTF-8 and control characters read as one escape each, not as the
+    doubled backslashes of a repr of the escaped text; long messages are cut."""
+    err = key_separator_missing(b":", b"ab\x01\xff\xfecd\xc3\xa9")
+    assert str(err) == "no key separator ':' in message 'ab\\x01\\xff\\xfecdé'"
+    assert str(key_separator_missing(b"\t", b"x" * 50)) == f"no key separator '\\t' in message '{'x' * 40}…'"

@@ -159,9 +159,15 @@ def summary_error(failed: int, sent: int, first_error: BaseException | None) -> 
 
 def key_separator_missing(separator: bytes, message: bytes) -> errors.UsageError:
     """The error of a message without its key separator (``--key-separator``)."""
-    shown = message[:40].decode("utf-8", "backslashreplace") + ("…" if len(message) > 40 else "")
-    sep = separator.decode("utf-8", "backslashreplace")
-    return errors.UsageError(f"no key separator {sep!r} in message {shown!r}")
+    shown = _printable(message[:40]) + ("…" if len(message) > 40 else "")
+    return errors.UsageError(f"no key separator '{_printable(separator)}' in message '{shown}'")
+
+
+def _printable(data: bytes) -> str:
+    """``data`` as text for an error line: UTF-8 as is, other bytes and control characters
+    as one backslash escape each (``\\xff``, ``\\x01``; not doubled as ``repr`` would)."""
+    text = data.decode("utf-8", "backslashreplace")
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _where(partition: int | None, offset: int) -> str:
