@@ -10,7 +10,7 @@ import pytest
 
 from sluice.client import Producer
 from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
-from sluice.errors import ConfigError, UnknownTopic
+from sluice.errors import ConfigError, InvalidTopicName, UnknownTopic
 
 
 def _values(bootstrap: str, topic: str, count: int) -> list[tuple[bytes | None, bytes]]:
@@ -74,3 +74,49 @@ def test_send_batch_shapes(broker):
     assert _values(broker.bootstrap, "shapes", 6) == [
         (None, b"a"), (None, b"b"), (b"k", b"c"), (None, b"d"), (b"k2", b"e"), (None, b"f")
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "said"),
+    [
+        (("payments", 42), {}, "record value must be bytes or None, not int"),
+        (("payments", b"v"), {"key": "k"}, "record key must be bytes or None, not str"),
+        (("payments", b"v"), {"partition": "1"}, "partition must be an int or None, not str"),
+        ((b"payments", b"v"), {}, "topic must be a str, not bytes"),
+        ((None, b"v"), {}, "topic must be a str, not NoneType"),
+        (("payments", b"v"), {"headers": {"a": "b"}}, "headers must be a list of (name, value) pairs"),
+        (("fresh", 42), {}, "record value must be bytes or None, not int"),  # one that waited for metadata
+    ],
+)
+def test_an_argument_of_the_wrong_type_is_named(broker, args, kw, said):
+    """Not what the encoding tripped over ("object of type 'int' has no len()"); nothing
+    is buffered, and the producer goes on."""
+    _create(broker.bootstrap, "payments")
+    _create(broker.bootstrap, "fresh")
+
+    async def scenario() -> None:
+        async with Producer(broker.bootstrap, linger_ms=0) as producer:
+            with pytest.raises(TypeError) as ei:
+                await producer.send(*args, **kw)
+            assert str(ei.value).startswith(said), ei.value
+            with pytest.raises(TypeError) as ei:  # the fire-and-forget form says the same
+                await producer.send_nowait(*args, **kw)
+            assert str(ei.value).startswith(said), ei.value
+            assert (await (await producer.send("payments", b"fine"))).partition == 0
+
+    asyncio.run(scenario())
+
+
+def test_bulk_and_name_mistakes_are_named(broker):
+    _create(broker.bootstrap, "payments")
+
+    async def scenario() -> None:
+        async with Producer(broker.bootstrap, linger_ms=0) as producer:
+            with pytest.raises(TypeError, match=r"values\[1\] must be bytes, not int"):
+                await producer.send_many("payments", [b"a", 5])
+            t0 = time.monotonic()
+            with pytest.raises(InvalidTopicName, match="'a b'"):  # at once: no topic has that name
+                await producer.send("a b", b"v")
+            assert time.monotonic() - t0 < 0.5
+
+    asyncio.run(scenario())

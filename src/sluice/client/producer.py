@@ -43,12 +43,14 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
+from sluice.client.arguments import clarified, values_error
 from sluice.client.framing import Callback, record_size, tail_size, zz_len
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.sender import Sender, backoff_delay
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.client.waiting_line import WaitingLine
+from sluice.config import check_topic_name
 from sluice.protocol import messages, records
 
 __all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
@@ -362,6 +364,9 @@ class Producer:
         info = self._cluster.topics.get(topic)
         if info is not None:
             return info
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        check_topic_name(topic, internal_ok=True)  # a name no topic can have: at once
         started = time.monotonic()
         wait = min(self.max_block, self.delivery_timeout)
         attempt = 0
@@ -493,7 +498,7 @@ class Producer:
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
         except Exception as exc:  # nothing was buffered
-            buffered.set_exception(errors.unbuffered(exc))
+            buffered.set_exception(errors.unbuffered(clarified(exc, topic, value, key, headers, partition, timestamp_ms)))
             return buffered
         if common == _TURN:
             return self._buffered_later(buffered, fut)
@@ -510,7 +515,7 @@ class Producer:
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
         except Exception as exc:  # nothing was buffered
-            buffered.set_exception(errors.unbuffered(exc))
+            buffered.set_exception(errors.unbuffered(clarified(exc, topic, value, key, headers, partition, timestamp_ms)))
             return buffered
         if not appended:
             self._line.add((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
@@ -571,7 +576,7 @@ class Producer:
             ) and (topic in self._line.lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink)):
                 self._line.add((topic, value, key, headers, partition, timestamp_ms, sink, None))
         except Exception as exc:  # nothing was buffered
-            self._unbuffered(sink, exc)
+            self._unbuffered(sink, clarified(exc, topic, value, key, headers, partition, timestamp_ms))
 
     def _unbuffered(self, sink, exc: BaseException) -> None:
         errors.unbuffered(exc)
@@ -716,6 +721,11 @@ class Producer:
         except errors.SluiceError as exc:
             errors.unbuffered(exc)  # it raises only when none of the records was buffered
             raise
+        except (TypeError, ValueError) as exc:
+            better = values_error(values) or clarified(exc, topic, None, key, None, partition)
+            if better is exc:
+                raise
+            raise better from None
 
     async def _send_many(
         self, topic: str, values: Sequence[bytes], partition: int | None, key: bytes | None

@@ -13,6 +13,7 @@ import asyncio
 from collections import deque
 
 from sluice import errors
+from sluice.client.arguments import clarified
 from sluice.client.framing import tail_size
 
 
@@ -52,6 +53,7 @@ class WaitingLine:
                     await self._buffer(topic, value, key, headers, partition, ts, sink, buffered)
                 except Exception as exc:
                     lane.popleft()
+                    exc = clarified(exc, topic, value, key, headers, partition, ts)
                     if buffered is None:
                         self._producer._unbuffered(sink, exc)
                     elif not buffered.done():
