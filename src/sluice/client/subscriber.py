@@ -193,6 +193,7 @@ class Subscriber:
         ack_interval_ms: float = 5,
         request_timeout_ms: float = 30000,
         connect_timeout_ms: float = 10000,
+        unknown_topic_wait_ms: float = 1000,
     ) -> None:
         check_name(subscription)
         if prefetch < 1:
@@ -217,6 +218,8 @@ class Subscriber:
         self._create = cfg if create else None
         self._start = position(start)
         self._ack_interval = ack_interval_ms / 1000
+        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
+        self._missing_since: float | None = None  # since when metadata says the topic does not exist
         self._cluster = Cluster(
             bootstrap, request_timeout=request_timeout_ms / 1000, connect_timeout=connect_timeout_ms / 1000
         )
@@ -252,6 +255,9 @@ class Subscriber:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         await self._subscribe_all()
+        while self._failure is None and self._missing_since is not None:  # it may be being created
+            await asyncio.sleep(0.1)
+            await self._subscribe_all()
         if self._failure is not None:
             await self._cluster.close()
             raise self._failure
@@ -566,10 +572,22 @@ class Subscriber:
         await cluster.refresh([self.topic])
         info = cluster.topic(self.topic)
         if info is None:
+            # A topic that does not exist (not yet, or deleted under the subscriber) is asked
+            # about again for unknown_topic_wait_ms, then fails the subscriber; a
+            # non-retriable error at once.
             err = cluster.unknown.get(self.topic) or errors.UnknownTopic(f"unknown topic {self.topic!r}")
-            if not self._started or not err.retriable:
+            now = time.monotonic()
+            if self._missing_since is None:
+                self._missing_since = now
+            if not err.retriable:
                 self._failure = err
+            elif isinstance(err, errors.UnknownTopic) and now - self._missing_since >= self.unknown_topic_wait:
+                self._failure = errors.UnknownTopic(
+                    f"topic {self.topic!r} does not exist (waited {self.unknown_topic_wait * 1000:g} ms: "
+                    "unknown_topic_wait_ms)"
+                )
             return
+        self._missing_since = None
         by_leader: dict[int, list[int]] = {}
         for p in range(info.partitions):
             conn = self._served.get(p)
