@@ -66,5 +66,6 @@ async def test_unreadable_metadata_stops_the_start(tmp_path):
     with pytest.raises(StorageError, match="topics.json is unreadable"):
         await opened(tmp_path)
     (tmp_path / "meta" / "topics.json").write_text("{not json")
-    with pytest.raises(StorageError, match="restore it"):
+    with pytest.raises(StorageError, match="restore it from a backup") as ei:
         await opened(tmp_path)
+    assert "forgets every topic" in str(ei.value) and "committed offsets" in str(ei.value)

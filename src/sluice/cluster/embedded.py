@@ -110,10 +110,17 @@ class EmbeddedStore(MetadataStore):
     def _unreadable(path: Path, exc: Exception) -> StorageError:
         """Unlike other state files these are not set aside: starting without them would make
         every topic vanish while its data stays on disk, or hand out producer ids again.
-        The operator restores the file (or moves it away) and starts again."""
+        The operator restores the file and starts again; the message says what starting
+        without it costs."""
+        logs = path.parent.parent / "logs"
+        lost = (
+            "every topic (their data in {logs} is no longer served, and is set aside when a topic "
+            "of the same name is created) and every group's committed offsets"
+            if path.name == "topics.json" else "the producer ids handed out (they would be given again)"
+        ).format(logs=logs)
         return StorageError(
-            f"{path} is unreadable ({type(exc).__name__}: {exc}); restore it, or move it away "
-            f"to start without it (topic data stays in {path.parent.parent / 'logs'})"
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); restore it from a backup and start "
+            f"again. Starting without it (moved away) forgets {lost}"
         )
 
     def _read(self, path: Path, parse: Callable, default):
