@@ -7,6 +7,7 @@ exit status 2) before anything is sent to a broker.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -31,21 +32,35 @@ def key_values(items: tuple[str, ...], option: str, repeats: bool = False) -> di
     return out
 
 
-class Bootstrap(click.ParamType):
+class Checked(click.ParamType):
+    """A value ``check(value)`` accepts (raising one of ``refusals`` otherwise: a usage
+    error with its message), kept as given."""
+
+    def __init__(self, name: str, check: Callable[[str], object], *refusals: type[Exception]) -> None:
+        self.name, self.check, self.refusals = name, check, refusals
+
+    def convert(self, value, param, ctx):
+        try:
+            self.check(value)
+        except self.refusals as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+def _check_bootstrap(value: str) -> None:
+    from sluice.client.transport import parse_bootstrap  # not at import: the CLI starts fast
+
+    parse_bootstrap(value)
+
+
+class Bootstrap(Checked):
     """``HOST[:PORT][,HOST[:PORT]...]``, checked now (ports 1-65535, default 7400); the
     value stays the string the clients take."""
 
-    name = "HOST:PORT"
-
-    def convert(self, value, param, ctx):
-        from sluice.client.transport import parse_bootstrap
+    def __init__(self) -> None:
         from sluice.errors import ConfigError
 
-        try:
-            parse_bootstrap(value)
-        except ConfigError as exc:
-            self.fail(str(exc), param, ctx)
-        return value
+        super().__init__("HOST:PORT", _check_bootstrap, ConfigError)
 
 
 class Start(NamedTuple):

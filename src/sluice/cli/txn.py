@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from sluice.cli.output import echo_json, iso_ms, table, wants_json
+from sluice.cli.params import Checked
 from sluice.protocol.transactions import format_id, parse_id
 
 
@@ -21,17 +22,8 @@ def _admin(ctx):
     return SyncAdmin(ctx.obj["bootstrap"])
 
 
-class TxnId(click.ParamType):
-    """A transaction id, ``topic/partition/offset``: a malformed one is a usage error."""
-
-    name = "ID"
-
-    def convert(self, value, param, ctx):
-        try:
-            parse_id(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-        return value
+# a transaction id, ``topic/partition/offset``: a malformed one is a usage error
+TXN_ID = Checked("ID", parse_id, ValueError)
 
 
 @click.group()
@@ -75,7 +67,7 @@ def _end(ctx, txn_id: str, commit: bool, as_json: bool) -> None:
 
 
 @txn.command("commit")
-@click.argument("txn_id", metavar="ID", type=TxnId())
+@click.argument("txn_id", metavar="ID", type=TXN_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
@@ -84,7 +76,7 @@ def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
 
 
 @txn.command("rollback")
-@click.argument("txn_id", metavar="ID", type=TxnId())
+@click.argument("txn_id", metavar="ID", type=TXN_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def txn_rollback(ctx, txn_id: str, as_json: bool) -> None:
