@@ -130,3 +130,39 @@ def test_sync_iteration_break_then_commit(broker):
         assert [r.offset for r in got] == list(range(3, 10))
     finally:
         c.close()
+
+
+def test_subscribe_and_assign_refuse_a_bare_name_or_pair(broker):
+    """``subscribe("payments")`` once read the topics "p", "a", "y"... (none of them, so
+    silently nothing); ``assign(("t", 0))`` failed with an unpacking ValueError.  Both are
+    TypeErrors naming the argument, and the list forms read the topic."""
+    b = broker.bootstrap
+
+    async def main():
+        await create(b, "payments")
+        async with Producer(b) as p:
+            await (await p.send("payments", b"paid", partition=0))
+        async with Consumer(b, fetch_max_wait_ms=100) as c:
+            with pytest.raises(TypeError, match=r"subscribe\(\).*'payments'.*\['payments'\]"):
+                c.subscribe("payments")
+            with pytest.raises(TypeError, match=r"assign\(\).*\('payments', 0\)"):
+                c.assign(("payments", 0))
+            with pytest.raises(TypeError, match="assign"):
+                c.assign([("payments", "0")])
+            assert c.assignment() == []
+            c.subscribe(["payments"])
+            await c.seek_to_beginning()
+            assert [r.value for r in await c.getmany(timeout_ms=5000)] == [b"paid"]
+            c.assign([("payments", 0)])
+            await c.seek_to_beginning()
+            assert [r.value for r in await c.getmany(timeout_ms=5000)] == [b"paid"]
+
+    asyncio.run(main())
+    with SyncConsumer(b) as sc:  # the blocking twin says the same, not of the letters
+        with pytest.raises(TypeError, match=r"subscribe\(\).*'payments'"):
+            sc.subscribe("payments")
+        with pytest.raises(TypeError, match=r"assign\(\).*\('payments', 0\)"):
+            sc.assign(("payments", 0))
+        sc.subscribe(t for t in ["payments"])  # any iterable, listed in the caller's thread
+        sc.seek_to_beginning()
+        assert [r.value for r in sc.getmany(timeout_ms=5000)] == [b"paid"]

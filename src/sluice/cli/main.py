@@ -278,7 +278,7 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
 
     _exclusive(ctx, "key", "key_separator")
     _exclusive(ctx, "raw", "delimiter")
-    hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header").items()]
+    hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header", repeats=True).items()]
     if tag is not None:
         hdrs.append((TAG_HEADER, tag.encode()))
     hdrs = hdrs or None
@@ -358,7 +358,8 @@ def _quiet_stdout() -> None:
 )
 @click.option("--group", default=None,
               help="Consumer group: start from its committed offsets and commit as messages are printed; "
-                   "the starting positions are committed at once, even if nothing is read.")
+                   "the starting positions are committed at once, even if nothing is read (a partition "
+                   "that has no leader yet: once it has one).")
 @click.option("--partition", type=PARTITION, default=None, help="Only this partition.")
 @click.option("--sub", "subscription", default=None, metavar="NAME",
               help="Read through subscription NAME (created from --from, default earliest, when missing), "
@@ -367,7 +368,8 @@ def _quiet_stdout() -> None:
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
 @click.option("-e", "--exit-at-end", is_flag=True,
               help="Stop once every partition is read up to the end it had when the command started "
-                   "(messages arriving meanwhile may be printed too).")
+                   "(messages arriving meanwhile may be printed too).  A partition that has no leader is "
+                   "waited for (up to 60 s, or --timeout-ms without a message) while the others are read.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per message; keys and values that are not UTF-8 are base64.")
 @click.option("--raw", is_flag=True,
@@ -388,6 +390,12 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
     By default (text mode) values are written as UTF-8 text, one per line, and bytes that
     are not UTF-8 become \\xNN escapes; --raw and --format write bytes exactly as stored,
     --json encodes them (base64 when not UTF-8).
+
+    Partitions are read independently: one that cannot be read (no leader, its broker
+    down) is warned about on stderr and retried in the background while the messages of
+    the others are printed.  When the command stops (--timeout-ms, -e) while a partition
+    could not be read at all, it says which on stderr and exits with status 1, after
+    printing everything it could read.
     """
     from sluice.client.sync import SyncConsumer
 
@@ -411,7 +419,9 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
         except BrokenPipeError:
             _quiet_stdout()
         return
-    with _admin(ctx) as admin:
+    admin = _admin(ctx)
+    consumer = None
+    try:
         desc = admin.describe_topic(topic_name)  # UNKNOWN_TOPIC is an error, not an empty wait
         partitions = [p.partition for p in desc.partitions]
         bounds = {p.partition: (p.log_start_offset, p.high_watermark) for p in desc.partitions}
@@ -419,18 +429,26 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
             if partition not in partitions:
                 raise errors.unknown_partition(topic_name, partition, len(partitions))
             partitions = [partition]
-        ends = admin.list_offsets(topic_name, partitions) if exit_at_end else None
-    consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, auto_offset_reset="earliest" if group else "latest",
-                            enable_auto_commit=False)
-    try:
+        ends = _EndOffsets(admin, topic_name, partitions) if exit_at_end else None
+        consumer = SyncConsumer(ctx.obj["bootstrap"], group=group,
+                                auto_offset_reset="earliest" if group else "latest", enable_auto_commit=False)
         consumer.assign([(topic_name, p) for p in partitions])
         _seek(consumer, start, bounds)
-        _print_records(consumer, render, group=group, max_messages=max_messages, timeout_ms=timeout_ms,
-                       ends=None if ends is None else {(topic_name, p): off for p, off in ends.items()})
+        unread = _print_records(consumer, render, group=group, max_messages=max_messages,
+                                timeout_ms=timeout_ms, ends=ends)
     except BrokenPipeError:
         _quiet_stdout()
+        return
     finally:
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
+        admin.close()
+    if unread:
+        names = ", ".join(f"{t}-{p}" for t, p in unread)
+        _fail_with(errors.NotLeader(
+            f"{names} could not be read (no leader, or its broker down, for the whole run); "
+            "the messages of the other partitions were printed"
+        ))
 
 
 def _seek(consumer, start, bounds: dict[int, tuple[int, int]]) -> None:
@@ -458,13 +476,55 @@ def _seek(consumer, start, bounds: dict[int, tuple[int, int]]) -> None:
         consumer.seek_to_time(start.arg)
 
 
-def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends) -> None:
+UNREADABLE_WAIT_S = 60.0  # -e: how long a partition with no leader is waited for (the client's retry_timeout_ms)
+
+
+class _EndOffsets:
+    """-e: the end offset of each partition, from its leader when the command starts; a
+    partition whose leader cannot answer then is asked again once the consumer has a
+    position for it (its leader is back)."""
+
+    def __init__(self, admin, topic: str, partitions: list[int]) -> None:
+        self.admin, self.topic = admin, topic
+        self.ends: dict[tuple[str, int], int | None] = dict.fromkeys(((topic, p) for p in partitions), None)
+        self.learn(partitions)
+
+    def learn(self, partitions: list[int]) -> None:
+        """Ask the leaders for the ends of ``partitions``: all at once, else one by one so
+        that a partition with no leader now leaves the others known."""
+        try:
+            found = self.admin.list_offsets(self.topic, partitions)
+        except errors.SluiceError as exc:
+            if not exc.retriable or len(partitions) == 1:
+                if not exc.retriable:
+                    raise
+                return
+            for p in partitions:
+                self.learn([p])
+            return
+        for p, off in found.items():
+            self.ends[(self.topic, p)] = off
+
+    @property
+    def unknown(self) -> list[tuple[str, int]]:
+        return [tp for tp, end in self.ends.items() if end is None]
+
+
+def _readable(consumer, ends: _EndOffsets | None) -> set:
+    """The assigned partitions with a position (and, with -e, a known end)."""
+    out = {tp for tp in consumer.assignment() if consumer.position(tp) is not None}
+    return out if ends is None else out - set(ends.unknown)
+
+
+def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends: _EndOffsets | None) -> list:
     """The consume loop: write records as they come, commit a group's positions.
 
-    The first poll only establishes the starting positions, which a group commits at once;
-    later commits follow each batch written.  Stops after ``max_messages``, after
-    ``timeout_ms`` without a record, or (``ends``: end offset per partition at the start)
-    once every position reached its end.
+    The first poll only establishes the starting positions, which a group commits at once
+    (those of partitions with no leader yet once they have one); later commits follow each
+    batch written.  Stops after ``max_messages``, after ``timeout_ms`` without a record, or
+    (``ends``) once every position reached its end; partitions whose end is not known (no
+    leader) are waited for ``UNREADABLE_WAIT_S`` past the others.  Returns the partitions
+    that could not be read at all (none when it stopped at ``max_messages``).
     """
     import time
 
@@ -472,7 +532,8 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends) -
     count = 0
     wait = 0  # the first poll returns at once
     commit_due = group is not None
-    idle_since = time.monotonic()
+    uncommitted = set(consumer.assignment()) if group is not None else set()  # starting positions
+    idle_since = started = time.monotonic()
     while max_messages is None or count < max_messages:
         records = consumer.getmany(timeout_ms=wait, max_records=(max_messages - count) if max_messages else 10000)
         wait = 500 if timeout_ms is None else max(1, min(500, timeout_ms))
@@ -482,12 +543,21 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends) -
             count += len(records)
             idle_since = time.monotonic()
             commit_due = group is not None
+        positioned = {tp for tp in uncommitted if consumer.position(tp) is not None}
+        if positioned:
+            commit_due = True
         if commit_due:
             commit_due = not _commit(consumer)
-        if ends is not None and _reached(consumer, ends):
+            if not commit_due:
+                uncommitted -= positioned
+        if ends is not None and _reached(consumer, ends, time.monotonic() - started):
             break
         if not records and timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
             break
+    else:
+        return []
+    readable = _readable(consumer, ends)
+    return [tp for tp in consumer.assignment() if tp not in readable]
 
 
 def _commit(consumer) -> bool:
@@ -502,14 +572,17 @@ def _commit(consumer) -> bool:
     return True
 
 
-def _reached(consumer, ends: dict) -> bool:
+def _reached(consumer, ends: _EndOffsets, elapsed: float) -> bool:
     """Drop from ``ends`` the partitions whose position reached their end; True when none
-    is left."""
-    for tp in list(ends):
+    is left, or when only partitions with no known end are, waited for long enough."""
+    waiting = [tp[1] for tp in ends.unknown if consumer.position(tp) is not None]
+    if waiting:  # a leader is back: learn the end it has now
+        ends.learn(waiting)
+    for tp, end in list(ends.ends.items()):
         position = consumer.position(tp)
-        if position is not None and position >= ends[tp]:
-            del ends[tp]
-    return not ends
+        if end is not None and position is not None and position >= end:
+            del ends.ends[tp]
+    return not ends.ends or (len(ends.unknown) == len(ends.ends) and elapsed >= UNREADABLE_WAIT_S)
 
 
 # --------------------------------------------------------------------------- bench

@@ -20,7 +20,9 @@ is retriable like a moved leader: metadata is asked again and the request retrie
 Riding out faults: after ``start()``, retriable errors (connection lost, broker restarting,
 a request timing out, leader moving) never end a read loop at once.  ``getmany`` and
 iteration keep retrying with backoff (100 ms doubling to 1 s) and return what they have
-when their own timeout passes; ``commit``, ``committed`` and the seeks retry within the call.
+when their own timeout passes; ``commit``, ``committed`` and the seeks retry within the call
+(a seek while no partition answers; partitions that do not while others do are sought later,
+see below).
 Only when the broker has failed every attempt for ``retry_timeout_ms`` (default 60 s) does
 the error surface, its message saying for how long it was retried.  ``start()`` itself does
 not retry: a wrong address fails at once.  An assigned partition that the metadata says does
@@ -28,6 +30,15 @@ not exist (its topic unknown, or deleted meanwhile; a partition past the topic's
 asked about again for ``unknown_topic_wait_ms`` (default 1 s: a topic may be being created
 right then), then ``getmany`` and iteration raise ``UnknownTopic`` / ``UnknownPartition``.
 A subscription only reads the topics that exist.
+
+Partition by partition: one partition that cannot be read now (no leader, its leader's broker
+down) never holds up the others.  A starting position that cannot be found out now (a
+reset or a ``seek_to_*`` asks the partition's leader, and there is none, or it is down) is
+warned about once, naming the partition, and asked again in the background with backoff
+while the other partitions are read; ``position()`` is None until then.  Only when no
+assigned partition has a position does the failure count as the broker failing (surfacing
+after ``retry_timeout_ms``, as above).  A partition with a position but no leader is warned
+about once and skipped until metadata names a leader again.
 
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
@@ -37,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -138,6 +150,11 @@ class Consumer(GroupCommits):
         self._assigned: list[TP] = []
         self._positions: dict[TP, int | None] = {}  # None: to initialise / reset
         self._out_of_range: set[TP] = set()  # position None because the broker said so
+        # seek_to_* targets (a timestamp or EARLIEST / LATEST) not resolved yet: no leader
+        self._seek_targets: dict[TP, int] = {}
+        # positions that could not be found out: (failing since, attempts, next attempt at)
+        self._unresolved: dict[TP, tuple[float, int, float]] = {}
+        self._leaderless: set[TP] = set()  # positioned, no leader: warned about once
         self._fetch_offsets: dict[TP, int] = {}
         # (at, to): once the position is ``at`` it is ``to``: the batches in between show
         # nothing (half messages, control markers, records compacted away)
@@ -210,15 +227,42 @@ class Consumer(GroupCommits):
     # ------------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TP]) -> None:
-        """Read exactly these (topic, partition) pairs; replaces any assignment."""
+        """Read exactly these (topic, partition) pairs; replaces any assignment.
+
+        ``TypeError`` for anything but an iterable of (str, int) pairs: a bare pair such as
+        ``("t", 0)`` is not taken for a list of one."""
+        if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
+            raise TypeError(f"assign() takes a list of (topic, partition) pairs, got {partitions!r}")
+        tps = []
+        for tp in list(partitions):
+            try:
+                topic, partition = tp
+                if not isinstance(topic, str) or isinstance(partition, bool):
+                    raise TypeError
+                tps.append((topic, operator.index(partition)))
+            except (TypeError, ValueError):
+                hint = " (one pair? pass [(topic, partition)])" if isinstance(tp, str | int) else ""
+                raise TypeError(
+                    f"assign() takes a list of (topic, partition) pairs; got {tp!r} in {partitions!r}{hint}"
+                ) from None
         self._subscription = None
-        self._set_assignment([(t, int(p)) for t, p in partitions])
+        self._set_assignment(tps)
         self._missing, self._missing_since = set(), None  # judged again at the next refresh
         self._needs_refresh = True
 
     def subscribe(self, topics: Iterable[str]) -> None:
-        """Read every partition of ``topics``; partitions added later are picked up."""
-        self._subscription = sorted(set(topics))
+        """Read every partition of ``topics``; partitions added later are picked up.
+
+        ``TypeError`` for anything but an iterable of topic names: a bare name such as
+        ``"payments"`` is not taken for its letters."""
+        if isinstance(topics, str | bytes) or not isinstance(topics, Iterable):
+            hint = f" (for one topic: [{topics!r}])" if isinstance(topics, str) else ""
+            raise TypeError(f"subscribe() takes a list of topic names, got {topics!r}{hint}")
+        names = list(topics)
+        bad = [t for t in names if not isinstance(t, str) or not t]
+        if bad:
+            raise TypeError(f"subscribe() takes a list of topic names (non-empty str); got {bad[0]!r}")
+        self._subscription = sorted(set(names))
         self._needs_refresh = True
         self._set_assignment([tp for tp in self._assigned if tp[0] in self._subscription])
 
@@ -238,6 +282,9 @@ class Consumer(GroupCommits):
     def _drop(self, tp: TP) -> None:
         self._positions.pop(tp, None)
         self._out_of_range.discard(tp)
+        self._seek_targets.pop(tp, None)
+        self._unresolved.pop(tp, None)
+        self._leaderless.discard(tp)
         self._fetch_offsets.pop(tp, None)
         self._epochs[tp] = self._epochs.get(tp, 0) + 1
         self._purge(tp)
@@ -288,6 +335,8 @@ class Consumer(GroupCommits):
             raise errors.ConfigError(f"offset must be >= 0, got {offset}")
         self._positions[tp] = offset
         self._out_of_range.discard(tp)
+        self._seek_targets.pop(tp, None)
+        self._unresolved.pop(tp, None)
         self._fetch_offsets[tp] = offset
         self._epochs[tp] += 1
         self._purge(tp)
@@ -303,19 +352,44 @@ class Consumer(GroupCommits):
         await self._seek_to(int(timestamp_ms), tps)
 
     async def _seek_to(self, timestamp: int, tps: Sequence[TP]) -> None:
+        """Seek ``tps`` (default: the assignment) to the offsets their leaders give for
+        ``timestamp``.  Retried within the call while no partition answers; once some did,
+        the partitions that could not (no leader now) get their position later, in the
+        background (``_init_positions``), and ``position()`` is None for them until then."""
         await self.start()
 
-        async def resolve() -> dict[TP, int]:
+        async def resolve() -> tuple[dict[TP, int], dict[TP, errors.SluiceError]]:
             await self._ensure_assignment()
             targets = list(tps) or list(self._assigned)
-            offsets = await self._list_offsets(targets, timestamp)
-            missing = [tp for tp, off in offsets.items() if off < 0]
-            if missing:
-                offsets.update(await self._list_offsets(missing, messages.LATEST))
-            return offsets
+            for tp in targets:
+                if tp not in self._positions:
+                    raise errors.ConfigError(f"{tp} is not assigned")
+            offsets, failed = await self._resolve(targets, timestamp)
+            if failed and not offsets:
+                raise next(iter(failed.values()))  # nothing answered: retried within the call
+            return offsets, failed
 
-        for tp, off in (await self._retrying(resolve)).items():
+        offsets, failed = await self._retrying(resolve)
+        for tp, off in offsets.items():
             self.seek(tp[0], tp[1], off)
+        for tp in failed:
+            self.seek(tp[0], tp[1], 0)  # drops what was fetched or buffered for tp
+            self._positions[tp] = None
+            self._fetch_offsets.pop(tp, None)
+            self._seek_targets[tp] = timestamp
+        self._unresolved_failures(failed, time.monotonic())
+
+    async def _resolve(self, tps: Sequence[TP], timestamp: int) -> tuple[dict[TP, int], dict[TP, errors.SluiceError]]:
+        """``_list_offsets``, with the end for a time that no record is at or after."""
+        offsets, failed = await self._list_offsets(tps, timestamp)
+        after = [tp for tp, off in offsets.items() if off < 0]
+        if after:
+            latest, not_now = await self._list_offsets(after, messages.LATEST)
+            offsets.update(latest)
+            for tp in not_now:
+                offsets.pop(tp, None)
+            failed.update(not_now)
+        return offsets, failed
 
     # ------------------------------------------------------------------ riding out faults
 
@@ -373,19 +447,26 @@ class Consumer(GroupCommits):
         self._failing_since = None
         self._failures = 0
 
-    async def _list_offsets(self, tps: Sequence[TP], timestamp: int) -> dict[TP, int]:
-        """Ask each partition's leader; a leader that moved marks the metadata stale (the
-        retry refreshes it) and raises ``NotLeader`` (a partition that does not exist is
-        then found out by ``_check_assigned``)."""
+    async def _list_offsets(
+        self, tps: Sequence[TP], timestamp: int
+    ) -> tuple[dict[TP, int], dict[TP, errors.SluiceError]]:
+        """Ask each partition's leader (all leaders at once), partition by partition.
+
+        Returns the offsets found and, apart, the partitions that could not be answered
+        for a retriable reason (no leader known, the leader moved, its broker unreachable)
+        with that reason; those mark the metadata stale, so that the next try refreshes it
+        (a partition that does not exist is then found out by ``_check_assigned``).  Any
+        other error raises."""
         by_leader: dict[int, list[TP]] = {}
+        failed: dict[TP, errors.SluiceError] = {}
         for tp in tps:
             node = self._cluster.leader(*tp)
             if node < 0:
-                self._needs_refresh = True
-                raise errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}")
-            by_leader.setdefault(node, []).append(tp)
-        out = {}
-        for node, group in by_leader.items():
+                failed[tp] = errors.NotLeader(f"{tp[0]}-{tp[1]} has no leader now")
+            else:
+                by_leader.setdefault(node, []).append(tp)
+
+        async def ask(node: int, group: list[TP]):
             req = messages.ListOffsetsRequest(
                 partitions=[
                     messages.ListOffsetsPartition(topic=t, partition=p, timestamp=timestamp)
@@ -394,15 +475,29 @@ class Consumer(GroupCommits):
             )
             try:
                 resp, _ = await (await self._cluster.connection(node)).request(req, timeout=self.request_timeout)
-            except errors.ConnectionClosed:
-                self._needs_refresh = True
-                raise
-            for r in resp.partitions:
-                if r.error == errors.NotLeader.code:
-                    self._needs_refresh = True
-                errors.raise_for_code(r.error, r.message)
-                out[(r.topic, r.partition)] = r.offset
-        return out
+            except errors.SluiceError as exc:
+                if not self._can_retry(exc):
+                    raise
+                return group, exc
+            return group, resp
+
+        out: dict[TP, int] = {}
+        for group, answer in await asyncio.gather(*(ask(n, g) for n, g in by_leader.items())):
+            if isinstance(answer, errors.SluiceError):
+                failed.update(dict.fromkeys(group, answer))
+                continue
+            for r in answer.partitions:
+                tp = (r.topic, r.partition)
+                if not r.error:
+                    out[tp] = r.offset
+                    continue
+                exc = errors.error_for_code(r.error, r.message)
+                if not self._can_retry(exc):
+                    raise exc
+                failed[tp] = exc
+        if failed:
+            self._needs_refresh = True
+        return out, failed
 
     async def _ensure_assignment(self) -> None:
         """Refresh metadata when due or needed; with a subscription, re-derive the
@@ -455,34 +550,86 @@ class Consumer(GroupCommits):
         self._needs_refresh = True  # ask again: it may be being created
 
     async def _init_positions(self) -> None:
-        """Give every assigned partition without a position one: the committed offset, else
-        a reset.  A partition whose position the broker called out of range goes straight
-        to the reset (``OffsetOutOfRange`` with ``auto_offset_reset='error'``): its
-        committed offset may be the very offset that is out of range."""
-        todo = [tp for tp in self._assigned if self._positions.get(tp) is None and tp not in self._missing]
+        """Give every assigned partition without a position one: a pending ``seek_to_*``
+        target, else the committed offset, else a reset.  A partition whose position the
+        broker called out of range goes straight to the reset (``OffsetOutOfRange`` with
+        ``auto_offset_reset='error'``): its committed offset may be the very offset that is
+        out of range.
+
+        Partition by partition: one whose leader cannot answer now is warned about once and
+        asked again after a backoff (``_unresolved``) while the others are read.  Raises
+        (for the read loop to retry, see the module docstring) only when no assigned
+        partition has a position."""
+        now = time.monotonic()
+        todo = [
+            tp for tp in self._assigned
+            if self._positions.get(tp) is None and tp not in self._missing
+            and (tp not in self._unresolved or self._unresolved[tp][2] <= now)
+        ]
         if not todo:
             return
-        fresh = [tp for tp in todo if tp not in self._out_of_range]
+        failed: dict[TP, errors.SluiceError] = {}
+        by_target: dict[int, list[TP]] = {}
+        for tp in todo:
+            if tp in self._seek_targets:
+                by_target.setdefault(self._seek_targets[tp], []).append(tp)
+        for timestamp, tps in by_target.items():
+            offsets, not_now = await self._resolve(tps, timestamp)
+            for tp, off in offsets.items():
+                if self._positions.get(tp, 0) is None and self._seek_targets.get(tp) == timestamp:
+                    self._set_position(tp, off)
+            failed.update(not_now)
+        rest = [tp for tp in todo if self._positions.get(tp) is None and tp not in self._seek_targets]
+        fresh = [tp for tp in rest if tp not in self._out_of_range]
         if self.group is not None and fresh:
             committed = await self._fetch_committed(fresh)
             for tp, off in committed.items():
                 if off is not None and off >= 0 and self._positions.get(tp, 0) is None:
-                    self._positions[tp] = self._fetch_offsets[tp] = off
-            todo = [tp for tp in todo if self._positions.get(tp) is None]
-        if todo:
-            await self._reset(todo)
+                    self._set_position(tp, off)
+            rest = [tp for tp in rest if self._positions.get(tp) is None]
+        if rest:
+            failed.update(await self._reset(rest))
+        self._unresolved_failures(failed, time.monotonic())
+        for tp in todo:
+            if tp not in failed and self._unresolved.pop(tp, None) is not None:
+                log.info("%s-%d: position found, reading it", tp[0], tp[1])
+        if failed and not any(self._positions.get(tp) is not None for tp in self._assigned):
+            raise next(iter(failed.values()))  # nothing readable at all: the broker is failing
 
-    async def _reset(self, tps: list[TP]) -> None:
+    def _unresolved_failures(self, failed: dict[TP, errors.SluiceError], now: float) -> None:
+        """Finding the positions of ``failed`` failed retriably: back off each, and warn
+        (one line for all) about those that failed for the first time."""
+        new = []
+        for tp in failed:
+            since, attempts, _ = self._unresolved.get(tp, (now, 0, now))
+            if not attempts:
+                new.append(tp)
+            self._unresolved[tp] = (since, attempts + 1, now + _backoff(attempts))
+        if new:
+            log.warning(
+                "%s: no position yet, reading the other partitions and retrying %s in the background: %s",
+                ", ".join(f"{t}-{p}" for t, p in new), "it" if len(new) == 1 else "them", failed[new[0]],
+            )
+
+    def _set_position(self, tp: TP, offset: int) -> None:
+        self._positions[tp] = self._fetch_offsets[tp] = max(offset, 0)
+        self._out_of_range.discard(tp)
+        self._seek_targets.pop(tp, None)
+        self._epochs[tp] += 1
+
+    async def _reset(self, tps: list[TP]) -> dict[TP, errors.SluiceError]:
+        """Reset ``tps`` per ``auto_offset_reset``; returns those whose leader could not
+        answer now (they stay without a position)."""
         if self.auto_offset_reset == "error":
             raise errors.OffsetOutOfRange(
                 f"no valid position for {tps} and auto_offset_reset='error'"
             )
         ts = messages.EARLIEST if self.auto_offset_reset == "earliest" else messages.LATEST
-        for tp, off in (await self._list_offsets(tps, ts)).items():
+        offsets, failed = await self._list_offsets(tps, ts)
+        for tp, off in offsets.items():
             if tp in self._positions and self._positions[tp] is None:  # not sought meanwhile
-                self._positions[tp] = self._fetch_offsets[tp] = max(off, 0)
-                self._out_of_range.discard(tp)
-                self._epochs[tp] += 1
+                self._set_position(tp, off)
+        return failed
 
     # ------------------------------------------------------------------ fetching
 
@@ -584,15 +731,27 @@ class Consumer(GroupCommits):
             return
         by_node: dict[int, list[TP]] = {}
         busy = set(self._fetches)
+        leaderless: list[TP] = []
         for tp in self._assigned:
             if tp not in self._fetch_offsets:
                 continue
             node = self._cluster.leader(*tp)
             if node < 0:
                 self._needs_refresh = True
+                if tp not in self._leaderless:
+                    self._leaderless.add(tp)
+                    leaderless.append(tp)
                 continue
+            if tp in self._leaderless:
+                self._leaderless.discard(tp)
+                log.info("%s-%d has a leader again, reading it", *tp)
             if node not in busy:
                 by_node.setdefault(node, []).append(tp)
+        if leaderless:
+            log.warning(
+                "%s: no leader now, reading the other partitions and retrying %s",
+                ", ".join(f"{t}-{p}" for t, p in leaderless), "it" if len(leaderless) == 1 else "them",
+            )
         loop = asyncio.get_running_loop()
         for node, tps in by_node.items():
             task = loop.create_task(self._fetch(node, tps))

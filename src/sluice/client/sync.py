@@ -548,6 +548,13 @@ async def _count(fut) -> int:
     return len(await fut)
 
 
+def _materialized(items):
+    """An argument a consumer method iterates, listed in the calling thread (a generator
+    is not shared with the loop thread); a str, bytes or tuple as is, so that ``Consumer``
+    refuses a bare name or pair (``TypeError``) instead of taking its letters."""
+    return items if isinstance(items, str | bytes | tuple) else list(items)
+
+
 class SyncConsumer(_SyncBase):
     """Blocking ``Consumer``.  ``assign`` / ``subscribe`` / ``seek`` may be called before
     first use; iteration yields records, blocking up to ``poll_timeout_ms`` per poll.
@@ -568,11 +575,11 @@ class SyncConsumer(_SyncBase):
 
     def assign(self, partitions) -> None:
         self._generation += 1
-        self._call(_run_sync, Consumer.assign, list(partitions))
+        self._call(_run_sync, Consumer.assign, _materialized(partitions))
 
     def subscribe(self, topics) -> None:
         self._generation += 1
-        self._call(_run_sync, Consumer.subscribe, list(topics))
+        self._call(_run_sync, Consumer.subscribe, _materialized(topics))
 
     def assignment(self) -> list:
         return self._call(_run_sync, Consumer.assignment)
