@@ -4,7 +4,7 @@
 protocol structs directly (no sockets, no frames) and stores produced batches per partition
 so tests can read records back with ``records.decode_records``.  Hooks: ``hold`` parks
 produce requests until released, ``produce_errors`` answers the next produce parts with codes (0: handled as usual),
-``delays`` slows a request type down, ``raises`` makes the connection raise the given
+``delays`` slows a request type down, ``leaderless`` partitions have no leader in metadata, ``raises`` makes the connection raise the given
 exceptions for the next requests of a type, ``lose_responses`` handles the next produce
 requests and then breaks the connection instead of answering (the write was stored).
 
@@ -78,6 +78,7 @@ class FakeBroker:
         self.connections: list[FakeConnection] = []
         self.delays: dict[type, float] = {}  # request type -> seconds before answering
         self.raises: dict[type, list[BaseException]] = {}  # request type -> next exceptions
+        self.leaderless: set[tuple[str, int]] = set()  # partitions metadata gives no leader
         self.requests: list = []  # every request, in arrival order
         self.producers: dict[tuple[int, tuple[str, int]], ProducerState] = {}
         self.next_producer_id = 1000
@@ -165,7 +166,7 @@ class FakeBroker:
                     messages.TopicMetadata(
                         name=name,
                         partitions=[
-                            messages.PartitionMetadata(partition=p, leader=0)
+                            messages.PartitionMetadata(partition=p, leader=-1 if (name, p) in self.leaderless else 0)
                             for p in range(self.partitions[name])
                         ],
                         max_message_bytes=self.max_message_bytes,

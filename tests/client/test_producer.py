@@ -632,3 +632,43 @@ async def test_in_order_callbacks_survive_a_raising_callback(caplog):
     await asyncio.wait_for(ioc.wait(), 1)
     assert seen == [0, 1, 2, 3]
     assert "user bug" in caplog.text
+
+
+async def test_keyless_records_go_to_partitions_that_have_a_leader(caplog):
+    """As Kafka's sticky partitioner: a keyless send never picks a partition metadata gives
+    no leader (its records would only wait for delivery_timeout_ms); one that loses its
+    leader is left for another, and the wait is warned about once."""
+    broker = FakeBroker({"t": 4})
+    broker.leaderless = {("t", 1), ("t", 2), ("t", 3)}
+    async with make(broker, linger_ms=0, metadata_max_age_ms=100) as p:
+        metas = [await (await p.send("t", b"v%d" % i)) for i in range(40)]
+        assert {m.partition for m in metas} == {0}
+        broker.leaderless = {("t", 0), ("t", 1)}
+        await asyncio.sleep(0.5)  # a metadata refresh (every 100 ms here) says so
+        later = [await asyncio.wait_for(await p.send("t", b"w%d" % i), 10) for i in range(40)]
+        assert {m.partition for m in later} <= {2, 3}
+        with caplog.at_level("WARNING", logger="sluice.client.producer"):
+            keyed = await p.send("t", b"k", partition=0)  # waits for t-0's leader, and says so
+            await asyncio.sleep(0.5)
+            assert not keyed.done()
+            broker.leaderless = set()
+            assert (await asyncio.wait_for(keyed, 10)).partition == 0
+    warned = [r.getMessage() for r in caplog.records if "no leader for t-0" in r.getMessage()]
+    assert len(warned) == 1, warned
+
+
+@pytest.mark.parametrize("bad", [0.0, True, "0"])
+async def test_a_partition_that_is_not_an_int_is_refused_before_anything_waits(bad):
+    """0.0 once waited for ever for metadata (wedging every later send, flush and close),
+    or was stored as partition 0.0 once metadata was known."""
+    broker = FakeBroker({"t": 2})
+    async with make(broker, linger_ms=0) as p:
+        for _ in range(2):  # before the topic's metadata is known, then after
+            with pytest.raises(TypeError, match="partition must be an int or None"):
+                await p.send("t", b"v", partition=bad)
+            with pytest.raises(TypeError, match="partition must be an int or None"):
+                await p.send_nowait("t", b"v", partition=bad)
+            with pytest.raises(TypeError, match="partition must be an int or None"):
+                await p.send_many("t", [b"v"], partition=bad)
+            assert (await (await p.send("t", b"ok", partition=1))).partition == 1
+        await asyncio.wait_for(p.flush(), 5)

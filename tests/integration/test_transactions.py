@@ -231,6 +231,12 @@ async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker
     async with DelayedProducer(bs) as producer:
         with pytest.raises(errors.ConfigError, match="delay_ms must be at least 0, got -5"):
             await producer.send_delayed("orders", sent, delay_ms=-5)  # as the CLI refuses it
+        with pytest.raises(TypeError, match="delay_ms must be an int"):  # 2.0 * 1000 was stored, never delivered
+            await producer.send_delayed("orders", sent, delay_ms=2.0 * 1000)
+        with pytest.raises(TypeError, match=r"\(key, value, headers\) triples"):
+            await producer.send_delayed("orders", [b"x"], delay_ms=10)
+        with pytest.raises(TypeError, match="record key must be bytes"):
+            await producer.send_delayed("orders", [("k", b"x", [])], delay_ms=10)
         stored_at = await producer.send_delayed("orders", sent, deliver_at_ms=due)
         sent_ms = int(time.time() * 1000)
     deadline = time.monotonic() + 15

@@ -29,7 +29,7 @@ def argument_error(topic, value, key, headers, partition, timestamp_ms) -> TypeE
         if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
             return TypeError(f"{name} must be an int or None, not {_kind(v)}")
     if headers is not None:
-        if isinstance(headers, dict | str | bytes) or not all(
+        if isinstance(headers, dict | str | bytes) or not hasattr(headers, "__iter__") or not all(
             isinstance(h, tuple | list) and len(h) == 2 for h in headers
         ):
             return TypeError(f"headers must be a list of (name, value) pairs, not {headers!r:.80}")
@@ -39,10 +39,17 @@ def argument_error(topic, value, key, headers, partition, timestamp_ms) -> TypeE
     return None
 
 
+def check_partition(partition) -> None:
+    """``TypeError`` unless ``partition`` is None or an int (not a bool, not a float that
+    compares equal to one: it would be stored as ``partition=0.0``, or wait for ever)."""
+    if partition is not None and (type(partition) is not int):
+        raise TypeError(f"partition must be an int or None, not {_kind(partition)}")
+
+
 def clarified(exc: BaseException, topic, value, key=None, headers=None, partition=None, timestamp_ms=None):
     """``exc``, or the clearer ``argument_error`` when ``exc`` is a plain ``TypeError`` /
     ``ValueError`` of a send given an argument of the wrong type."""
-    if isinstance(exc, TypeError | ValueError) and not isinstance(exc, errors.SluiceError):
+    if isinstance(exc, TypeError | ValueError | AttributeError) and not isinstance(exc, errors.SluiceError):
         better = argument_error(topic, value, key, headers, partition, timestamp_ms)
         if better is not None:
             return better
@@ -51,8 +58,8 @@ def clarified(exc: BaseException, topic, value, key=None, headers=None, partitio
 
 def values_error(values) -> TypeError | None:
     """A ``TypeError`` naming the first of a bulk send's ``values`` that is not bytes."""
-    if isinstance(values, str | bytes):
-        return TypeError(f"values must be a sequence of bytes, not {_kind(values)}")
+    if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
+        return TypeError(f"values must be a list of bytes, not {_kind(values)}")
     for i, v in enumerate(values):
         if not isinstance(v, _BYTES):
             return TypeError(f"values[{i}] must be bytes, not {_kind(v)}")

@@ -43,7 +43,7 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
-from sluice.client.arguments import clarified, values_error
+from sluice.client.arguments import check_partition, clarified, values_error
 from sluice.client.framing import Callback, record_size, tail_size, zz_len
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.sender import Sender, backoff_delay
@@ -440,15 +440,28 @@ class Producer:
             return _crc32c.crc32c(key) % n
         p = self._sticky.get(topic)
         if p is None or p >= n:
-            p = self._sticky[topic] = random.randrange(n)
+            p = self._sticky[topic] = self._pick(topic, n, -1)
         return p
 
     def _switch_sticky(self, topic: str, n: int, old: int) -> int:
-        p = random.randrange(n - 1) if n > 1 else 0
-        if n > 1 and p >= old:
-            p += 1  # never pick the partition whose batch just filled
-        self._sticky[topic] = p
+        p = self._sticky[topic] = self._pick(topic, n, old)
         return p
+
+    def _pick(self, topic: str, n: int, old: int) -> int:
+        """A new sticky partition of ``topic``: at random among those with a leader (all
+        when none has), never ``old`` (whose batch just filled, or that lost its leader)
+        unless it is the only one."""
+        leaders = self._cluster.leaders(topic, n)
+        choice = [i for i in range(n) if i != old and leaders[i] >= 0] or [i for i in range(n) if i != old] or [0]
+        return random.choice(choice)
+
+    def _leave_leaderless(self) -> None:
+        """After a metadata refresh: keyless records stop going to a sticky partition that
+        has no leader now (those buffered for it wait for one, up to their deadline)."""
+        for topic, p in list(self._sticky.items()):
+            info = self._cluster.topics.get(topic)
+            if info is not None and p < info.partitions and info.leaders[p] < 0:
+                self._switch_sticky(topic, info.partitions, p)
 
     # ------------------------------------------------------------------ sending
 
@@ -511,6 +524,7 @@ class Producer:
         """``send`` of a record the common path did not take: buffer it now, or in line;
         return ``buffered``, told ``fut`` once it is buffered or the error that kept it out."""
         try:
+            check_partition(partition)
             appended = topic not in self._line.lanes and self._append_now(
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
@@ -570,6 +584,7 @@ class Producer:
         concurrent future).  An error that keeps the record from being buffered goes to the
         sink and to ``on_unbuffered`` when set.  Call only on the producer's loop."""
         try:
+            check_partition(partition)
             if (
                 self._closing or self._sender.fenced is not None
                 or not self._append_common(topic, value, key, headers, partition, timestamp_ms, sink)
@@ -731,6 +746,7 @@ class Producer:
         self, topic: str, values: Sequence[bytes], partition: int | None, key: bytes | None
     ) -> asyncio.Future:
         self._check_open()
+        check_partition(partition)
         count = len(values)
         if count == 0:
             fut = self._loop.create_future()

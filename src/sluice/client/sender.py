@@ -111,6 +111,7 @@ class Sender:
         self._memory = memory
         self._forced = forced
         self._refuse_sends = producer._refuse_sends
+        self._leave_leaderless = producer._leave_leaderless
         identity = producer.producer_identity
         self._explicit = identity is not None
         self._producer_id, self._producer_epoch = identity or (None, None)
@@ -199,6 +200,7 @@ class Sender:
         topics = set(self._cluster.topics) | self._acc.topics()
         try:
             await self._cluster.refresh(sorted(topics))
+            self._leave_leaderless()
         except errors.SluiceError:
             await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
         finally:
@@ -333,6 +335,8 @@ class Sender:
                         self._acc.finish(q.popleft(), gone, self.release)
                     continue
                 need_refresh = True
+                if tp[0] not in cluster.unknown:  # (a topic gone is not waited for long: _gone)
+                    self._warn_retrying(tp, errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}"), now)
                 for b in q:
                     b.last_error = b.last_error or errors.NotLeader(f"no leader known for {tp[0]}-{tp[1]}")
                 wake_at = _earliest(wake_at, q[0].deadline)
@@ -680,15 +684,8 @@ class Sender:
             self._cluster.mark_stale(tp[0])
         if isinstance(exc, errors.NotLeader | errors.UnknownTopic | errors.ConnectionClosed | errors.RequestTimedOut):
             self.request_refresh()
-        if counted and now - self._retry_warned_at >= RETRY_WARN_EVERY_S:
-            # A send that waits out a broken connection or a refusal (too few in-sync
-            # replicas, say) for up to 2 minutes says so, once, not at every retry.
-            self._retry_warned_at = now
-            what = "broker unavailable" if isinstance(exc, errors.ConnectionClosed) else f"send to {tp[0]}-{tp[1]} refused"
-            log.warning(
-                "%s (%s); retrying each send for up to delivery_timeout_ms=%g",
-                what, errors.describe(exc) if isinstance(exc, errors.SluiceError) else exc, self.delivery_timeout * 1000,
-            )
+        if counted:
+            self._warn_retrying(tp, exc, now)
         incomplete = self._acc.incomplete
         keep = []
         for b in bs:
@@ -713,6 +710,25 @@ class Sender:
         if counted:
             failures = self._failures[tp] = self._failures.get(tp, 0) + 1
             self._retry_at[tp] = now + backoff_delay(self.backoff, self.backoff_max, failures - 1)
+
+    def _warn_retrying(self, tp: TP, exc: Exception, now: float) -> None:
+        """A send that waits out a broken connection, a partition with no leader or a
+        refusal (too few in-sync replicas, say) for up to 2 minutes says so: one warning
+        per RETRY_WARN_EVERY_S, not one per retry.  A topic that does not exist is not
+        waited for that long (``_gone``): no warning."""
+        if isinstance(exc, errors.UnknownTopic) or now - self._retry_warned_at < RETRY_WARN_EVERY_S:
+            return
+        self._retry_warned_at = now
+        if isinstance(exc, errors.ConnectionClosed):
+            what = "broker unavailable"
+        elif isinstance(exc, errors.NotLeader):
+            what = f"no leader for {tp[0]}-{tp[1]}"
+        else:
+            what = f"send to {tp[0]}-{tp[1]} refused"
+        log.warning(
+            "%s (%s); retrying each send for up to delivery_timeout_ms=%g",
+            what, errors.describe(exc) if isinstance(exc, errors.SluiceError) else exc, self.delivery_timeout * 1000,
+        )
 
     def _fail_batches(self, bs: list[Batch], exc: Exception) -> None:
         for b in bs:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import crc32c as _crc32c
 
 from sluice import errors
+from sluice.client.arguments import argument_error, check_partition
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages as m
 from sluice.protocol import transactions as tx
@@ -283,6 +284,10 @@ class TransactionProducer:
         now = int(time.time() * 1000)
         if (deliver_at_ms is None) == (delay_ms is None):
             raise errors.ConfigError("give one of deliver_at_ms and delay_ms")
+        for name, ms in (("deliver_at_ms", deliver_at_ms), ("delay_ms", delay_ms)):
+            if ms is not None and type(ms) is not int:  # 2.0 * 1000 once stored a message never delivered
+                raise TypeError(f"{name} must be an int (milliseconds), not {type(ms).__name__}")
+        check_partition(partition)
         if delay_ms is not None and delay_ms < 0:
             raise errors.ConfigError(f"delay_ms must be at least 0, got {delay_ms}")
         at = deliver_at_ms if deliver_at_ms is not None else now + delay_ms
@@ -290,6 +295,12 @@ class TransactionProducer:
             raise errors.ConfigError(f"a delivery time must be within {tx.MAX_DELAY_MS // 86_400_000} days of now")
         if not messages:
             raise errors.ConfigError("no messages to send")
+        for one in messages:
+            if not (isinstance(one, tuple | list) and len(one) == 3):
+                raise TypeError(f"messages are (key, value, headers) triples, not {one!r:.60}")
+            wrong = argument_error(topic, one[1], one[0], one[2], partition, None)
+            if wrong is not None:
+                raise wrong
         recs = [(k, v, tuple((str(hk), hv) for hk, hv in (h or ()))) for k, v, h in messages]
         p = await self._partition_for(topic, recs[0][0], partition)
         return await self._store_half(topic, p, lambda producer: tx.delayed_batch(recs, at, now, producer))

@@ -694,6 +694,12 @@ class Cluster:
             return -1
         return info.leaders[partition]
 
+    def leaders(self, topic: str, n: int) -> list[int]:
+        """Leader node ids of the ``n`` first partitions of ``topic`` (-1: unknown)."""
+        info = self.topics.get(topic)
+        known = info.leaders[:n] if info is not None else []
+        return known + [-1] * (n - len(known))
+
     def mark_stale(self, topic: str) -> None:
         """Forget a topic's leaders (after NotLeader); the next refresh restores them."""
         info = self.topics.get(topic)
