@@ -108,7 +108,20 @@ def test_create_existing_and_if_not_exists(shared, cli):
     ok(cli("sub", "create", "exists-t", "s", bootstrap=b))
     assert_error(cli("sub", "create", "exists-t", "s", bootstrap=b),
                  "SUBSCRIPTION_ALREADY_EXISTS", "(37)", "'s' already exists")
-    ok(cli("sub", "create", "exists-t", "s", "--if-not-exists", bootstrap=b))
+    out = ok(cli("sub", "create", "exists-t", "s", "--if-not-exists", bootstrap=b))
+    assert out == "subscription s on exists-t already exists\n"
+
+
+def test_if_not_exists_says_which_settings_it_did_not_change(shared, cli):
+    b = shared.bootstrap
+    ok(cli("topic", "create", "keep.x", bootstrap=b))
+    ok(cli("sub", "create", "keep.x", "y", bootstrap=b))
+    out = ok(cli("sub", "create", "keep.x", "y", "--max-attempts", "2", "--if-not-exists", bootstrap=b))
+    assert out.splitlines() == [
+        "subscription y on keep.x already exists",
+        "its settings were not changed: max_attempts 0 (asked 2)",
+    ]
+    assert {i["max_attempts"] for i in describe(cli, b, "keep.x", "y")} == {0}
 
 
 @pytest.mark.parametrize("name", ["bad name", "x" * 101, "slash/y", "é"])
@@ -210,3 +223,38 @@ def test_a_topic_with_subscriptions_is_not_made_compacted(broker, cli):
     ok(cli("sub", "delete", "orders", "billing", bootstrap=b))
     ok(cli("sub", "delete", "orders", "audit", bootstrap=b))
     ok(cli("topic", "alter", "orders", "--config", "cleanup.policy=compact", bootstrap=b))
+
+
+def test_a_compacted_topic_takes_no_subscription_and_is_skipped_by_list(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    ok(cli("sub", "create", "orders", "billing", bootstrap=b))
+    ok(cli("topic", "create", "o2", bootstrap=b))
+    # altering looks for subscriptions first: o2's (none) are loaded, then it is compacted
+    ok(cli("topic", "alter", "o2", "--config", "cleanup.policy=compact", bootstrap=b))
+    ok(cli("topic", "create", "c", "--config", "cleanup.policy=compact", bootstrap=b))
+    for topic in ("o2", "c"):
+        assert_error(cli("sub", "create", topic, "y", bootstrap=b),
+                     "INVALID_SUBSCRIPTION", "(38)", f"topic {topic!r} is compacted")
+        assert_error(cli("consume", topic, "--sub", "y", "--exit-at-end", bootstrap=b),
+                     "INVALID_SUBSCRIPTION", "(38)", f"topic {topic!r} is compacted")
+        assert json.loads(ok(cli("sub", "list", topic, bootstrap=b))) == {topic: []}
+    assert json.loads(ok(cli("sub", "list", bootstrap=b))) == {"orders": ["billing"]}
+
+
+def test_a_subscription_stranded_on_a_compacted_topic_can_be_deleted(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "orders", bootstrap=b))
+    ok(cli("produce", "orders", bootstrap=b, input=lines_in("a", "b")))
+    ok(cli("sub", "create", "orders", "billing", bootstrap=b))
+    broker.kill()
+    broker.extra_args = ["--topic-default", "cleanup.policy=compact"]
+    broker.start()  # every topic without a cleanup.policy of its own is compacted now
+    assert json.loads(ok(cli("sub", "list", bootstrap=b))) == {}
+    assert_error(cli("sub", "create", "orders", "audit", bootstrap=b),
+                 "INVALID_SUBSCRIPTION", "(38)", "is compacted")
+    assert_error(cli("sub", "seek", "orders", "billing", "earliest", bootstrap=b),
+                 "INVALID_SUBSCRIPTION", "(38)", "is compacted")
+    assert [i["backlog"] for i in describe(cli, b, "orders", "billing")] == [2]
+    assert ok(cli("sub", "delete", "orders", "billing", bootstrap=b)) == "deleted subscription billing of orders\n"
+    assert_error(cli("sub", "describe", "orders", "billing", bootstrap=b), "UNKNOWN_SUBSCRIPTION", "(36)")

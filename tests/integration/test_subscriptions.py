@@ -300,6 +300,34 @@ async def test_dead_letter_after_max_attempts_and_redrive(broker, cli):
     assert res.returncode == 0 and b"re-drove 0 message(s)" in res.stdout, res
 
 
+async def test_each_dead_letter_carries_its_own_messages_reason(broker):
+    """``run`` at concurrency 10: three messages fail twice at once, each with its own
+    exception; each dead letter names the exception of its own message."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    await produce(bs, "orders", 3)
+    failed: Counter = Counter()
+
+    async def handler(msg):
+        failed[msg.value] += 1
+        await asyncio.sleep(0.05)  # the three fail together: their nacks go in one request
+        raise ValueError(f"bad {msg.value}")
+
+    cfg = SubscriptionConfig(max_attempts=2, ack_timeout_ms=NEVER_MS, **FAST)
+    async with Subscriber(bs, "orders", "work", config=cfg, ack_interval_ms=50) as sub:
+        task = asyncio.ensure_future(sub.run(handler))
+
+        async def dead_lettered():
+            return (await describe(bs, "orders", "work"))[0].dead_lettered == 3
+
+        await wait_for(dead_lettered, "three dead letters")
+    await asyncio.wait_for(task, 10)
+    dead = await read_all(bs, "orders.work.dlq")
+    assert len(dead) == 3 and set(failed.values()) == {2}
+    for d in dead:
+        assert dict(d.headers)["sluice.dlq.reason"] == f"ValueError: bad {d.value}".encode()
+
+
 async def test_redrive_copies_only_the_dead_letters_of_its_own_subscription(broker, cli):
     """``col`` + ``x.y`` and ``col.x`` + ``y`` share ``col.x.y.dlq`` (dead letters from
     before sharing was refused): each re-drive copies its own, into its own topic, and
@@ -758,3 +786,24 @@ async def test_a_subscriber_of_a_missing_or_deleted_topic_fails_after_the_wait(b
         with pytest.raises((errors.UnknownTopic, errors.UnknownSubscription), match="short-lived"):
             await sub.get(timeout=30)  # its partitions' leader says so, else metadata does
         assert time.monotonic() - t0 < 15
+
+
+async def test_a_subscriber_warns_once_of_settings_an_existing_subscription_does_not_have(broker, caplog):
+    bs = broker.bootstrap
+    await make_topic(bs, "orders", 2)
+    async with Admin(bs) as admin:
+        await admin.create_subscription("orders", "work", SubscriptionConfig(mode="ordered"))
+    caplog.set_level("WARNING", logger="sluice.client.subscriber")
+    async with Subscriber(bs, "orders", "work", max_attempts=3, mode="ordered"):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if "other settings" in r.getMessage()]
+    assert warnings == [
+        "subscription work of orders exists with other settings, which were not changed: max_attempts 0 (asked 3)"
+    ]
+    caplog.clear()
+    async with Subscriber(bs, "orders", "work", mode="ordered"):  # asks nothing it lacks
+        pass
+    async with Subscriber(bs, "orders", "work"):  # asks nothing: takes what it has
+        pass
+    assert not [r for r in caplog.records if "other settings" in r.getMessage()]
+    assert {i.config.max_attempts for i in await describe(bs, "orders", "work")} == {0}

@@ -113,9 +113,10 @@ def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool, list[
 class PartitionSubscriptions:
     """The subscriptions of one partition this broker leads, in one leader epoch."""
 
-    def __init__(self, manager: SubscriptionManager, part) -> None:
+    def __init__(self, manager: SubscriptionManager, part, ordinary: bool = True) -> None:
         self.manager = manager
         self.part = part
+        self.ordinary = ordinary  # not: a compacted topic's, loaded to describe or delete what is stranded
         self.epoch = part.leader_epoch
         self.subs: dict[str, SubscriptionPartition] = {}
         self.loaded: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -151,7 +152,9 @@ class PartitionSubscriptions:
                 "loaded %d subscription(s) of %s-%d in %.0f ms", len(states), self.part.topic,
                 self.part.index, (time.monotonic() - started) * 1000,
             )
-        self._need_snapshot = not found  # so that the next load reads only the newest segments
+        # so that the next load reads only the newest segments (but nothing is written into
+        # a compacted topic for a subscription it does not have)
+        self._need_snapshot = not found and self.ordinary
         low = min((st.confirmed for st in states.values()), default=self.part.high_watermark)
         self.records = [w for w in where if w[0] >= low]  # not messages: no backlog
         for state in states.values():
@@ -375,22 +378,34 @@ class SubscriptionManager:
             m.Api.DESCRIBE_SUBSCRIPTIONS: self.describe,
         }
 
-    async def partition(self, topic: str, index: int) -> PartitionSubscriptions:
-        """The loaded subscriptions of ``topic``-``index``; ``NotLeader`` unless led here."""
+    def refusal(self, topic: str) -> InvalidSubscription | None:
+        """Why ``topic`` cannot have subscriptions (internal or compacted), or None."""
+        topic_obj = self.broker.topic(topic)
+        if topic_obj.internal or topic_obj.config.cleanup_policy == "compact":
+            return InvalidSubscription(
+                f"topic {topic!r} is {'internal' if topic_obj.internal else 'compacted'}: subscriptions need "
+                "an ordinary topic (read compacted topics with a fetch consumer)"
+            )
+        return None
+
+    async def partition(self, topic: str, index: int, stranded: bool = False) -> PartitionSubscriptions:
+        """The loaded subscriptions of ``topic``-``index``; ``NotLeader`` unless led here,
+        ``InvalidSubscription`` if the topic cannot have subscriptions — checked on every
+        call, since a topic's config changes under its loaded state (an ordinary topic
+        whose subscriptions were looked at may be compacted since).  ``stranded``: a
+        compacted topic's too (subscriptions stranded on a topic that became compacted
+        at a restart, ``--topic-default``, can still be described and deleted)."""
         part = self.broker.led_partition(topic, index)
+        refused = self.refusal(topic)
+        if refused is not None and not (stranded and not self.broker.topic(topic).internal):
+            raise refused
         key = (topic, index)
         ps = self._parts.get(key)
         if ps is not None and (ps.part is not part or not ps.current):
             await self._drop(key, NotLeader(f"{topic}-{index} changed leader"))
             ps = None
         if ps is None:
-            topic_obj = self.broker.topic(topic)
-            if topic_obj.internal or part.config.cleanup_policy == "compact":
-                raise InvalidSubscription(
-                    f"topic {topic!r} is {'internal' if topic_obj.internal else 'compacted'}: subscriptions need "
-                    "an ordinary topic (read compacted topics with a fetch consumer)"
-                )
-            ps = self._parts[key] = PartitionSubscriptions(self, part)
+            ps = self._parts[key] = PartitionSubscriptions(self, part, ordinary=refused is None)
             task = asyncio.ensure_future(ps.load())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
@@ -485,13 +500,16 @@ class SubscriptionManager:
 
     # ------------------------------------------------------------------ handlers
 
-    async def _each(self, topic: str, partitions: list[int], fn) -> list[m.SubscriptionPartitionResult]:
-        """``fn(ps)`` for each partition; per-partition errors in the results."""
+    async def _each(
+        self, topic: str, partitions: list[int], fn, stranded: bool = False,
+    ) -> list[m.SubscriptionPartitionResult]:
+        """``fn(ps)`` for each partition; per-partition errors in the results.
+        ``stranded``: see ``partition``."""
         self.broker.topic(topic)
 
         async def one(p: int) -> m.SubscriptionPartitionResult:
             try:
-                config = await fn(await self.partition(topic, p))
+                config = await fn(await self.partition(topic, p, stranded))
             except BrokerError as exc:
                 return m.SubscriptionPartitionResult(partition=p, error=exc.code, message=exc.message)
             return m.SubscriptionPartitionResult(partition=p, config=config)
@@ -574,7 +592,8 @@ class SubscriptionManager:
         async def delete(ps: PartitionSubscriptions):
             await ps.delete(req.subscription)
 
-        return m.DeleteSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, delete)), ()
+        results = await self._each(req.topic, req.partitions, delete, stranded=True)
+        return m.DeleteSubscriptionResponse(partitions=results), ()
 
     async def seek(self, req: m.SeekSubscriptionRequest, _att):
         sub.check_name(req.subscription)
@@ -587,11 +606,14 @@ class SubscriptionManager:
     async def describe(self, req: m.DescribeSubscriptionsRequest, _att):
         if req.subscription is not None:
             sub.check_name(req.subscription)
-        self.broker.topic(req.topic)
+        if req.subscription is None and self.refusal(req.topic) is not None:
+            # a topic that cannot have subscriptions has none to list (its log is not
+            # scanned for any stranded there: name one to describe or delete it)
+            return m.DescribeSubscriptionsResponse(subscriptions=[]), ()
         out: list[m.SubscriptionPartitionInfo] = []
         for p in req.partitions:
             try:
-                ps = await self.partition(req.topic, p)
+                ps = await self.partition(req.topic, p, stranded=True)
                 if req.subscription is not None:
                     out.append(ps.get(req.subscription).info())
                 else:

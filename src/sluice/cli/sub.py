@@ -16,7 +16,7 @@ import click
 
 from sluice.cli.output import echo_json, iso_ms, table, wants_json
 from sluice.cli.params import StartPosition
-from sluice.protocol.subscriptions import MODES, SubscriptionConfig
+from sluice.protocol.subscriptions import MODES, SubscriptionConfig, config_differences
 
 
 def _admin(ctx):
@@ -66,9 +66,24 @@ def sub_create(ctx, topic, name, start, mode, max_attempts, ack_timeout_ms, back
         mode=mode, max_attempts=max_attempts, ack_timeout_ms=ack_timeout_ms,
         backoff_initial_ms=backoff_ms, backoff_max_ms=max(backoff_max_ms, backoff_ms or 1), tags=list(tags),
     )
+    from sluice.errors import SubscriptionAlreadyExists
+
     with _admin(ctx) as admin:
-        admin.create_subscription(topic, name, config, start=start_arg(start), if_not_exists=if_not_exists)
-    click.echo(f"created subscription {name} on {topic}")
+        try:
+            admin.create_subscription(topic, name, config, start=start_arg(start))
+        except SubscriptionAlreadyExists:
+            if not if_not_exists:
+                raise
+            # on the partitions that lack it (added since) it is created; the others keep theirs
+            admin.create_subscription(topic, name, config, start=start_arg(start), if_not_exists=True)
+            infos = admin.describe_subscription(topic, name)
+        else:
+            click.echo(f"created subscription {name} on {topic}")
+            return
+    click.echo(f"subscription {name} on {topic} already exists")
+    changed = config_differences(config, [i.config for i in infos if i.config is not None])
+    if changed:
+        click.echo(f"its settings were not changed: {changed}")
 
 
 @sub.command("list")

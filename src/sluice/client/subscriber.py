@@ -49,6 +49,7 @@ from sluice.protocol.subscriptions import (
     SubscriptionConfig,
     check_config,
     check_name,
+    config_differences,
     dlq_topic,
     tag_of,
 )
@@ -152,16 +153,46 @@ class Message(msgspec.Struct, gc=False):
 
 
 class _Pending:
-    """What was settled on one partition and not sent yet."""
+    """What was settled on one partition and not sent yet.
 
-    __slots__ = ("acks", "nack_delays", "reason", "releases", "touches")
+    ``nack_delays`` holds every nack, by delay; ``reasons`` those nacked with a reason,
+    by (delay, reason): a request part has one delay and one reason, so nacks that differ
+    in either go in parts of their own (nacks sharing a reason, the usual case, in one)."""
+
+    __slots__ = ("acks", "nack_delays", "reasons", "releases", "touches")
 
     def __init__(self) -> None:
         self.acks: list[int] = []  # offsets, in the order acked
         self.nack_delays: dict[int, RangeSet] = {}
+        self.reasons: dict[tuple[int, str], RangeSet] = {}
         self.touches = RangeSet()
         self.releases = RangeSet()
-        self.reason = ""
+
+    def nack(self, offset: int, delay_ms: int, reason: str) -> None:
+        self.nack_delays.setdefault(delay_ms, RangeSet()).add(offset, offset + 1)
+        if reason:
+            self.reasons.setdefault((delay_ms, reason), RangeSet()).add(offset, offset + 1)
+
+    def drop_nacks(self) -> None:
+        self.nack_delays.clear()
+        self.reasons.clear()
+
+    def nack_parts(self) -> list[tuple[int, str, RangeSet]]:
+        """(delay, reason, offsets) of the nacks, one per delay and reason ("": none)."""
+        out = []
+        for delay, nacks in self.nack_delays.items():
+            rest = nacks
+            for (d, reason), offsets in self.reasons.items():
+                if d != delay:
+                    continue
+                if rest is nacks:
+                    rest = RangeSet(nacks.pairs())
+                for a, b in offsets:
+                    rest.remove(a, b)
+                out.append((delay, reason, offsets))
+            if rest:
+                out.append((delay, "", rest))
+        return out
 
 
 class Subscriber:
@@ -171,7 +202,9 @@ class Subscriber:
     of the settings ``mode``, ``max_attempts``, ``ack_timeout_ms``, ``backoff_initial_ms``,
     ``backoff_max_ms``, ``tags`` given here overrides its field) from ``start``
     (``earliest``, ``latest``, an offset, ``time:<ms>``); with ``create=False`` a missing
-    subscription fails the subscriber with ``UnknownSubscription``.
+    subscription fails the subscriber with ``UnknownSubscription``.  Settings are fixed at
+    creation: a subscription that exists keeps its own, and those given here that it does
+    not have are named in a warning (logged once).
     """
 
     def __init__(
@@ -205,8 +238,6 @@ class Subscriber:
                                         ("backoff_max_ms", backoff_max_ms),
                                         ("tags", None if tags is None else list(tags))) if v is not None}
         if overrides:
-            import msgspec
-
             cfg = msgspec.structs.replace(cfg, **overrides)
         try:
             check_config(cfg)
@@ -216,6 +247,9 @@ class Subscriber:
         self.subscription = subscription
         self.prefetch = prefetch
         self._create = cfg if create else None
+        # the settings asked for (all of ``config``'s, if given): a subscription that exists
+        # with others keeps them, and the first partition that says so is warned about
+        self._asked = (cfg, cfg.__struct_fields__ if config is not None else tuple(overrides))
         self._start = position(start)
         self._ack_interval = ack_interval_ms / 1000
         self.unknown_topic_wait = unknown_topic_wait_ms / 1000
@@ -457,10 +491,7 @@ class Subscriber:
         that session's own delivery of it, which the application may be working on."""
         if msg._session is None or self._sessions.get(msg.partition) is not msg._session:
             return
-        p = self._pending_for(msg.partition)
-        p.nack_delays.setdefault(delay_ms, RangeSet()).add(msg.offset, msg.offset + 1)
-        if reason:
-            p.reason = reason
+        self._pending_for(msg.partition).nack(msg.offset, delay_ms, reason)
         if self._ordered(msg.partition):  # the ones behind it wait for its redelivery
             self._ready.get(msg.partition, deque()).clear()
         self._pending_count += 1
@@ -506,17 +537,16 @@ class Subscriber:
                     self._pending[partition] = p
                 continue
             parts = by_conn.setdefault(conn, [])
-            base = dict(partition=partition, touches=p.touches.pairs(), releases=p.releases.pairs(), reason=p.reason)
-            acked = _runs(p.acks)
-            if not p.nack_delays:
-                parts.append(m.AckPartition(acks=acked, **base))
+            base = dict(acks=_runs(p.acks), touches=p.touches.pairs(), releases=p.releases.pairs())
+            nack_parts = p.nack_parts() if p.nack_delays else ()
+            if not nack_parts:
+                parts.append(m.AckPartition(partition=partition, **base))
                 continue
-            first = True
-            for delay, nacks in p.nack_delays.items():
-                acks = acked if first else []
-                extra = base if first else dict(partition=partition, reason=p.reason)
-                parts.append(m.AckPartition(acks=acks, nacks=nacks.pairs(), nack_delay_ms=delay, **extra))
-                first = False
+            for delay, reason, nacks in nack_parts:  # the acks, touches and releases in the first
+                parts.append(m.AckPartition(
+                    partition=partition, nacks=nacks.pairs(), nack_delay_ms=delay, reason=reason, **base,
+                ))
+                base = {}
         for conn, parts in by_conn.items():
             req = m.AckRequest(topic=self.topic, subscription=self.subscription, partitions=parts)
             task = asyncio.ensure_future(self._send_acks(conn, req))
@@ -628,10 +658,24 @@ class Subscriber:
             self._serve(r.partition, conn)
             if r.config is not None:
                 self._configs[r.partition] = r.config
+                self._check_settings(r.config)
                 if r.config.mode == "ordered":
                     self._ordered_parts.add(r.partition)
                 else:
                     self._ordered_parts.discard(r.partition)
+
+    def _check_settings(self, config: SubscriptionConfig) -> None:
+        """Warn (once) when the subscription has other settings than those asked for."""
+        asked, names = self._asked
+        if not names:
+            return
+        changed = config_differences(asked, [config], names)
+        if changed:
+            self._asked = (asked, ())
+            log.warning(
+                "subscription %s of %s exists with other settings, which were not changed: %s",
+                self.subscription, self.topic, changed,
+            )
 
     async def _watch(self, conn: Connection) -> None:
         """When a connection goes, its partitions are subscribed again (elsewhere, maybe)."""
@@ -651,7 +695,7 @@ class Subscriber:
         self._sessions.pop(partition, None)
         pending = self._pending.get(partition)
         if pending is not None:  # nacks not sent yet: of deliveries that end here (see _nack)
-            pending.nack_delays.clear()
+            pending.drop_nacks()
         ready = self._ready.get(partition)
         if ready:
             for msg in ready:
@@ -698,8 +742,9 @@ class Subscriber:
                 )
             except errors.SluiceError as exc:  # a corrupt batch: nack it, it comes again
                 log.warning("undecodable delivery of %s-%d at %d: %s", self.topic, partition, d.base_offset, exc)
+                pending = self._pending_for(partition)
                 for a, b in d.want:
-                    self._pending_for(partition).nack_delays.setdefault(-1, RangeSet()).add(a, b)
+                    pending.nack_delays.setdefault(-1, RangeSet()).add(a, b)
                 continue
             if len(d.want) > 1:
                 want = RangeSet(d.want)

@@ -126,6 +126,27 @@ def check_config(config: SubscriptionConfig) -> SubscriptionConfig:
     return config
 
 
+def config_differences(
+    asked: SubscriptionConfig, existing: Iterable[SubscriptionConfig], only: Iterable[str] | None = None,
+) -> str:
+    """The settings of ``asked`` (those named in ``only``, when given) that an ``existing``
+    config (a subscription's, one per partition) has otherwise, as ``name X (asked Y)``,
+    comma-separated; "" when none differ.  Settings are fixed at creation: this says which
+    a creation that found the subscription did not apply."""
+    names = asked.__struct_fields__ if only is None else [n for n in asked.__struct_fields__ if n in set(only)]
+    out = []
+    for name in names:
+        want = getattr(asked, name)
+        have = sorted({_shown(getattr(c, name)) for c in existing if getattr(c, name) != want})
+        if have:
+            out.append(f"{name} {' / '.join(have)} (asked {_shown(want)})")
+    return ", ".join(out)
+
+
+def _shown(value) -> str:
+    return (",".join(value) or "none") if isinstance(value, list) else str(value)
+
+
 def tag_of(headers) -> str | None:
     """A record's tag (its ``sluice.tag`` header as text), or None."""
     for k, v in headers:
