@@ -9,6 +9,7 @@ errors, not silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,19 @@ _CENTURY_MS = 36_525 * DAY_MS
 MAX_PARTITIONS = 10_000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+_HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")  # a host name, IPv4 or IPv6 address
+
+
+def _unspecified(host: str) -> bool:
+    """True for an address that means "every address of this machine" (0.0.0.0, ::, 0)."""
+    if host in ("", "0"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
@@ -206,6 +220,13 @@ class ServerConfig:
             raise ConfigError(f"port must be 0-65535, got {self.port}")
         if self.advertised_port is not None and not 1 <= self.advertised_port <= 65535:
             raise ConfigError(f"advertised port must be 1-65535, got {self.advertised_port}")
+        if self.advertised_host is not None and (
+            _unspecified(self.advertised_host) or not _HOST.fullmatch(self.advertised_host)
+        ):
+            raise ConfigError(
+                f"--advertise {self.advertised_host!r} is no address a client can connect to: give a host "
+                "name or IP address of this machine"
+            )
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         limits = (self.max_connections, self.max_in_flight_per_connection,
@@ -230,7 +251,7 @@ class ServerConfig:
 
             parse_cluster_url(self.cluster)
             session_ttl(self.session_timeout_ms)
-            if self.host in ("0.0.0.0", "::", "") and self.advertised_host is None:
+            if _unspecified(self.host) and self.advertised_host is None:
                 raise ConfigError(
                     f"listening on every address ({self.host or 'all'}), a broker of a cluster needs "
                     "--advertise HOST[:PORT]: the other brokers and the clients connect to the "

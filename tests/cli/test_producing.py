@@ -52,3 +52,5 @@ def test_a_message_without_its_key_separator_is_shown_with_single_escapes():
     err = key_separator_missing(b":", b"ab\x01\xff\xfecd\xc3\xa9")
     assert str(err) == "no key separator ':' in message 'ab\\x01\\xff\\xfecdé'"
     assert str(key_separator_missing(b"\t", b"x" * 50)) == f"no key separator '\\t' in message '{'x' * 40}…'"
+    # the text \x01 and the byte 0x01 read apart: a backslash is doubled
+    assert str(key_separator_missing(b":", b"a\\x01")) == "no key separator ':' in message 'a\\\\x01'"

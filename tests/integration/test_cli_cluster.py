@@ -84,14 +84,17 @@ def test_advertise_is_documented_and_its_old_name_hidden(cli):
     res = cli("serve", "--advertise", "a:1", "--advertised-address", "a:1", bootstrap="127.0.0.1:1")
     assert_error(res, "--advertise and --advertised-address cannot be used together")
     assert_error(cli("serve", "--advertise", "a:1,b:2", bootstrap="127.0.0.1:1"), "one HOST[:PORT]")
-    assert_error(cli("serve", "--advertise", "a:b:c", bootstrap="127.0.0.1:1"), "neither host:port nor an IPv6")
+    assert_error(cli("serve", "--advertise", "a:b:c", bootstrap="127.0.0.1:1"), "--advertise: ", "neither host:port nor an IPv6")
+    for bad in ("0.0.0.0", "bad host:7", "[::]:7"):
+        assert_error(cli("serve", "--advertise", bad, bootstrap="127.0.0.1:1"), "no address a client can connect to")
 
 
 def test_a_cluster_broker_listening_everywhere_must_say_where_it_is_reached(cli, tmp_path):
     """0.0.0.0 is no address another broker or a client can connect to."""
-    res = cli("serve", "--data-dir", str(tmp_path), "--host", "0.0.0.0", "--port", str(free_port()),
-              "--cluster", "etcd://127.0.0.1:1", bootstrap="127.0.0.1:1")
-    assert_error(res, "USAGE_ERROR", "needs --advertise HOST[:PORT]")
+    for everywhere in ("0.0.0.0", "0"):
+        res = cli("serve", "--data-dir", str(tmp_path), "--host", everywhere, "--port", str(free_port()),
+                  "--cluster", "etcd://127.0.0.1:1", bootstrap="127.0.0.1:1")
+        assert_error(res, "USAGE_ERROR", "needs --advertise HOST[:PORT]")
 
 
 def test_bootstrap_list_from_option_and_environment(broker, cli):

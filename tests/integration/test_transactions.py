@@ -212,6 +212,8 @@ async def test_cli_list_commit_rollback(broker, cli):
     assert unknown.returncode == 1 and b"UNKNOWN_TRANSACTION (35)" in unknown.stderr
     bad = cli("txn", "commit", "nonsense", bootstrap=bs)  # a bad argument: usage error, exit 2
     assert bad.returncode == 2 and b"USAGE_ERROR (1002)" in bad.stderr and b"topic/partition/offset" in bad.stderr
+    huge = cli("txn", "commit", "orders/0/99999999999999999999", bootstrap=bs)
+    assert huge.returncode == 2 and b"fit the wire" in huge.stderr
     assert json.loads(cli("txn", "list", bootstrap=bs).stdout) == []
     missing = cli("txn", "list", "-t", "nosuch", bootstrap=bs)
     assert missing.returncode == 1 and b"UNKNOWN_TOPIC (4)" in missing.stderr and b"nosuch" in missing.stderr

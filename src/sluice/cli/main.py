@@ -181,7 +181,10 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
         advertise = advertise if advertise is not None else advertised_address
         adv_host = adv_port = None
         if advertise is not None:
-            addresses = parse_bootstrap(advertise)
+            try:
+                addresses = parse_bootstrap(advertise)
+            except errors.ConfigError as exc:
+                raise errors.ConfigError(f"--advertise: {exc}") from None
             if len(addresses) != 1:
                 raise errors.ConfigError(f"--advertise takes one HOST[:PORT], got {advertise!r}")
             [(adv_host, adv_port)] = addresses

@@ -164,10 +164,18 @@ def key_separator_missing(separator: bytes, message: bytes) -> errors.UsageError
 
 
 def _printable(data: bytes) -> str:
-    """``data`` as text for an error line: UTF-8 as is, other bytes and control characters
-    as one backslash escape each (``\\xff``, ``\\x01``; not doubled as ``repr`` would)."""
-    text = data.decode("utf-8", "backslashreplace")
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    """``data`` as text for an error line: UTF-8 as is, a backslash doubled, other bytes and
+    control characters as one escape each (``\\xff``, ``\\x01``), so the text ``\\x01`` and
+    the byte 0x01 read apart."""
+    out = []
+    for ch in data.decode("utf-8", "surrogateescape"):
+        if "\udc80" <= ch <= "\udcff":  # a byte that is not UTF-8
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch == "\\" or not ch.isprintable():
+            out.append(repr(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _where(partition: int | None, offset: int) -> str:

@@ -73,8 +73,8 @@ def parse_id(text: str) -> tuple[str, int, int]:
         partition, offset = int(parts[1]), int(parts[2])
     except ValueError:
         raise ValueError(f"transaction id {text!r}: partition and offset must be integers") from None
-    if partition < 0 or offset < 0:
-        raise ValueError(f"transaction id {text!r}: partition and offset must be ≥ 0")
+    if not (0 <= partition < 2**31 and 0 <= offset < 2**63):
+        raise ValueError(f"transaction id {text!r}: partition and offset must be ≥ 0 and fit the wire (32, 64 bits)")
     return parts[0], partition, offset
 
 
