@@ -834,3 +834,11 @@ def test_following_consume_rides_out_a_broker_restart(broker, cli, start):
         if start[0] == "--group":  # it commits past both, across the restart
             wait_for(lambda: sum(o or 0 for o in committed(b, "riders", "ride", 2)) == 2, what="the commit")
         assert proc.poll() is None, proc.stderr.read()
+
+
+def test_produce_refuses_a_tag_no_subscription_could_have(shared, cli):
+    """As `sub create --tag ''` refuses it: 1-100 characters, said before anything is sent."""
+    for bad in ("", "x" * 101):
+        res = cli("produce", "never-made", "--tag", bad, bootstrap=shared.bootstrap, input=b"x\n")
+        assert res.returncode == 2
+        assert_error(res, "USAGE_ERROR", "'--tag': a tag has 1-100 characters")

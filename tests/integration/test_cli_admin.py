@@ -203,6 +203,8 @@ def test_topic_alter_dry_run_changes_nothing(broker, cli):
         (("--config", "flush.ms=5", "--delete", "flush.ms"), ("INVALID_CONFIG (9)", "both set and deleted")),
         (("--config", "retention.ms=5", "--config", "max.message.bytes=1"), ("INVALID_CONFIG (9)", "max.message.bytes")),
         (("--config", "retention.ms"), ("KEY=VALUE",)),
+        (("--delete", "retention.ms", "--delete", "retention.ms"), ("USAGE_ERROR", "retention.ms is given twice")),
+        (("--config", "retention.ms=1", "--config", "retention.ms=2"), ("USAGE_ERROR", "retention.ms is given twice")),
         ((), ("--config", "--delete")),
     ],
 )

@@ -33,7 +33,7 @@ import click
 
 from sluice import errors
 from sluice.cli import output
-from sluice.cli.params import LOG_LEVELS, Bootstrap, Escaped, StartPosition, key_values
+from sluice.cli.params import LOG_LEVELS, Bootstrap, Checked, Escaped, StartPosition, key_values
 from sluice.protocol.subscriptions import TAG_HEADER
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
@@ -246,6 +246,12 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
         raise click.UsageError(f"{' and '.join(spelled[n] for n in given)} cannot be used together")
 
 
+def _check_tag(tag: str) -> None:
+    """A message tag: what a subscription's tags may be (1-100 characters)."""
+    if not 1 <= len(tag) <= 100:
+        raise ValueError(f"a tag has 1-100 characters, got {len(tag)}")
+
+
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--key", default=None, help="Key of every message.")
@@ -257,7 +263,8 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
                    "leader appended it; none: not acknowledged (no offsets shown).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
               help="Header on every message (repeatable).")
-@click.option("--tag", default=None, help="Tag of every message (header sluice.tag; subscriptions can filter on it).")
+@click.option("--tag", default=None, type=Checked("TAG", _check_tag, ValueError),
+              help="Tag of every message (header sluice.tag, 1-100 characters; subscriptions can filter on it).")
 @click.option("--delay-ms", type=click.IntRange(1, 30 * 24 * 3600 * 1000), default=None,
               help="Delayed messages: stored now, delivered (visible to consumers) MS after they are read.")
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),

@@ -123,6 +123,9 @@ def topic_alter(ctx, name: str, configs: tuple[str, ...], deletes: tuple[str, ..
     if not configs and not deletes:
         raise click.UsageError("give at least one --config KEY=VALUE or --delete KEY")
     changes = key_values(configs, "--config")
+    twice = sorted({k for k in deletes if deletes.count(k) > 1})
+    if twice:
+        raise click.BadParameter(f"{twice[0]} is given twice", param_hint="--delete")
     with _admin(ctx) as admin:
         admin.alter_topic_config(name, changes, delete=deletes, validate_only=dry_run)
     done = ", ".join([f"{k}={v}" for k, v in changes.items()] + [f"{k} reset to default" for k in deletes])
