@@ -172,7 +172,7 @@ def sub_redrive(ctx, topic, name) -> None:
     """Copy the dead letters of subscription NAME (topic TOPIC.NAME.dlq) back into TOPIC."""
     import asyncio
 
-    from sluice.client.subscriber import redrive
+    from sluice.client.redrive import redrive
 
     n = asyncio.run(redrive(ctx.obj["bootstrap"], topic, name))
     click.echo(f"re-drove {n} message(s) from {topic}.{name}.dlq into {topic}")
