@@ -32,7 +32,6 @@ not thread-safe (use ``client.sync.SyncProducer`` from threads).
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetad
 from sluice.client.arguments import check_partition, clarified, values_error
 from sluice.client.framing import Callback, record_size, tail_size, zz_len
 from sluice.client.ordering import InOrderCallbacks
+from sluice.client.partitioning import Partitioning, default_partitioner
 from sluice.client.sender import Sender, backoff_delay
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.client.transport import Cluster, ConnectionFactory
@@ -92,17 +92,12 @@ def _python_path(*record) -> bool:
     return False
 
 
-def default_partitioner(key: bytes, partitions: int) -> int:
-    """Partition of a keyed record: CRC-32C of the key modulo the partition count."""
-    return _crc32c.crc32c(key) % partitions
-
-
 def _positive(name: str, value, minimum: float = 1) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
         raise errors.ConfigError(f"{name} must be a number >= {minimum}, got {value!r}")
 
 
-class Producer:
+class Producer(Partitioning):
     """Sends records to topics; see the module docstring for the moving parts.
 
     ``send`` returns an awaitable of (once the record is buffered) a future that resolves
@@ -427,41 +422,6 @@ class Producer:
         if info.max_message_bytes > 0:
             limit = min(limit, info.max_message_bytes)
         return limit
-
-    # ------------------------------------------------------------------ partitioning
-
-    def _partition_for(self, topic: str, key: bytes | None, n: int) -> int:
-        if self.partitioner is not None:
-            p = self.partitioner(key, n)
-            if not 0 <= p < n:
-                raise errors.UnknownPartition(f"partitioner returned {p} for {n} partitions")
-            return p
-        if key is not None:
-            return _crc32c.crc32c(key) % n
-        p = self._sticky.get(topic)
-        if p is None or p >= n:
-            p = self._sticky[topic] = self._pick(topic, n, -1)
-        return p
-
-    def _switch_sticky(self, topic: str, n: int, old: int) -> int:
-        p = self._sticky[topic] = self._pick(topic, n, old)
-        return p
-
-    def _pick(self, topic: str, n: int, old: int) -> int:
-        """A new sticky partition of ``topic``: at random among those with a leader (all
-        when none has), never ``old`` (whose batch just filled, or that lost its leader)
-        unless it is the only one."""
-        leaders = self._cluster.leaders(topic, n)
-        choice = [i for i in range(n) if i != old and leaders[i] >= 0] or [i for i in range(n) if i != old] or [0]
-        return random.choice(choice)
-
-    def _leave_leaderless(self) -> None:
-        """After a metadata refresh: keyless records stop going to a sticky partition that
-        has no leader now (those buffered for it wait for one, up to their deadline)."""
-        for topic, p in list(self._sticky.items()):
-            info = self._cluster.topics.get(topic)
-            if info is not None and p < info.partitions and info.leaders[p] < 0:
-                self._switch_sticky(topic, info.partitions, p)
 
     # ------------------------------------------------------------------ sending
 
