@@ -658,7 +658,7 @@ async def test_keyless_records_go_to_partitions_that_have_a_leader(caplog):
 
 
 @pytest.mark.parametrize("bad", [0.0, True, "0"])
-async def test_a_partition_that_is_not_an_int_is_refused_before_anything_waits(bad):
+async def test_a_partition_that_is_not_an_int_is_refused_and_wedges_nothing(bad):
     """0.0 once waited for ever for metadata (wedging every later send, flush and close),
     or was stored as partition 0.0 once metadata was known."""
     broker = FakeBroker({"t": 2})

@@ -484,7 +484,6 @@ class Producer(Partitioning):
         """``send`` of a record the common path did not take: buffer it now, or in line;
         return ``buffered``, told ``fut`` once it is buffered or the error that kept it out."""
         try:
-            check_partition(partition)
             appended = topic not in self._line.lanes and self._append_now(
                 topic, value, key, headers, partition, timestamp_ms, fut
             )
@@ -544,7 +543,6 @@ class Producer(Partitioning):
         concurrent future).  An error that keeps the record from being buffered goes to the
         sink and to ``on_unbuffered`` when set.  Call only on the producer's loop."""
         try:
-            check_partition(partition)
             if (
                 self._closing or self._sender.fenced is not None
                 or not self._append_common(topic, value, key, headers, partition, timestamp_ms, sink)
@@ -598,7 +596,8 @@ class Producer(Partitioning):
             limit = self._max_batch_bytes(info)
             route = self._routes[topic] = (info, len(info.leaders), limit, min(self.batch_size, limit) - records.HEADER_SIZE)
         _, n, limit, cap = route
-        if partition is not None and not 0 <= partition < n:
+        if partition is not None and not (partition.__class__ is int and 0 <= partition < n):
+            check_partition(partition)  # 0.0, True: TypeError
             if partition >= 0:
                 return False  # the topic may have grown: the line refreshes metadata
             raise errors.unknown_partition(topic, partition, n)
