@@ -459,6 +459,12 @@ def unknown_partition(topic: str, partition: int, count: int) -> UnknownPartitio
     return UnknownPartition(f"topic {topic!r} has {have}, not {partition}")
 
 
+def unknown_topic_after(topic: str, waited_s: float) -> UnknownTopic:
+    """``UnknownTopic`` once ``topic`` was asked about for ``unknown_topic_wait_ms`` (a
+    topic may be being created) and still does not exist: producer, sender, subscriber."""
+    return UnknownTopic(f"topic {topic!r} does not exist (waited {waited_s * 1000:g} ms: unknown_topic_wait_ms)")
+
+
 def send_failure(exc: BaseException, maybe_stored: bool) -> SluiceError:
     """A fresh copy of ``exc`` for the records of one failed batch, saying whether they may
     have been stored (``maybe_stored``, and the end of the message).

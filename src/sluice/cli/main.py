@@ -34,7 +34,7 @@ import click
 from sluice import errors
 from sluice.cli import output
 from sluice.cli.params import LOG_LEVELS, Bootstrap, Checked, Escaped, StartPosition, key_values
-from sluice.protocol.subscriptions import TAG_HEADER
+from sluice.protocol.subscriptions import MAX_TAG_CHARS, TAG_HEADER, tag_ok
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
 
@@ -247,9 +247,9 @@ def _exclusive(ctx: click.Context, *names: str) -> None:
 
 
 def _check_tag(tag: str) -> None:
-    """A message tag: what a subscription's tags may be (1-100 characters)."""
-    if not 1 <= len(tag) <= 100:
-        raise ValueError(f"a tag has 1-100 characters, got {len(tag)}")
+    """A message tag: what a subscription's tags may be (``tag_ok``)."""
+    if not tag_ok(tag):
+        raise ValueError(f"a tag has 1-{MAX_TAG_CHARS} characters, got {len(tag)}")
 
 
 @cli.command()

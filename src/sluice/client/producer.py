@@ -386,10 +386,7 @@ class Producer(Partitioning):
             left = started + wait - time.monotonic()
             if left <= 0:
                 if isinstance(last, errors.UnknownTopic):
-                    raise errors.UnknownTopic(
-                        f"topic {topic!r} does not exist (waited {wait * 1000:g} ms: "
-                        f"unknown_topic_wait_ms)"
-                    )
+                    raise errors.unknown_topic_after(topic, wait)
                 raise errors.UnknownTopic(
                     f"no metadata for topic {topic!r} within {wait:g}s"
                     + (f" (last error: {last})" if last else "")

@@ -375,9 +375,7 @@ class Sender:
         if now - since < self.unknown_topic_wait or self.metadata_at <= since:
             return None
         if info is None:
-            return errors.UnknownTopic(
-                f"topic {topic!r} does not exist (waited {self.unknown_topic_wait * 1000:g} ms: unknown_topic_wait_ms)"
-            )
+            return errors.unknown_topic_after(topic, self.unknown_topic_wait)
         return errors.unknown_partition(topic, partition, info.partitions)
 
     def _take_request(self, tps: list[TP]) -> dict[TP, list[Batch]]:

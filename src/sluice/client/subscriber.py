@@ -608,10 +608,7 @@ class Subscriber:
             if not err.retriable:
                 self._failure = err
             elif isinstance(err, errors.UnknownTopic) and now - self._missing_since >= self.unknown_topic_wait:
-                self._failure = errors.UnknownTopic(
-                    f"topic {self.topic!r} does not exist (waited {self.unknown_topic_wait * 1000:g} ms: "
-                    "unknown_topic_wait_ms)"
-                )
+                self._failure = errors.unknown_topic_after(self.topic, self.unknown_topic_wait)
             return
         self._missing_since = None
         by_leader: dict[int, list[int]] = {}

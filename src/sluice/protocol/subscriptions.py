@@ -65,6 +65,7 @@ MODES = ("unordered", "ordered", "key-ordered")
 Mode = Literal["unordered", "ordered", "key-ordered"]
 TAG_HEADER = "sluice.tag"  # a message's tag, for subscriptions' tag filters
 MAX_TAGS = 100
+MAX_TAG_CHARS = 100
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")  # fullmatch: "$" would let a final newline in
 MAX_ATTEMPTS_LIMIT = 1000
@@ -121,8 +122,8 @@ def check_config(config: SubscriptionConfig) -> SubscriptionConfig:
         raise InvalidSubscription(f"backoff_initial_ms must be 0-{MAX_TIMEOUT_MS}")
     if not 1.0 <= config.backoff_multiplier <= 100.0:
         raise InvalidSubscription("backoff_multiplier must be 1-100")
-    if len(config.tags) > MAX_TAGS or not all(isinstance(t, str) and 1 <= len(t) <= 100 for t in config.tags):
-        raise InvalidSubscription(f"tags: at most {MAX_TAGS}, each 1-100 characters")
+    if len(config.tags) > MAX_TAGS or not all(map(tag_ok, config.tags)):
+        raise InvalidSubscription(f"tags: at most {MAX_TAGS}, each 1-{MAX_TAG_CHARS} characters")
     return config
 
 
@@ -153,6 +154,11 @@ def tag_of(headers) -> str | None:
         if k == TAG_HEADER and v is not None:
             return v.decode(errors="replace")
     return None
+
+
+def tag_ok(tag) -> bool:
+    """A tag a subscription may filter on, and a message may carry: 1-100 characters."""
+    return isinstance(tag, str) and 1 <= len(tag) <= MAX_TAG_CHARS
 
 
 def check_name(name: str) -> str:
