@@ -19,7 +19,8 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin, Producer
-from sluice.client.subscriber import Subscriber, SyncSubscriber
+from sluice.client.subscriber import Subscriber
+from sluice.client.sync import SyncSubscriber
 from sluice.protocol.subscriptions import DLQ_HEADERS, SubscriptionConfig
 from sub_helpers import FAST, describe, make_topic, produce, settled, wait_for
 from txn_helpers import read_all

@@ -184,7 +184,7 @@ def consume_subscription(ctx, topic: str, name: str, start, render, *, max_messa
     Creates the subscription (from ``start``, default earliest) when missing."""
     import time
 
-    from sluice.client.subscriber import SyncSubscriber
+    from sluice.client.sync import SyncSubscriber
 
     out = sys.stdout.buffer
     count = 0

@@ -5,8 +5,14 @@ from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
 from sluice.client.producer import InOrderCallbacks, Producer, RecordMetadata
 from sluice.client.status import BrokerStatus, ClusterStatus, PartitionStatus
-from sluice.client.subscriber import Message, Subscriber, SyncSubscriber
-from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer, SyncTransactionProducer
+from sluice.client.subscriber import Message, Subscriber
+from sluice.client.sync import (
+    SyncAdmin,
+    SyncConsumer,
+    SyncProducer,
+    SyncSubscriber,
+    SyncTransactionProducer,
+)
 from sluice.client.transaction import (
     DelayedProducer,
     LocalTransactionState,

@@ -23,6 +23,7 @@ from sluice.client.consumer import Consumer
 from sluice.client.framing import tail_size
 from sluice.client.outbox import Outbox as _PyOutbox
 from sluice.client.producer import Producer
+from sluice.client.subscriber import Message, Subscriber
 from sluice.client.transaction import TransactionProducer, _state_of
 from sluice.protocol import records
 
@@ -707,3 +708,52 @@ class SyncAdmin(_SyncBase):
 
     def list_subscriptions(self, topic: str | None = None) -> dict:
         return self._call(Admin.list_subscriptions, topic)
+
+
+class SyncSubscriber:
+    """Blocking ``Subscriber`` (takes the same arguments), for scripts and the command
+    line: it runs in a private event loop thread (``_LoopThread``).  Messages it returns
+    may be acked, nacked and touched from any thread."""
+
+    def __init__(self, bootstrap, topic: str, subscription: str, **config) -> None:
+        self._lt = _LoopThread("sluice-subscriber")
+
+        async def create() -> Subscriber:
+            sub = Subscriber(bootstrap, topic, subscription, **config)
+            await sub.start()
+            return sub
+
+        try:
+            self._sub = self._lt.run(create())
+        except BaseException:
+            self._lt.stop()
+            raise
+        self._closed = False
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        return self._lt.run(self._sub.get(timeout))
+
+    def getmany(self, max_records: int = 1000, timeout: float = 0) -> list[Message]:
+        return self._lt.run(self._sub.getmany(max_records, timeout))
+
+    def __iter__(self):
+        while (msg := self.get()) is not None:
+            yield msg
+
+    def flush(self) -> None:
+        self._lt.run(self._sub.flush())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lt.run(self._sub.close())
+        finally:
+            self._lt.stop()
+
+    def __enter__(self) -> SyncSubscriber:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
