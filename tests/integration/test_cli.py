@@ -6,7 +6,6 @@ import contextlib
 import http.server
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -525,63 +524,6 @@ def test_help_says_what_each_mode_does_to_bytes(cli):
     assert "Only the delimiter is removed" in flat and "one message, byte for byte" in flat
 
 
-# ---------------------------------------------------------------------- item 4: streaming produce
-
-
-def test_produce_sends_each_line_while_stdin_stays_open(broker, cli):
-    b = broker.bootstrap
-    ok(cli("topic", "create", "live", bootstrap=b))
-    from sluice.client import SyncConsumer
-
-    with running(*sluice_cmd(b, "produce", "live"), stdin=subprocess.PIPE, stderr=subprocess.PIPE) as proc, \
-            SyncConsumer(b, auto_offset_reset="earliest") as consumer:
-        consumer.assign([("live", 0)])
-        got: list[bytes] = []
-        for line in (b"first", b"second"):
-            proc.stdin.write(line + b"\n")
-            proc.stdin.flush()
-            wait_for(lambda line=line: got.extend(r.value for r in consumer.getmany(timeout_ms=200))
-                     or line in got, what=f"{line!r} to arrive while stdin is open")
-            assert proc.poll() is None  # still reading its input
-        proc.stdin.close()
-        assert proc.wait(15) == 0
-        assert got == [b"first", b"second"]
-        assert proc.stderr.read() == b""
-
-
-def test_produce_on_a_terminal_says_where_each_message_went(broker, cli):
-    b = broker.bootstrap
-    ok(cli("topic", "create", "tty", bootstrap=b))
-    main_fd, tty_fd = pty.openpty()
-    try:
-        with running(*sluice_cmd(b, "produce", "tty"), stdin=tty_fd, stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE) as proc:
-            os.close(tty_fd)
-            tty_fd = None
-            for offset, line in enumerate([b"typed one\n", b"typed two\n"]):
-                os.write(main_fd, line)
-                assert proc.stderr.readline() == f"tty: partition 0, offset {offset}\n".encode()
-            os.write(main_fd, b"\x04")  # Ctrl-D: end of input
-            assert proc.wait(15) == 0
-            assert proc.stdout.read() == b""
-    finally:
-        os.close(main_fd)
-        if tty_fd is not None:
-            os.close(tty_fd)
-    out = ok(cli("consume", "tty", "--from", "earliest", "-e", bootstrap=b))
-    assert out.splitlines() == ["typed one", "typed two"]
-
-
-def test_large_piped_input_arrives_whole_and_in_order(broker, cli):
-    b = broker.bootstrap
-    ok(cli("topic", "create", "big", "--config", "flush.messages=0", bootstrap=b))
-    values = [b"%07d" % i + b"x" * (i % 300) for i in range(100_000)]
-    ok(cli("produce", "big", bootstrap=b, input=b"\n".join(values) + b"\n"))
-    res = cli("consume", "big", "--from", "earliest", "-e", "--raw", bootstrap=b)
-    ok(res)
-    assert res.stdout.split(b"\n")[:-1] == values
-
-
 # ---------------------------------------------------------------------- item 5: bad values
 
 
@@ -726,37 +668,6 @@ def test_exit_at_end_stops_at_the_end_it_started_with(broker, cli):
     assert ok(cli("consume", "ends", "-e", "--group", "snap", bootstrap=b)) == ""
 
 
-def test_produce_delayed_stores_the_good_messages_and_says_which_failed(broker, cli):
-    b = broker.bootstrap
-    ok(cli("topic", "create", "later", bootstrap=b))
-    res = cli("produce", "later", "--key-separator", ":", "--delay-ms", "3000", bootstrap=b,
-              input=b"a:1\nno separator\nb:2\n")
-    line = assert_error(res, "(1 of 3 messages failed)")
-    assert line.startswith("error: USAGE_ERROR (1002): no key separator ':' in message 'no separator'")
-    assert ok(cli("consume", "later", "--from", "earliest", "-e", bootstrap=b)) == ""  # not due yet
-
-    def both():  # one stored batch per key: each is delivered on its own, in either order
-        recs = json_lines(ok(cli("consume", "later", "--from", "earliest", "-e", "--json", bootstrap=b)))
-        return recs if len(recs) >= 2 else None
-
-    recs = wait_for(both, 15, "both delayed messages")
-    assert sorted((r["key"], r["value"]) for r in recs) == [("a", "1"), ("b", "2")]
-
-
-def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
-    b = broker.bootstrap
-    ok(cli("topic", "create", "keys", bootstrap=b))
-    (tmp_path / "input").write_bytes(b"alice:one:1\nbob:two\nno separator here\n")
-    res = cli("produce", "keys", "--key-separator", ":", "--file", str(tmp_path / "input"), "-H", "src=file",
-              bootstrap=b, input=b"ignored:stdin\n")
-    line = assert_error(res, "1 of 3 messages failed", "no key separator")
-    assert line.startswith("error: USAGE_ERROR (1002): no key separator ':' in message 'no separator here'")
-    assert res.returncode == 1
-    recs = json_lines(ok(cli("consume", "keys", "--from", "earliest", "-e", "--json", bootstrap=b)))
-    assert [(r["key"], r["value"], r["headers"]) for r in recs] == [
-        ("alice", "one:1", {"src": "file"}), ("bob", "two", {"src": "file"})]
-
-
 # ---------------------------------------------------------------------- README and docs
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -834,11 +745,3 @@ def test_following_consume_rides_out_a_broker_restart(broker, cli, start):
         if start[0] == "--group":  # it commits past both, across the restart
             wait_for(lambda: sum(o or 0 for o in committed(b, "riders", "ride", 2)) == 2, what="the commit")
         assert proc.poll() is None, proc.stderr.read()
-
-
-def test_produce_refuses_a_tag_no_subscription_could_have(shared, cli):
-    """As `sub create --tag ''` refuses it: 1-100 characters, said before anything is sent."""
-    for bad in ("", "x" * 101):
-        res = cli("produce", "never-made", "--tag", bad, bootstrap=shared.bootstrap, input=b"x\n")
-        assert res.returncode == 2
-        assert_error(res, "USAGE_ERROR", "'--tag': a tag has 1-100 characters")
