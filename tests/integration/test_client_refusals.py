@@ -13,8 +13,10 @@ from test_client import check_error, create
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncProducer
+from sluice.client.subscriber import Subscriber
 from sluice.client.transport import Connection
 from sluice.protocol import messages
+from sub_helpers import make_topic
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -260,3 +262,23 @@ def test_a_send_refused_before_anything_was_buffered_is_not_stored(broker):
 
 
 # ---------------------------------------------------------------------- producer
+
+
+async def test_a_subscriber_of_a_missing_or_deleted_topic_fails_after_the_wait(broker):
+    """UNKNOWN_TOPIC once the topic has been missing for unknown_topic_wait_ms, at start and
+    when the topic is deleted under a running subscriber; not None from every get."""
+    bs = broker.bootstrap
+    t0 = time.monotonic()
+    with pytest.raises(errors.UnknownTopic, match="unknown_topic_wait_ms"):
+        async with Subscriber(bs, "nosuch", "s") as sub:
+            await sub.get(timeout=10)
+    assert 0.9 < time.monotonic() - t0 < 5
+    await make_topic(bs, "short-lived")
+    async with Subscriber(bs, "short-lived", "s") as sub:
+        assert await sub.get(timeout=0.2) is None
+        async with Admin(bs) as admin:
+            await admin.delete_topic("short-lived")
+        t0 = time.monotonic()
+        with pytest.raises((errors.UnknownTopic, errors.UnknownSubscription), match="short-lived"):
+            await sub.get(timeout=30)  # its partitions' leader says so, else metadata does
+        assert time.monotonic() - t0 < 15

@@ -769,26 +769,6 @@ async def test_backoff_settings_as_keywords(broker):
     assert (info.config.backoff_initial_ms, info.config.backoff_max_ms, info.config.max_attempts) == (100, 400, 2)
 
 
-async def test_a_subscriber_of_a_missing_or_deleted_topic_fails_after_the_wait(broker):
-    """UNKNOWN_TOPIC once the topic has been missing for unknown_topic_wait_ms, at start and
-    when the topic is deleted under a running subscriber; not None from every get."""
-    bs = broker.bootstrap
-    t0 = time.monotonic()
-    with pytest.raises(errors.UnknownTopic, match="unknown_topic_wait_ms"):
-        async with Subscriber(bs, "nosuch", "s") as sub:
-            await sub.get(timeout=10)
-    assert 0.9 < time.monotonic() - t0 < 5
-    await make_topic(bs, "short-lived")
-    async with Subscriber(bs, "short-lived", "s") as sub:
-        assert await sub.get(timeout=0.2) is None
-        async with Admin(bs) as admin:
-            await admin.delete_topic("short-lived")
-        t0 = time.monotonic()
-        with pytest.raises((errors.UnknownTopic, errors.UnknownSubscription), match="short-lived"):
-            await sub.get(timeout=30)  # its partitions' leader says so, else metadata does
-        assert time.monotonic() - t0 < 15
-
-
 async def test_a_subscriber_warns_once_of_settings_an_existing_subscription_does_not_have(broker, caplog):
     bs = broker.bootstrap
     await make_topic(bs, "orders", 2)
