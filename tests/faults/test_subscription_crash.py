@@ -16,9 +16,10 @@ from collections import defaultdict
 
 import pytest
 
+from sluice.client import Admin
 from sluice.client.subscriber import Subscriber
-from sluice.protocol.subscriptions import SubscriptionConfig
-from sub_helpers import describe, make_topic, produce
+from sluice.protocol.subscriptions import SNAPSHOT_KEY, SubscriptionConfig
+from sub_helpers import describe, make_topic, produce, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -174,3 +175,42 @@ async def test_a_nack_of_a_delivery_from_before_a_restart_fails_no_later_one(bro
         await sub.close()
     infos = await describe(bs, "orders", "work")
     assert all(i.confirmed == i.high_watermark and i.backlog == 0 for i in infos), infos
+
+
+async def test_a_retry_out_when_a_snapshot_is_written_keeps_its_attempt_count_across_a_kill(broker_factory):
+    """A snapshot replaces the journal of retries; the delivery out at attempt 3 when one is
+    written must come back after a crash as attempt 4 (it counts as failed, as when its
+    consumer goes), not as a new message at attempt 1 with ``max_attempts`` out of reach."""
+    b = broker_factory().start()
+    bs = b.bootstrap
+    async with Admin(bs) as admin:
+        await admin.create_topic("orders", config={"segment.bytes": "1024"})
+    await produce(bs, "orders", 1)
+    segments = b.data_dir / "logs" / "orders-0"
+    cfg = SubscriptionConfig(ack_timeout_ms=120_000, backoff_initial_ms=0, max_attempts=10)
+    sub = Subscriber(bs, "orders", "work", config=cfg, request_timeout_ms=5000)
+    await sub.start()
+    try:
+        for attempt in (1, 2):
+            m = await sub.get(timeout=10)
+            assert (m.offset, m.attempt) == (0, attempt)
+            m.nack(delay_ms=0)
+        third = await sub.get(timeout=10)
+        assert (third.offset, third.attempt) == (0, 3)  # held: out when the snapshot is written
+        before = {p.name for p in segments.glob("*.log")}
+        await produce(bs, "orders", 3, prefix="x" * 600)  # rolls a segment: a snapshot is due
+
+        async def snapshot_written():
+            return any(SNAPSHOT_KEY in p.read_bytes() for p in segments.glob("*.log") if p.name not in before)
+
+        await wait_for(snapshot_written, "a subscription snapshot in a new segment")
+        b.kill()
+        b.start()
+        seen = {}
+        while 0 not in seen:
+            got = await sub.get(timeout=30)
+            assert got is not None, seen
+            seen.setdefault(got.offset, got.attempt)
+        assert seen[0] == 4, seen
+    finally:
+        await sub.close()

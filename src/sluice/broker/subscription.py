@@ -29,7 +29,8 @@ ranges, and every one is a gap in the acked ranges above ``confirmed``, so that 
 bounds them too (and ``MAX_RETRIES`` entries stall reading as well).  Every retry with an
 attempt counted is journaled in the partition's log with the next cursor record
 (protocol/subscriptions.py): a restart or a new leader redelivers it when due, with its
-attempt count.  In key-ordered mode a restored retry parks its key again when the first
+attempt count.  A full record (a snapshot) also holds the deliveries out, counted as
+failed, since it replaces the journal of those that were retries.  In key-ordered mode a restored retry parks its key again when the first
 read passes its offset.
 
 Event loop only; reads go through ``Partition.read`` (off the loop).
@@ -211,7 +212,8 @@ class SubscriptionPartition:
         full = full or self._journal is None
         if full:
             now_ms, mono = time.time() * 1000, time.monotonic()
-            entries = [(a, b, r.attempt, int(now_ms + (r.due - mono) * 1000)) for r in self._retries for a, b in r.ranges]
+            entries = self._in_flight_entries(int(now_ms))
+            entries += [(a, b, r.attempt, int(now_ms + (r.due - mono) * 1000)) for r in self._retries for a, b in r.ranges]
         else:
             entries = self._journal
         self._journal = []
@@ -220,6 +222,32 @@ class SubscriptionPartition:
             retries=[(x, y, n, due) for a, b, n, due in entries for x, y in unsettled(a, b)], full=full,
             dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
         )
+
+    def _in_flight_entries(self, now_ms: int) -> list[tuple[int, int, int, int]]:
+        """Journal entries of the deliveries out now, each counted as failed and due at
+        once: what a broker that stops before they are settled leaves behind, as a consumer
+        gone does (``_requeue``).  A full record replaces the journal, so without them a
+        retry out at attempt N when it is written would come back after a crash as a new
+        message, its count started again — and ``max_attempts`` would never be reached.
+        Acks and later failures override them (the acked ranges and later entries)."""
+        out = []
+        ordered = self.config.mode == "ordered"
+        for units in self._units.values():
+            for u in units:
+                pairs = u.want.pairs()
+                if not pairs:
+                    continue
+                if not ordered:
+                    out.extend((a, b, u.attempt, now_ms) for a, b in pairs)
+                    continue
+                # ordered: only the first message was handed to the application
+                first_ = pairs[0][0]
+                out.append((first_, first_ + 1, u.attempt, now_ms))
+                if u.attempt > 1:
+                    rest = RangeSet(pairs)
+                    rest.remove(first_, first_ + 1)
+                    out.extend((a, b, u.attempt - 1, now_ms) for a, b in rest.pairs())
+        return out
 
     def unwritten(self) -> None:
         """The record ``state()`` gave was not written: the next one holds every retry."""
