@@ -76,6 +76,7 @@ def test_produce_delayed_stores_the_good_messages_and_says_which_failed(broker, 
               input=b"a:1\nno separator\nb:2\n")
     line = assert_error(res, "(1 of 3 messages failed)")
     assert line.startswith("error: USAGE_ERROR (1002): no key separator ':' in message 'no separator'")
+    assert res.returncode == 2  # bad input, as USAGE_ERROR always is
     assert ok(cli("consume", "later", "--from", "earliest", "-e", bootstrap=b)) == ""  # not due yet
 
     def both():  # one stored batch per key: each is delivered on its own, in either order
@@ -94,7 +95,7 @@ def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
               bootstrap=b, input=b"ignored:stdin\n")
     line = assert_error(res, "1 of 3 messages failed", "no key separator")
     assert line.startswith("error: USAGE_ERROR (1002): no key separator ':' in message 'no separator here'")
-    assert res.returncode == 1
+    assert res.returncode == 2
     recs = json_lines(ok(cli("consume", "keys", "--from", "earliest", "-e", "--json", bootstrap=b)))
     assert [(r["key"], r["value"], r["headers"]) for r in recs] == [
         ("alice", "one:1", {"src": "file"}), ("bob", "two", {"src": "file"})]

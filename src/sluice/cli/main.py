@@ -297,13 +297,13 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
         with _admin(ctx) as admin:
             admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
         if delay_ms is not None:
-            n, failure = produce_delayed(
+            n, failure, status = produce_delayed(
                 ctx.obj["bootstrap"], topic_name, split_messages(read_available(fd), None if raw else delimiter),
                 delay_ms=delay_ms, key=key.encode() if key is not None else None, key_separator=key_separator,
                 headers=hdrs, partition=partition,
             )
             if failure:
-                _fail(failure)
+                _fail(failure, status)
             if sys.stderr.isatty():
                 click.echo(f"stored {n} delayed message{'s' if n != 1 else ''} for {topic_name}", err=True)
             return
@@ -326,7 +326,7 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
             os.close(fd)
     failure = sender.summary_error()
     if failure:
-        _fail(failure)
+        _fail(failure, sender.exit_status())
     if sys.stderr.isatty() and report is None:
         click.echo(f"sent {sender.sent} message{'s' if sender.sent != 1 else ''} to {topic_name}", err=True)
 

@@ -146,6 +146,9 @@ class Sender:
         """The one-line failure of the whole run (None when every message was acked)."""
         return summary_error(self.failed, self.sent, self.first_error)
 
+    def exit_status(self) -> int:
+        return exit_status(self.first_error)
+
 
 def summary_error(failed: int, sent: int, first_error: BaseException | None) -> str | None:
     """The one-line failure of a ``produce`` run (None when nothing failed): the first error,
@@ -155,6 +158,12 @@ def summary_error(failed: int, sent: int, first_error: BaseException | None) -> 
     more = "" if failed == 1 else "; this was the first"
     noun = "message" if sent == 1 else "messages"
     return f"{_describe(first_error)} ({failed} of {sent} {noun} failed{more})"
+
+
+def exit_status(first_error: BaseException | None) -> int:
+    """The exit status of a run that failed with ``first_error`` first: 2 when it was bad
+    input (``USAGE_ERROR``: a line ``--key-separator`` cannot split), else 1."""
+    return 2 if isinstance(first_error, errors.UsageError) else 1
 
 
 def key_separator_missing(separator: bytes, message: bytes) -> errors.UsageError:
@@ -191,12 +200,12 @@ def _describe(exc: BaseException | None) -> str:
 
 def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], *, delay_ms: int,
                     key: bytes | None, key_separator: bytes | None, headers,
-                    partition: int | None) -> tuple[int, str | None]:
+                    partition: int | None) -> tuple[int, str | None, int]:
     """``sluice produce --delay-ms``: each group of messages read together becomes delayed
     messages due ``delay_ms`` after it was read (one stored batch per key and 1000
     messages).  A message without ``key_separator`` fails, and so does a stored batch the
-    broker refuses; the others are stored.  Returns how many were stored and the run's
-    ``summary_error`` (None when none failed)."""
+    broker refuses; the others are stored.  Returns how many were stored, the run's
+    ``summary_error`` (None when none failed) and its ``exit_status``."""
     import asyncio
     import time
 
@@ -204,7 +213,7 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
 
     hdrs = list(headers or ())
 
-    async def run() -> tuple[int, str | None]:
+    async def run() -> tuple[int, str | None, int]:
         seen = stored = failed = 0
         first: BaseException | None = None
         async with DelayedProducer(bootstrap) as producer:
@@ -231,6 +240,6 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
                             first = first or exc
                         else:
                             stored += len(chunk)
-        return stored, summary_error(failed, seen, first)
+        return stored, summary_error(failed, seen, first), exit_status(first)
 
     return asyncio.run(run())
