@@ -80,10 +80,23 @@ def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
     Errors are one line on stderr, error: NAME (code): message; the exit status is 2 for
     bad usage and 1 for other failures.
     """
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if ctx.invoked_subcommand in LOGGING_COMMANDS:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(_Said())
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
     ctx.obj = {"bootstrap": bootstrap}
+
+
+# A service's log keeps time and source; a command a person runs says ``warning: ...``,
+# in the form of its ``error:`` line.
+LOGGING_COMMANDS = {"serve", "pipeline"}
+
+
+class _Said(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return f"{record.levelname.lower()}: {record.message}"
 
 
 # --------------------------------------------------------------------------- serve

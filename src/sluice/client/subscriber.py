@@ -54,6 +54,7 @@ log = logging.getLogger("sluice.client.subscriber")
 
 RESUBSCRIBE_S = 0.5  # between attempts to subscribe partitions not served yet
 METADATA_S = 10.0  # how often partitions are looked for (new partitions, moved leaders)
+LOST_WARN_EVERY_S = 10.0  # "partitions lost their broker" warnings, at most one per this
 
 
 def position(start: str | int) -> m.Position:
@@ -271,6 +272,7 @@ class Subscriber:
         self._requests: set[asyncio.Task] = set()
         self._started = False
         self._closed = False
+        self._lost_warned_at = -LOST_WARN_EVERY_S
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
 
@@ -674,9 +676,17 @@ class Subscriber:
         """When a connection goes, its partitions are subscribed again (elsewhere, maybe)."""
         with contextlib.suppress(Exception):
             await conn.wait_closed()
-        for p, c in list(self._served.items()):
-            if c is conn:
-                self._lost(p, conn)
+        lost = [p for p, c in self._served.items() if c is conn]
+        for p in lost:
+            self._lost(p, conn)
+        now = time.monotonic()
+        if lost and not self._closed and now - self._lost_warned_at >= LOST_WARN_EVERY_S:
+            self._lost_warned_at = now
+            log.warning(
+                "subscription %s of %s: connection to %s:%s lost; subscribing partition(s) %s again "
+                "(their unacked messages come again)", self.subscription, self.topic, conn.host, conn.port,
+                ",".join(map(str, sorted(lost))),
+            )
 
     def _lost(self, partition: int, conn: Connection | None) -> None:
         """``partition`` is no longer delivered on ``conn``: what it prefetched will be
