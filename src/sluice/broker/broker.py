@@ -70,6 +70,7 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
+from sluice.storage import identity
 from sluice.storage.checkpoint import read_offsets, write_offsets
 from sluice.storage.syncer import Syncer
 
@@ -157,9 +158,12 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             self.checkpointed_hw = read_offsets(self._hw_path)
         except ValueError as exc:  # derived data: every partition starts from its log end
             log.error("%s; high watermarks start from the logs", exc)
+        node = self.config.node_id
+        new_directory = identity.claim(self.data_dir, node)  # ConfigError: another node's
         await self.metadata.start()
         try:
-            node = self.config.node_id
+            if new_directory and self.config.cluster:  # embedded: the store is in the directory too
+                await self._withdraw_lost_replicas()
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
             self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
             for record in (await self.metadata.topics()).values():
@@ -174,6 +178,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             await self._close_partitions()
             await self.metadata.close()
             raise
+        identity.record(self.data_dir, node)
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         loop = asyncio.get_running_loop()

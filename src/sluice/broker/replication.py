@@ -52,6 +52,36 @@ log = logging.getLogger("sluice.replication")
 class ReplicaManager:
     """States, ISR and replica APIs of ``Broker`` (see broker.py for its state)."""
 
+    async def _withdraw_lost_replicas(self) -> None:
+        """Before registering with a new data directory (storage/identity.py): leave the
+        ISR and the leadership of every partition the cluster lists this node for, since
+        its logs are gone.  The controller then elects a replica that has them, and this
+        broker copies them back as a follower and rejoins the ISR.  A partition of which
+        this node was the only in-sync replica has no leader afterwards: its messages
+        were here alone, and only ``unclean.leader.election.enable`` accepts the loss."""
+        me = self.config.node_id
+        for record in (await self.metadata.topics()).values():
+            held = [i for i, replicas in enumerate(record.assignment) if me in replicas]
+            for i in held:
+                while True:
+                    try:
+                        st = (await self.metadata.partition_states(record.name))[i]
+                    except UnknownTopic:
+                        break  # deleted meanwhile
+                    if st.leader != me and me not in st.isr:
+                        break
+                    led = st.leader == me
+                    isr = [r for r in st.isr if r != me]
+                    new = PartitionState(-1 if led else st.leader, st.leader_epoch + led, isr)
+                    if await self.metadata.cas_partition_state(record.name, i, st.version, new):
+                        log.warning(
+                            "%s-%d: this broker's data directory is new, so its replica is empty: it left "
+                            "the %s%s", record.name, i, "leadership and the ISR" if led else "ISR",
+                            "" if isr else " (no in-sync replica is left: the partition stays offline "
+                            "unless unclean.leader.election.enable=true)",
+                        )
+                        break
+
     # ------------------------------------------------------------------ states
 
     async def _follow_states(self) -> None:
