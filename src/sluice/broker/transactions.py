@@ -361,6 +361,7 @@ class TransactionManager:
         self._rr = itertools.count()
         self._discarding: set[tuple[str, int, int]] = set()
         self._audit_ready = False
+        self._pass_warned_at = -PASS_WARN_EVERY_S
         self._peers: Cluster | None = None  # a client to the other brokers, for audit copies
         self.closing = False
         self._discard_tasks: set[asyncio.Task] = set()
@@ -463,6 +464,11 @@ class TransactionManager:
                 await self.check_once()
             except asyncio.CancelledError:
                 raise
+            except BrokerError as exc:  # etcd away, say: one line, at most every 30 s
+                now = time.monotonic()
+                if now - self._pass_warned_at >= PASS_WARN_EVERY_S:
+                    self._pass_warned_at = now
+                    log.warning("transaction check-back pass failed, retrying: %s", exc)
             except Exception:  # noqa: BLE001 - keep checking: the cause may pass
                 log.exception("transaction check-back pass failed")
 
@@ -616,6 +622,7 @@ class TransactionManager:
         self._audit_ready = True
 
 
+PASS_WARN_EVERY_S = 30.0  # "check-back pass failed" warnings, at most one per this
 AUDIT_TIMEOUT_S = 30.0  # one audit write
 AUDIT_RETRY_S = 120.0  # all attempts of one audit copy
 
