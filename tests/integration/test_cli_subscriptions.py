@@ -162,6 +162,7 @@ def test_unknown_subscription(shared, cli, args):
     (["sub", "create", "opts-t", "s", "--max-attempts", "1001"], "1001"),
     (["sub", "create", "opts-t", "s", "--ack-timeout-ms", "0"], "0"),
     (["sub", "seek", "opts-t", "s", "yesterday-ish"], "yesterday-ish"),
+    (["sub", "create", "opts-t", "s", "--backoff-ms", "5000", "--backoff-max-ms", "1000"], "above --backoff-max-ms"),
     (["consume", "opts-t", "--sub", "s", "--group", "g"], "--group"),
     (["consume", "opts-t", "--sub", "s", "--partition", "0"], "--partition"),
 ])

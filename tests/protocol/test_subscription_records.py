@@ -45,7 +45,7 @@ configs = st.builds(
     backoff_initial_ms=st.integers(0, 86_400_000),
     backoff_multiplier=st.floats(1.0, 100.0),
     backoff_max_ms=st.integers(1, 86_400_000),
-)
+).filter(lambda c: c.backoff_initial_ms <= c.backoff_max_ms)
 
 
 @st.composite
@@ -145,6 +145,7 @@ def test_backoff_is_within_bounds_and_never_decreases(cfg, attempt):
     ({"backoff_initial_ms": -1}, "backoff_initial_ms must be 0-86400000"),
     ({"backoff_multiplier": 0.5}, "backoff_multiplier must be 1-100"),
     ({"backoff_multiplier": 101.0}, "backoff_multiplier must be 1-100"),
+    ({"backoff_initial_ms": 2000, "backoff_max_ms": 1000}, r"backoff_initial_ms \(2000\) is above backoff_max_ms \(1000\)"),
 ])
 def test_check_config_says_which_setting(changes, needle):
     with pytest.raises(InvalidSubscription, match=needle):

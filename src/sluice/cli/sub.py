@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 import click
+from click.core import ParameterSource
 
 from sluice.cli.output import echo_json, iso_ms, table, wants_json
 from sluice.cli.params import StartPosition
@@ -62,8 +63,13 @@ def sub() -> None:
 def sub_create(ctx, topic, name, start, mode, max_attempts, ack_timeout_ms, backoff_ms, backoff_max_ms,
                tags, if_not_exists) -> None:
     """Create subscription NAME on every partition of TOPIC."""
+    if backoff_ms > backoff_max_ms and ctx.get_parameter_source("backoff_max_ms") is not ParameterSource.DEFAULT:
+        raise click.BadParameter(
+            f"--backoff-ms {backoff_ms} is above --backoff-max-ms {backoff_max_ms}", param_hint="'--backoff-ms'"
+        )
     config = SubscriptionConfig(
         mode=mode, max_attempts=max_attempts, ack_timeout_ms=ack_timeout_ms,
+        # a --backoff-ms above the default longest wait raises it
         backoff_initial_ms=backoff_ms, backoff_max_ms=max(backoff_max_ms, backoff_ms or 1), tags=list(tags),
     )
     from sluice.errors import SubscriptionAlreadyExists

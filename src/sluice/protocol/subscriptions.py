@@ -122,6 +122,11 @@ def check_config(config: SubscriptionConfig) -> SubscriptionConfig:
         raise InvalidSubscription(f"backoff_initial_ms must be 0-{MAX_TIMEOUT_MS}")
     if not 1.0 <= config.backoff_multiplier <= 100.0:
         raise InvalidSubscription("backoff_multiplier must be 1-100")
+    if config.backoff_initial_ms > config.backoff_max_ms:
+        raise InvalidSubscription(
+            f"backoff_initial_ms ({config.backoff_initial_ms}) is above backoff_max_ms "
+            f"({config.backoff_max_ms}): the first wait would be cut to the longest"
+        )
     if len(config.tags) > MAX_TAGS or not all(map(tag_ok, config.tags)):
         raise InvalidSubscription(f"tags: at most {MAX_TAGS}, each 1-{MAX_TAG_CHARS} characters")
     return config
