@@ -64,10 +64,14 @@ def test_create_list_describe_consume_seek_delete(broker, cli):
 
     # seek back to the start: everything again; to an offset; to a time after everything
     out = ok(cli("sub", "seek", "orders", "billing", "earliest", bootstrap=b))
-    assert out == "moved subscription billing on orders to earliest\n"
+    assert out == "moved subscription billing on orders to earliest: partition 0 at 0, 1 at 0\n"
     assert sorted(consume_sub(cli, b, "orders", "billing")) == ["a", "b", "c", "x", "y"]
     ok(cli("sub", "seek", "orders", "billing", "2", bootstrap=b))
     assert sorted(consume_sub(cli, b, "orders", "billing")) == ["c"]  # offset 2 of each partition
+    # past the end: at the end, and the output says where that is
+    ends = [i["high_watermark"] for i in describe(cli, b, "orders", "billing")]
+    out = ok(cli("sub", "seek", "orders", "billing", "99999", bootstrap=b))
+    assert out == f"moved subscription billing on orders to 99999: partition 0 at {ends[0]}, 1 at {ends[1]}\n"
     later = datetime.fromtimestamp(time.time() + 3600, UTC).isoformat()
     ok(cli("sub", "seek", "orders", "billing", later, bootstrap=b))
     assert consume_sub(cli, b, "orders", "billing") == []

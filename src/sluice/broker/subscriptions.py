@@ -271,13 +271,16 @@ class PartitionSubscriptions:
             self.subs.pop(name, None)
             self._dirty.discard(sp)
 
-    async def seek(self, name: str, pos: m.Position) -> None:
+    async def seek(self, name: str, pos: m.Position) -> int:
+        """Move ``name``'s cursor to ``pos`` (an offset outside the log: its nearest end);
+        returns the offset it went to."""
         async with self.lock:
             sp = self.get(name)
             offset = await self.position(pos)
             sp.seek(offset)
             self._dirty.discard(sp)
             await self.write([sp.state(full=True)])
+            return offset
 
     def get(self, name: str) -> SubscriptionPartition:
         sp = self.subs.get(name)
@@ -503,16 +506,18 @@ class SubscriptionManager:
     async def _each(
         self, topic: str, partitions: list[int], fn, stranded: bool = False,
     ) -> list[m.SubscriptionPartitionResult]:
-        """``fn(ps)`` for each partition; per-partition errors in the results.
-        ``stranded``: see ``partition``."""
+        """``fn(ps)`` for each partition; per-partition errors in the results.  ``fn``
+        returns the partition's config, or its whole result.  ``stranded``: see ``partition``."""
         self.broker.topic(topic)
 
         async def one(p: int) -> m.SubscriptionPartitionResult:
             try:
-                config = await fn(await self.partition(topic, p, stranded))
+                got = await fn(await self.partition(topic, p, stranded))
             except BrokerError as exc:
                 return m.SubscriptionPartitionResult(partition=p, error=exc.code, message=exc.message)
-            return m.SubscriptionPartitionResult(partition=p, config=config)
+            if isinstance(got, m.SubscriptionPartitionResult):
+                return got
+            return m.SubscriptionPartitionResult(partition=p, config=got)
 
         return list(await asyncio.gather(*(one(p) for p in partitions)))
 
@@ -599,7 +604,8 @@ class SubscriptionManager:
         sub.check_name(req.subscription)
 
         async def seek(ps: PartitionSubscriptions):
-            await ps.seek(req.subscription, req.position)
+            offset = await ps.seek(req.subscription, req.position)
+            return m.SubscriptionPartitionResult(partition=ps.part.index, offset=offset)
 
         return m.SeekSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, seek)), ()
 

@@ -149,8 +149,9 @@ def sub_seek(ctx, topic, name, position) -> None:
     ISO-TIME): messages from there on are delivered (again); acks, retries and
     deliveries in flight are forgotten."""
     with _admin(ctx) as admin:
-        admin.seek_subscription(topic, name, start_arg(position))
-    click.echo(f"moved subscription {name} on {topic} to {_show(position)}")
+        moved = admin.seek_subscription(topic, name, start_arg(position))
+    where = ", ".join(f"{p} at {o}" for p, o in moved.items())
+    click.echo(f"moved subscription {name} on {topic} to {_show(position)}: partition {where}")
 
 
 def _show(position) -> str:

@@ -256,12 +256,15 @@ class Admin:
             topic=topic, subscription=name, partitions=group,
         ), lambda resp: resp.partitions)
 
-    async def seek_subscription(self, topic: str, name: str, to: str | int) -> None:
+    async def seek_subscription(self, topic: str, name: str, to: str | int) -> dict[int, int]:
         """Move the subscription's cursor on every partition to ``to`` (``earliest``,
-        ``latest``, an offset, ``time:<ms>``): replay from there, or skip to there."""
-        await self._each_partition(topic, lambda group: messages.SeekSubscriptionRequest(
+        ``latest``, an offset, ``time:<ms>``): replay from there, or skip to there.  An
+        offset outside a partition's log goes to its nearest end.  Returns partition ->
+        the offset its cursor went to."""
+        results = await self._each_partition(topic, lambda group: messages.SeekSubscriptionRequest(
             topic=topic, subscription=name, partitions=group, position=position(to),
         ), lambda resp: resp.partitions)
+        return {r.partition: r.offset for r in sorted(results, key=lambda r: r.partition)}
 
     async def describe_subscription(self, topic: str, name: str | None = None) -> list[SubscriptionPartitionInfo]:
         """Per partition (and subscription, when ``name`` is None): the cursor, backlog,

@@ -700,8 +700,8 @@ class SyncAdmin(_SyncBase):
     def delete_subscription(self, topic: str, name: str) -> None:
         self._call(Admin.delete_subscription, topic, name)
 
-    def seek_subscription(self, topic: str, name: str, to) -> None:
-        self._call(Admin.seek_subscription, topic, name, to)
+    def seek_subscription(self, topic: str, name: str, to) -> dict[int, int]:
+        return self._call(Admin.seek_subscription, topic, name, to)
 
     def describe_subscription(self, topic: str, name: str | None = None) -> list:
         return self._call(Admin.describe_subscription, topic, name)

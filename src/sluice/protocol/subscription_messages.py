@@ -28,6 +28,7 @@ class SubscriptionPartitionResult(Struct):
     error: int = 0
     message: str = ""
     config: SubscriptionConfig | None = None  # as the partition has it (SUBSCRIBE)
+    offset: int = -1  # where the cursor is now (SEEK: the position asked for, within the log)
 
 
 class SubscribeRequest(Struct):
