@@ -76,8 +76,14 @@ def test_create_list_describe_consume_seek_delete(broker, cli):
     ok(cli("sub", "seek", "orders", "billing", later, bootstrap=b))
     assert consume_sub(cli, b, "orders", "billing") == []
 
-    # consume --sub creates a missing subscription from --from (default earliest)
-    assert sorted(consume_sub(cli, b, "orders", "fresh")) == ["a", "b", "c", "x", "y"]
+    # consume --sub creates a missing subscription from --from (default earliest), and says so
+    res = cli("consume", "orders", "--sub", "fresh", "--exit-at-end", bootstrap=b, timeout=60)
+    assert sorted(ok(res).splitlines()) == ["a", "b", "c", "x", "y"]
+    assert res.stderr.decode() == (
+        "created subscription fresh on orders (from earliest); it stays until: sluice sub delete orders fresh\n"
+    )
+    res = cli("consume", "orders", "--sub", "fresh", "--exit-at-end", bootstrap=b, timeout=60)
+    assert ok(res) == "" and res.stderr == b""
     assert consume_sub(cli, b, "orders", "late", "--from", "latest") == []
     lines = consume_sub(cli, b, "orders", "json", "--json", "--max-messages", "2")
     assert len(lines) == 2 and all("value" in json.loads(ln) for ln in lines)

@@ -78,7 +78,7 @@ async def test_key_ordered_restored_retry_still_parks_its_key(broker):
     async with Producer(bs, linger_ms=1) as p:
         futures = [await p.send("orders", v, key=v[:2]) for v in (b"k0-0", b"k1-0", b"k0-1", b"k1-1")]
         await asyncio.gather(*futures)
-    config = SubscriptionConfig(mode="key-ordered", ack_timeout_ms=NEVER_MS, backoff_initial_ms=NEVER_MS)
+    config = SubscriptionConfig(mode="key-ordered", ack_timeout_ms=NEVER_MS, backoff_initial_ms=NEVER_MS, backoff_max_ms=NEVER_MS)
     async with Subscriber(bs, "orders", "work", config=config) as sub:
         got = {m.value: m for m in await take(sub, 2)}
         assert set(got) == {b"k0-0", b"k1-0"}

@@ -535,18 +535,20 @@ class SubscriptionManager:
 
         async def attach(ps: PartitionSubscriptions):
             sp = ps.subs.get(req.subscription)
+            created = False
             if sp is None:
                 if create is None:
                     ps.get(req.subscription)  # raises UnknownSubscription
                 await check()
                 try:
                     sp = await ps.create(req.subscription, create, req.start)
+                    created = True
                 except SubscriptionAlreadyExists:
                     sp = ps.get(req.subscription)
             if session.closed:
                 raise NotLeader("the connection closed")
             sp.attach(session)
-            return sp.config
+            return m.SubscriptionPartitionResult(partition=ps.part.index, config=sp.config, created=created)
 
         results = await self._each(req.topic, req.partitions, attach)
         return m.SubscribeResponse(partitions=results), ()

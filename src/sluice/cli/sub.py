@@ -197,6 +197,9 @@ def consume_subscription(ctx, topic: str, name: str, start, render, *, max_messa
     count = 0
     idle_since = time.monotonic()
     with SyncSubscriber(ctx.obj["bootstrap"], topic, name, start=start_arg(start)) as subscriber:
+        if subscriber.created:
+            click.echo(f"created subscription {name} on {topic} (from {_show(start) if start else 'earliest'}); "
+                       f"it stays until: sluice sub delete {topic} {name}", err=True)
         while max_messages is None or count < max_messages:
             want = 1000 if max_messages is None else min(1000, max_messages - count)
             wait = 0.5 if timeout_ms is None else max(0.001, min(0.5, timeout_ms / 1000))

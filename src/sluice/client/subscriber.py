@@ -273,6 +273,7 @@ class Subscriber:
         self._started = False
         self._closed = False
         self._lost_warned_at = -LOST_WARN_EVERY_S
+        self.created: set[int] = set()  # partitions where subscribing created the subscription
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
 
@@ -651,6 +652,8 @@ class Subscriber:
                 self._cluster.mark_stale(self.topic)
                 continue
             self._serve(r.partition, conn)
+            if r.created:
+                self.created.add(r.partition)
             if r.config is not None:
                 self._configs[r.partition] = r.config
                 self._check_settings(r.config)

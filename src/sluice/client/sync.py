@@ -730,6 +730,11 @@ class SyncSubscriber:
             raise
         self._closed = False
 
+    @property
+    def created(self) -> set[int]:
+        """Partitions where subscribing created the subscription (``Subscriber.created``)."""
+        return set(self._sub.created)
+
     def get(self, timeout: float | None = None) -> Message | None:
         return self._lt.run(self._sub.get(timeout))
 

@@ -29,6 +29,7 @@ class SubscriptionPartitionResult(Struct):
     message: str = ""
     config: SubscriptionConfig | None = None  # as the partition has it (SUBSCRIBE)
     offset: int = -1  # where the cursor is now (SEEK: the position asked for, within the log)
+    created: bool = False  # SUBSCRIBE: the subscription was missing and was created now
 
 
 class SubscribeRequest(Struct):
