@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sluice.broker.reassignment import Reassignment
 from sluice.cluster.store import TopicRecord
-from sluice.errors import InvalidReplicationFactor
+from sluice.errors import BrokerBusy, InvalidReplicationFactor, NotLeader
 
 
 def test_dead_replicas_left_in_place_are_reported_with_why():
@@ -14,9 +14,9 @@ def test_dead_replicas_left_in_place_are_reported_with_why():
     plan = {"t": {2: [1, 2, 5]}}  # replaced: not reported here
     kept = Reassignment._kept_dead_replicas(records, ["t"], {("t", 0)}, plan, live)
     assert [(k.partition, k.old, k.new, k.error) for k in kept] == [
-        (0, [3, 2, 1], [3, 2, 1], InvalidReplicationFactor.code),
+        (0, [3, 2, 1], [3, 2, 1], NotLeader.code),
         (1, [1, 2, 3], [1, 2, 3], InvalidReplicationFactor.code),
-        (3, [1, 2, 3], [1, 2, 3], InvalidReplicationFactor.code),
+        (3, [1, 2, 3], [1, 2, 3], BrokerBusy.code),
     ]
     why = [k.message for k in kept]
     assert "no live leader" in why[0]

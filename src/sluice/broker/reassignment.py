@@ -41,7 +41,13 @@ from sluice.broker.topics import Topic, error_fields
 from sluice.broker.wait import wait_event
 from sluice.cluster.assignment import replace_lost_replicas, spread_replicas
 from sluice.cluster.store import TopicRecord
-from sluice.errors import BrokerError, InvalidReplicationFactor, MetadataUnavailable
+from sluice.errors import (
+    BrokerBusy,
+    BrokerError,
+    InvalidReplicationFactor,
+    MetadataUnavailable,
+    NotLeader,
+)
 from sluice.protocol import messages as m
 
 log = logging.getLogger("sluice.reassignment")
@@ -96,12 +102,13 @@ class Reassignment:
                 if not dead or p in plan.get(name, {}):
                     continue
                 if p in records[name].moving:
-                    why = "a replica move of it is pending"
+                    exc = BrokerBusy("replicas kept: a replica move of it is pending; retry once it is done")
                 elif (name, p) in keep:
-                    why = "it has no live leader (its dead replicas may hold its only copy)"
+                    exc = NotLeader("replicas kept: it has no live leader (its dead replicas may hold its only copy)")
                 else:
-                    why = f"no live broker outside its replicas can take the place of broker(s) {dead}"
-                exc = InvalidReplicationFactor(f"replicas kept: {why}")
+                    exc = InvalidReplicationFactor(
+                        f"replicas kept: no live broker outside its replicas can take the place of broker(s) {dead}"
+                    )
                 out.append(m.ReplicaMove(topic=name, partition=p, old=list(replicas), new=list(replicas),
                                          **error_fields(exc)))
         return out
