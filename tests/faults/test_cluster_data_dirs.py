@@ -9,6 +9,7 @@ import shutil
 
 from checker import read_logs
 
+from brokers import BrokerProcess
 from sluice.client import Producer
 
 TOPIC = "orders"
@@ -60,3 +61,20 @@ async def test_a_data_directory_started_under_another_node_id_is_refused_untouch
     await cluster.fully_replicated(TOPIC)
     logs = await read_logs(cluster.bootstrap, TOPIC)
     assert {part: [r.value for r in logs[part]] for part in sent} == sent
+
+
+async def test_a_broker_advertising_a_live_brokers_address_is_refused(three_brokers, tmp_path):
+    cluster = await three_brokers.start()
+    b1 = cluster.brokers[1]
+    b4 = BrokerProcess(tmp_path / "data4", tmp_path / "broker4.log", [
+        "--cluster", cluster.etcd.url(cluster.name), "--node-id", "4", "--advertise", b1.bootstrap,
+    ])
+    try:
+        b4.start()
+    except RuntimeError as exc:
+        assert f"{b1.bootstrap} is where live broker 1 is reached" in str(exc), exc
+    else:
+        raise AssertionError("a broker registered with broker 1's address")
+    finally:
+        b4.kill()
+    assert len((await cluster.metadata()).brokers) == 3

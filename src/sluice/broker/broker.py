@@ -62,6 +62,7 @@ from sluice.cluster.controller import Controller
 from sluice.cluster.store import BrokerRegistration, MetadataStore
 from sluice.config import ServerConfig, TopicConfig
 from sluice.errors import (
+    ConfigError,
     MetadataUnavailable,
     NotCoordinator,
     NotLeader,
@@ -164,6 +165,12 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         try:
             if new_directory and self.config.cluster:  # embedded: the store is in the directory too
                 await self._withdraw_lost_replicas()
+            for other in await self.metadata.brokers():
+                if other.node_id != node and (other.host, other.port) == (self.host, self.port):
+                    raise ConfigError(
+                        f"{self.host}:{self.port} is where live broker {other.node_id} is reached: clients and "
+                        f"peers would reach it instead of node {node}; advertise this broker's own address"
+                    )
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
             self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
             for record in (await self.metadata.topics()).values():
