@@ -8,9 +8,10 @@ from __future__ import annotations
 import shutil
 
 from checker import read_logs
+from replicated import eventually
 
 from brokers import BrokerProcess
-from sluice.client import Producer
+from sluice.client import Admin, Producer
 
 TOPIC = "orders"
 PER_PARTITION = 300
@@ -25,6 +26,20 @@ async def _produce(bootstrap: str) -> dict[int, list[bytes]]:
     return sent
 
 
+async def _settled(cluster) -> bool:
+    """Every partition's high watermark at its log end, as its leader has them (a new
+    leader's starts where its followers' first fetches in its epoch put it)."""
+    leaders = {p.partition: p.leader for p in await cluster.partitions(TOPIC)}
+    if any(n not in cluster.brokers for n in leaders.values()):
+        return False
+    for n in set(leaders.values()):
+        async with Admin(cluster.brokers[n].bootstrap) as admin:
+            desc = await admin.describe_topic(TOPIC)
+        if any(d.high_watermark != d.log_end_offset for d in desc.partitions if leaders[d.partition] == n):
+            return False
+    return True
+
+
 async def test_a_wiped_data_directory_restarted_under_its_node_id_loses_no_acknowledged_message(three_brokers):
     cluster = await three_brokers.start()
     await cluster.create_topic(TOPIC)
@@ -35,6 +50,7 @@ async def test_a_wiped_data_directory_restarted_under_its_node_id_loses_no_ackno
     shutil.rmtree(b.data_dir)  # the disk is replaced
     await cluster.start_broker(victim)  # at once: its old registration has not expired
     await cluster.fully_replicated(TOPIC)  # it copied its replicas back
+    await eventually(lambda: _settled(cluster), 15, "high watermarks at the log ends")
     logs = await read_logs(cluster.bootstrap, TOPIC)
     assert {part: [r.value for r in logs[part]] for part in sent} == sent
     assert "its replica is empty" in b.log()

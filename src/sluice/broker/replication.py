@@ -42,6 +42,7 @@ from sluice.errors import (
     NotLeader,
     OffsetOutOfRange,
     UnknownLeaderEpoch,
+    UnknownPartition,
     UnknownTopic,
 )
 from sluice.protocol import messages as m
@@ -62,25 +63,33 @@ class ReplicaManager:
         me = self.config.node_id
         for record in (await self.metadata.topics()).values():
             held = [i for i, replicas in enumerate(record.assignment) if me in replicas]
-            for i in held:
-                while True:
-                    try:
-                        st = (await self.metadata.partition_states(record.name))[i]
-                    except UnknownTopic:
-                        break  # deleted meanwhile
-                    if st.leader != me and me not in st.isr:
-                        break
-                    led = st.leader == me
-                    isr = [r for r in st.isr if r != me]
-                    new = PartitionState(-1 if led else st.leader, st.leader_epoch + led, isr)
-                    if await self.metadata.cas_partition_state(record.name, i, st.version, new):
-                        log.warning(
-                            "%s-%d: this broker's data directory is new, so its replica is empty: it left "
-                            "the %s%s", record.name, i, "leadership and the ISR" if led else "ISR",
-                            "" if isr else " (no in-sync replica is left: the partition stays offline "
-                            "unless unclean.leader.election.enable=true)",
-                        )
-                        break
+            try:
+                states = await self.metadata.partition_states(record.name) if held else []
+                for i in held:
+                    while not await self._withdraw_from(record.name, i, states[i]):
+                        states = await self.metadata.partition_states(record.name)  # changed: again
+            except (UnknownTopic, UnknownPartition):
+                continue  # deleted meanwhile
+
+    async def _withdraw_from(self, topic: str, index: int, st: PartitionState) -> bool:
+        """Take this node out of ``st`` (leader and ISR); False when the state changed
+        meanwhile (read it again)."""
+        me = self.config.node_id
+        if st.leader != me and me not in st.isr:
+            return True
+        led = st.leader == me
+        isr = [r for r in st.isr if r != me]
+        if not await self.metadata.cas_partition_state(
+            topic, index, st.version, PartitionState(-1 if led else st.leader, st.leader_epoch + led, isr)
+        ):
+            return False
+        log.warning(
+            "%s-%d: this broker's data directory is new, so its replica is empty: it left the %s%s",
+            topic, index, "leadership and the ISR" if led else "ISR",
+            "" if isr else " (no in-sync replica is left: the partition stays offline unless "
+            "unclean.leader.election.enable=true)",
+        )
+        return True
 
     # ------------------------------------------------------------------ states
 

@@ -30,8 +30,8 @@ bounds them too (and ``MAX_RETRIES`` entries stall reading as well).  Every retr
 attempt counted is journaled in the partition's log with the next cursor record
 (protocol/subscriptions.py): a restart or a new leader redelivers it when due, with its
 attempt count.  A full record (a snapshot) also holds the deliveries out, counted as
-failed, since it replaces the journal of those that were retries.  In key-ordered mode a restored retry parks its key again when the first
-read passes its offset.
+failed, since it replaces the journal of those that were retries.  In key-ordered mode a
+restored retry parks its key again when the first read passes its offset.
 
 Event loop only; reads go through ``Partition.read`` (off the loop).
 """
