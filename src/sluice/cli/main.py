@@ -285,10 +285,13 @@ def _check_tag(tag: str) -> None:
 @click.option("--delimiter", type=Escaped(), default="\\n", show_default=True,
               help="What ends a message in the input (escapes: \\n \\t \\r \\0 \\xHH).")
 @click.option("--raw", is_flag=True, help="Send the whole input as one message, byte for byte.")
+@click.option("--delivery-timeout-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=120_000, show_default=True,
+              help="Give up on a message not acknowledged by then (retrying meanwhile: no leader, too few "
+                   "in-sync replicas, a broker down).")
 @click.pass_context
 def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, partition: int | None,
             acks: str, headers, tag: str | None, delay_ms: int | None, path: str, delimiter: bytes,
-            raw: bool) -> None:
+            raw: bool, delivery_timeout_ms: int) -> None:
     """Send each line of standard input (or --file) as one message.
 
     Messages go out as they are read, a few milliseconds apart at most: `tail -f app.log |
@@ -325,7 +328,7 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
             def report(line: str) -> None:
                 click.echo(f"{topic_name}: {line}", err=True)
 
-        with SyncProducer(ctx.obj["bootstrap"], acks=acks) as producer:
+        with SyncProducer(ctx.obj["bootstrap"], acks=acks, delivery_timeout_ms=delivery_timeout_ms) as producer:
             sender = Sender(producer, topic_name, key=key.encode() if key is not None else None,
                             headers=hdrs, partition=partition, report=report)
             for values in split_messages(read_available(fd), None if raw else delimiter):
@@ -389,6 +392,9 @@ def _quiet_stdout() -> None:
                    "acking each message once printed.")
 @click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
+@click.option("--retry-timeout-ms", type=click.IntRange(1, 365 * 24 * 3600 * 1000), default=60_000,
+              show_default=True, help="Fail once the brokers have been unreachable this long (not with --sub, "
+                                      "which retries for as long as it runs).")
 @click.option("-e", "--exit-at-end", is_flag=True,
               help="Stop once every partition is read up to the end it had when the command started "
                    "(messages arriving meanwhile may be printed too).  A partition that has no leader is "
@@ -406,8 +412,8 @@ def _quiet_stdout() -> None:
 @click.option("--delimiter", type=Escaped(allow_empty=True), default="\\n", show_default=True,
               help="Written after each message in text and raw mode (escapes: \\n \\t \\r \\0 \\xHH).")
 @click.pass_context
-def consume(ctx, topic_name, start, group, partition, subscription, max_messages, timeout_ms, exit_at_end,
-            as_json, raw, fmt, print_keys, key_separator, delimiter) -> None:
+def consume(ctx, topic_name, start, group, partition, subscription, max_messages, timeout_ms, retry_timeout_ms,
+            exit_at_end, as_json, raw, fmt, print_keys, key_separator, delimiter) -> None:
     """Print messages of TOPIC, one per line.
 
     By default (text mode) values are written as UTF-8 text, one per line, and bytes that
@@ -453,7 +459,7 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
                 raise errors.unknown_partition(topic_name, partition, len(partitions))
             partitions = [partition]
         ends = _EndOffsets(admin, topic_name, partitions) if exit_at_end else None
-        consumer = SyncConsumer(ctx.obj["bootstrap"], group=group,
+        consumer = SyncConsumer(ctx.obj["bootstrap"], group=group, retry_timeout_ms=retry_timeout_ms,
                                 auto_offset_reset="earliest" if group else "latest", enable_auto_commit=False)
         consumer.assign([(topic_name, p) for p in partitions])
         _seek(consumer, start, bounds)
