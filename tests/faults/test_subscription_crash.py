@@ -177,7 +177,8 @@ async def test_a_nack_of_a_delivery_from_before_a_restart_fails_no_later_one(bro
     assert all(i.confirmed == i.high_watermark and i.backlog == 0 for i in infos), infos
 
 
-async def test_a_retry_out_when_a_snapshot_is_written_keeps_its_attempt_count_across_a_kill(broker_factory):
+@pytest.mark.parametrize("mode", ["unordered", "ordered"])
+async def test_a_retry_out_when_a_snapshot_is_written_keeps_its_attempt_count_across_a_kill(broker_factory, mode):
     """A snapshot replaces the journal of retries; the delivery out at attempt 3 when one is
     written must come back after a crash as attempt 4 (it counts as failed, as when its
     consumer goes), not as a new message at attempt 1 with ``max_attempts`` out of reach."""
@@ -187,7 +188,7 @@ async def test_a_retry_out_when_a_snapshot_is_written_keeps_its_attempt_count_ac
         await admin.create_topic("orders", config={"segment.bytes": "1024"})
     await produce(bs, "orders", 1)
     segments = b.data_dir / "logs" / "orders-0"
-    cfg = SubscriptionConfig(ack_timeout_ms=120_000, backoff_initial_ms=0, max_attempts=10)
+    cfg = SubscriptionConfig(mode=mode, ack_timeout_ms=120_000, backoff_initial_ms=0, max_attempts=10)
     sub = Subscriber(bs, "orders", "work", config=cfg, request_timeout_ms=5000)
     await sub.start()
     try:

@@ -1,4 +1,4 @@
-"""``RangeSet`` (protocol/ranges.py) and the subscription ``Cursor`` (broker/subscription.py)
+"""``RangeSet`` (protocol/ranges.py) and the subscription ``Cursor`` (broker/cursor.py)
 against plain Python sets of offsets."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from sluice.broker.subscription import Cursor
+from sluice.broker.cursor import Cursor
 from sluice.protocol.ranges import RangeSet, count, first
 
 LIMIT = 60

@@ -1,7 +1,7 @@
 """One subscription on one partition led here: its cursor, what is in flight, retries.
 
-``Cursor``: the durable part — ``confirmed`` (every offset below is settled) and the acked
-ranges above it (NSQ's confirmed segments).  ``SubscriptionPartition``: the cursor plus
+``Cursor`` (broker/cursor.py): the durable part — ``confirmed`` (every offset below is
+settled) and the acked ranges above it.  ``SubscriptionPartition``: the cursor plus
 what only the leader keeps in memory —
 
 - ``next_read``: the first offset not delivered yet (starts at ``confirmed`` after a load:
@@ -47,6 +47,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
 
+from sluice.broker.cursor import Cursor
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count, first
@@ -66,38 +67,6 @@ DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 def _first_offset(r: Retry) -> int:
     return r.ranges[0][0]
-
-
-class Cursor:
-    """Settled offsets: all below ``confirmed``, and ``acked`` above it."""
-
-    def __init__(self, confirmed: int, acked: Pairs = ()) -> None:
-        self.confirmed = confirmed
-        self.acked = RangeSet(acked)
-        self._advance()
-
-    def ack(self, a: int, b: int) -> int:
-        """Settle ``[a, b)``; returns how many offsets were not settled before."""
-        a = max(a, self.confirmed)
-        if a >= b:
-            return 0
-        added = self.acked.add(a, b)
-        self._advance()
-        return added
-
-    def _advance(self) -> None:
-        acked = self.acked
-        while acked.starts and acked.starts[0] <= self.confirmed:
-            self.confirmed = max(self.confirmed, acked.ends[0])
-            del acked.starts[0], acked.ends[0]
-
-    def unsettled(self, a: int, b: int) -> Pairs:
-        """The parts of ``[a, b)`` not settled."""
-        return self.acked.missing(max(a, self.confirmed), b) if b > self.confirmed else []
-
-    def reset(self, offset: int) -> None:
-        self.confirmed = offset
-        self.acked = RangeSet()
 
 
 class Session:
@@ -230,24 +199,12 @@ class SubscriptionPartition:
         retry out at attempt N when it is written would come back after a crash as a new
         message, its count started again — and ``max_attempts`` would never be reached.
         Acks and later failures override them (the acked ranges and later entries)."""
-        out = []
-        ordered = self.config.mode == "ordered"
-        for units in self._units.values():
-            for u in units:
-                pairs = u.want.pairs()
-                if not pairs:
-                    continue
-                if not ordered:
-                    out.extend((a, b, u.attempt, now_ms) for a, b in pairs)
-                    continue
-                # ordered: only the first message was handed to the application
-                first_ = pairs[0][0]
-                out.append((first_, first_ + 1, u.attempt, now_ms))
-                if u.attempt > 1:
-                    rest = RangeSet(pairs)
-                    rest.remove(first_, first_ + 1)
-                    out.extend((a, b, u.attempt - 1, now_ms) for a, b in rest.pairs())
-        return out
+        return [
+            (a, b, n, now_ms)
+            for units in self._units.values() for u in units
+            for ranges, n in self._failed_counts(u.want.pairs(), u.attempt) if n > 0
+            for a, b in ranges
+        ]
 
     def unwritten(self) -> None:
         """The record ``state()`` gave was not written: the next one holds every retry."""
@@ -437,19 +394,24 @@ class SubscriptionPartition:
     def _requeue(
         self, ranges: Pairs, attempt: int, due: float, reason: str, failed: tuple[int, int] | None = None
     ) -> None:
-        """Retry ``ranges`` of a delivery that failed at ``attempt`` (counted).  In ordered
-        mode only the failed message counts (``failed``, else the first one): the client
-        gives a partition's messages out one at a time, so the application never saw the
-        ones behind it, and they wait for its redelivery uncounted."""
+        """Retry ``ranges`` of a delivery that failed at ``attempt`` (``_failed_counts``)."""
+        for part, n in self._failed_counts(ranges, attempt, failed):
+            self._retry(part, n, due, reason)
+
+    def _failed_counts(
+        self, ranges: Pairs, attempt: int, failed: tuple[int, int] | None = None
+    ) -> list[tuple[Pairs, int]]:
+        """How a delivery of ``ranges`` that failed at ``attempt`` counts: (ranges, attempts
+        so far).  In ordered mode only the failed message counts (``failed``, else the
+        first one): the client gives a partition's messages out one at a time, so the
+        application never saw the ones behind it, and they wait for its redelivery uncounted."""
         if self.config.mode != "ordered" or not ranges:
-            self._retry(ranges, attempt, due, reason)
-            return
+            return [(ranges, attempt)]
         a, b = failed or (ranges[0][0], ranges[0][0] + 1)
         rest = RangeSet(ranges)
         counted = rest.overlap(a, b)
         rest.remove(a, b)
-        self._retry(counted, attempt, due, reason)
-        self._retry(rest.pairs(), attempt - 1, due, reason)
+        return [(counted, attempt), (rest.pairs(), attempt - 1)]
 
     def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
         if ranges:
