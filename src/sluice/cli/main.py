@@ -316,7 +316,7 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
             n, failure, status = produce_delayed(
                 ctx.obj["bootstrap"], topic_name, split_messages(read_available(fd), None if raw else delimiter),
                 delay_ms=delay_ms, key=key.encode() if key is not None else None, key_separator=key_separator,
-                headers=hdrs, partition=partition,
+                headers=hdrs, partition=partition, timeout_ms=delivery_timeout_ms,
             )
             if failure:
                 _fail(failure, status)

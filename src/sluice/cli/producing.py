@@ -200,12 +200,13 @@ def _describe(exc: BaseException | None) -> str:
 
 def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], *, delay_ms: int,
                     key: bytes | None, key_separator: bytes | None, headers,
-                    partition: int | None) -> tuple[int, str | None, int]:
+                    partition: int | None, timeout_ms: int) -> tuple[int, str | None, int]:
     """``sluice produce --delay-ms``: each group of messages read together becomes delayed
     messages due ``delay_ms`` after it was read (one stored batch per key and 1000
     messages).  A message without ``key_separator`` fails, and so does a stored batch the
-    broker refuses; the others are stored.  Returns how many were stored, the run's
-    ``summary_error`` (None when none failed) and its ``exit_status``."""
+    broker refuses, or does not store within ``timeout_ms``; the others are stored.
+    Returns how many were stored, the run's ``summary_error`` (None when none failed) and
+    its ``exit_status``."""
     import asyncio
     import time
 
@@ -216,7 +217,7 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
     async def run() -> tuple[int, str | None, int]:
         seen = stored = failed = 0
         first: BaseException | None = None
-        async with DelayedProducer(bootstrap) as producer:
+        async with DelayedProducer(bootstrap, retry_timeout_ms=timeout_ms) as producer:
             for values in batches:
                 at = int(time.time() * 1000) + delay_ms
                 by_key: dict[bytes | None, list] = {}
