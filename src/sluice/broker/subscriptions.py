@@ -506,8 +506,8 @@ class SubscriptionManager:
     async def _each(
         self, topic: str, partitions: list[int], fn, stranded: bool = False,
     ) -> list[m.SubscriptionPartitionResult]:
-        """``fn(ps)`` for each partition; per-partition errors in the results.  ``fn``
-        returns the partition's config, or its whole result.  ``stranded``: see ``partition``."""
+        """``fn(ps)`` for each partition: its result (None: a bare success); per-partition
+        errors in the results.  ``stranded``: see ``partition``."""
         self.broker.topic(topic)
 
         async def one(p: int) -> m.SubscriptionPartitionResult:
@@ -515,9 +515,7 @@ class SubscriptionManager:
                 got = await fn(await self.partition(topic, p, stranded))
             except BrokerError as exc:
                 return m.SubscriptionPartitionResult(partition=p, error=exc.code, message=exc.message)
-            if isinstance(got, m.SubscriptionPartitionResult):
-                return got
-            return m.SubscriptionPartitionResult(partition=p, config=got)
+            return got if got is not None else m.SubscriptionPartitionResult(partition=p)
 
         return list(await asyncio.gather(*(one(p) for p in partitions)))
 
@@ -585,11 +583,12 @@ class SubscriptionManager:
             if req.subscription not in ps.subs:
                 await check()
             try:
-                return (await ps.create(req.subscription, config, req.start)).config
+                sp = await ps.create(req.subscription, config, req.start)
             except SubscriptionAlreadyExists:
-                if req.if_not_exists:
-                    return ps.get(req.subscription).config
-                raise
+                if not req.if_not_exists:
+                    raise
+                sp = ps.get(req.subscription)
+            return m.SubscriptionPartitionResult(partition=ps.part.index, config=sp.config)
 
         return m.CreateSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, create)), ()
 
