@@ -75,6 +75,7 @@ async def test_a_data_directory_started_under_another_node_id_is_refused_untouch
     b.extra_args = args
     await cluster.start_broker(3)
     await cluster.fully_replicated(TOPIC)
+    await eventually(lambda: _settled(cluster), 15, "high watermarks at the log ends")
     logs = await read_logs(cluster.bootstrap, TOPIC)
     assert {part: [r.value for r in logs[part]] for part in sent} == sent
 
