@@ -17,7 +17,8 @@
     │   ├── ClientClosed                 CLIENT_CLOSED         local 1010  the producer / consumer was closed by you
     │   ├── BufferExhausted              BUFFER_EXHAUSTED      local 1011  retriable: no buffer memory within max_block_ms
     │   ├── DataLoss                     DATA_LOSS             local 1012  records a read planned to return are gone
-    │   └── DeliveryTimeout              DELIVERY_TIMEOUT      local 1013  retriable: a send was not acknowledged within delivery_timeout_ms
+    │   ├── DeliveryTimeout              DELIVERY_TIMEOUT      local 1013  retriable: a send was not acknowledged within delivery_timeout_ms
+    │   └── AlreadySettled               ALREADY_SETTLED       local 1016  a subscription message was acked or nacked before
     └── BrokerError                      an error code answered by a broker (has .code)
         ├── UnknownServerError           code 1   a bug on the broker; the message says what
         ├── InvalidRequest               code 2   a well-framed request with bad content
@@ -199,6 +200,12 @@ class DataLoss(ClientError):
 @_local(1013, "DELIVERY_TIMEOUT", retriable=True)
 class DeliveryTimeout(ClientError):
     """A send was not acknowledged within ``delivery_timeout_ms`` (retries included)."""
+
+
+@_local(1016, "ALREADY_SETTLED")
+class AlreadySettled(ClientError):
+    """A subscription message was acked or nacked a second time: the first settlement
+    stands, the second is refused (it would contradict or repeat the first)."""
 
 
 class BrokerError(SluiceError):

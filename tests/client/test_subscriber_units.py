@@ -3,9 +3,11 @@ record decoder."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from sluice import errors
 from sluice.client.subscriber import Message, Subscriber, _runs
 from sluice.protocol.records import build_batch, decode_records, encode_record
 
@@ -50,3 +52,15 @@ def test_a_nack_counts_only_in_the_session_that_delivered_the_message():
     assert sub._pending[0].nack_delays == {} and old.settled
     delivered(2).nack(delay_ms=5)  # the new session's copy
     assert sub._pending[0].nack_delays[5].pairs() == [(2, 3)]
+
+
+def test_a_message_is_settled_once():
+    sub = Subscriber("127.0.0.1:1", "t", "s")  # never started: settling runs in place
+    sub._serve(0, object())
+    msg = Message("t", 0, 7, 0, None, b"v", (), 1, 0.0, sub, sub._sessions.get(0))
+    msg.ack()
+    for second in (msg.ack, msg.nack, lambda: msg.nack(delay_ms=5, reason="late")):
+        with pytest.raises(errors.AlreadySettled, match=r"cannot n?ack <Message t-0@7 attempt=1>"):
+            second()
+    assert sub._pending[0].acks == [7] and sub._pending[0].nack_delays == {}  # the first stands
+    msg.touch()  # a late touch (keep_alive's) is not a settlement: ignored

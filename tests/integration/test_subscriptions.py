@@ -760,6 +760,33 @@ async def test_run_takes_a_plain_function_handler(broker):
     assert calls == {v: 2 if v.endswith(b"000002") else 1 for v in values}
 
 
+async def test_run_leaves_a_message_the_handler_settled_itself(broker):
+    """A handler that nacks with its own delay, or acks and then fails: ``run`` keeps that
+    settlement and neither adds a second one nor stops."""
+    bs = broker.bootstrap
+    await make_topic(bs, "orders")
+    values = await produce(bs, "orders", 4)
+    calls: Counter = Counter()
+    loop_errors = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: loop_errors.append(ctx))
+
+    async def handler(msg):
+        calls[msg.value] += 1
+        if msg.offset == 1 and msg.attempt == 1:
+            msg.nack(delay_ms=0, reason="again")
+        elif msg.offset == 2:
+            msg.ack()
+            raise ValueError("after the ack")
+
+    async with Subscriber(bs, "orders", "work", ack_timeout_ms=NEVER_MS, max_attempts=3, **FAST) as sub:
+        task = asyncio.ensure_future(sub.run(handler))
+        [info] = await settled(bs, "orders", "work", timeout=10)
+        assert not task.done()
+    await asyncio.wait_for(task, 10)
+    assert info.dead_lettered == 0 and loop_errors == []  # no handling task failed
+    assert calls == {v: 2 if v.endswith(b"000001") else 1 for v in values}
+
+
 async def test_backoff_settings_as_keywords(broker):
     bs = broker.bootstrap
     await make_topic(bs, "orders")

@@ -109,22 +109,26 @@ class Message(msgspec.Struct, gc=False):
         return None
 
     def ack(self) -> None:
-        """Done with: never delivered again to this subscription.  Any thread."""
-        if not self.settled:
-            self.settled = True
-            sub = self._sub
-            if threading.get_ident() == sub._thread:
-                sub._ack(self)
-            else:
-                sub._on_loop(sub._ack, self)
+        """Done with: never delivered again to this subscription.  Any thread.  Raises
+        ``AlreadySettled`` if it was acked or nacked before."""
+        self._settle("ack")
+        sub = self._sub
+        if threading.get_ident() == sub._thread:
+            sub._ack(self)
+        else:
+            sub._on_loop(sub._ack, self)
 
     def nack(self, delay_ms: int | None = None, reason: str = "") -> None:
         """Failed: redelivered after ``delay_ms`` (None: the subscription's backoff).
-        Any thread."""
-        if not self.settled:
-            self.settled = True
-            delay = -1 if delay_ms is None else max(0, int(delay_ms))
-            self._sub._on_loop(self._sub._nack, self, delay, reason)
+        Any thread.  Raises ``AlreadySettled`` if it was acked or nacked before."""
+        self._settle("nack")
+        delay = -1 if delay_ms is None else max(0, int(delay_ms))
+        self._sub._on_loop(self._sub._nack, self, delay, reason)
+
+    def _settle(self, how: str) -> None:
+        if self.settled:
+            raise errors.AlreadySettled(f"cannot {how} {self!r}: it was acked or nacked already")
+        self.settled = True
 
     def touch(self) -> None:
         """Still working on it: its ack deadline starts again.  Any thread."""
@@ -383,7 +387,8 @@ class Subscriber:
     ) -> None:
         """Call ``handler(message)`` for every message, up to ``concurrency`` at once
         (one per partition at a time in ordered mode): ack when it returns, nack when it
-        raises, touch while it runs (``keep_alive``).  ``handler`` may be a coroutine
+        raises (unless it settled the message itself, e.g. a nack with its own delay),
+        touch while it runs (``keep_alive``).  ``handler`` may be a coroutine
         function or a plain function (what it returns is awaited only if awaitable); a
         plain one runs on the event loop, so it should be quick: nothing else, touches
         included, runs until it returns.  Returns when the subscriber is closed; raises
@@ -407,9 +412,11 @@ class Subscriber:
                 raise
             except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
                 log.debug("handler failed on %r: %r", msg, exc)
-                msg.nack(reason=f"{type(exc).__name__}: {exc}"[:500])
+                if not msg.settled:
+                    msg.nack(reason=f"{type(exc).__name__}: {exc}"[:500])
             else:
-                msg.ack()
+                if not msg.settled:
+                    msg.ack()
             finally:
                 slots.release()
 
