@@ -20,6 +20,7 @@ Consume's modes and what they do to bytes:
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import sys
@@ -28,6 +29,8 @@ from datetime import UTC, datetime
 
 import click
 import msgspec
+
+SHORT_CELL = 21  # a cell up to this long (an offset, an address) is never cut in a table
 
 
 def is_tty() -> bool:
@@ -53,20 +56,81 @@ def echo_json(obj) -> None:
 
 
 def table(title: str, columns: list[str], rows: list[list]) -> None:
-    """A table on a terminal; tab-separated lines without the title when piped."""
+    """A table on a terminal; tab-separated lines without the title when piped.
+
+    On a terminal too narrow for it, headers wrap between words (or after a hyphen) and a
+    short cell (a number, a name) stays whole: each column is at least as wide as both.
+    When those widths do not fit boxed columns, the table drops its box, then its padding,
+    then lets cells wrap too; only when headers fit no way are they cut."""
     if is_tty():
+        from rich import box
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=title)
-        for c in columns:
-            t.add_column(c)
-        for r in rows:
-            t.add_row(*(str(x) for x in r))
-        Console().print(t)
+        cells = [[str(x) for x in r] for r in rows]
+        console = Console()
+
+        def build(style: dict, headers: list[str], widths: list[int | None], fixed: bool = False) -> Table:
+            t = Table(title=title, **style)
+            for c, w in zip(headers, widths, strict=True):
+                t.add_column(c, width=w if fixed else None, min_width=w, overflow="fold")
+            for r in cells:
+                t.add_row(*r)
+            return t
+
+        natural = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+        boxed = dict(box=box.HEAVY_HEAD)
+        if _table_chrome(boxed, len(columns)) + sum(natural) <= console.width:
+            console.print(build(boxed, columns, [None] * len(columns)))
+            return
+        widths = [
+            max([len(w) for w in _header_words(c)] + [len(r[i]) for r in cells if len(r[i]) <= SHORT_CELL])
+            for i, c in enumerate(columns)
+        ]
+        header_widths = [max(len(w) for w in _header_words(c)) for c in columns]
+        narrow = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        tight = {**narrow, "padding": 0}
+        for style, mins in ((boxed, widths), (narrow, widths), (tight, widths), (tight, header_widths)):
+            if _table_chrome(style, len(columns)) + sum(mins) <= console.width:
+                headers = [_wrap_header(c, w) for c, w in zip(columns, mins, strict=True)]
+                console.print(build(style, headers, mins, fixed=mins is header_widths))
+                return
+        console.print(build(boxed, columns, [None] * len(columns)))
     else:
         for r in rows:
             click.echo("\t".join(str(x) for x in r))
+
+
+def _header_words(header: str) -> list[str]:
+    """The pieces a header may wrap between: its words, a hyphenated word after a hyphen."""
+    return [w for w in re.split(r"\s+|(?<=-)", header) if w]
+
+
+def _wrap_header(header: str, width: int) -> str:
+    """``header`` on lines of at most ``width`` (no piece is longer), broken between pieces."""
+    lines: list[str] = []
+    for word in header.split():
+        for piece in _header_words(word):
+            joiner = "" if lines and lines[-1].endswith("-") else " "
+            if lines and len(lines[-1]) + len(joiner) + len(piece) <= width:
+                lines[-1] += joiner + piece
+            else:
+                lines.append(piece)
+    return "\n".join(lines)
+
+
+def _table_chrome(style: dict, n: int) -> int:
+    """Columns of borders and padding a rich table of ``n`` columns in ``style`` adds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_header=False, **style)
+    for _ in range(n):
+        t.add_column(width=1)
+    t.add_row(*"x" * n)
+    out = io.StringIO()
+    Console(file=out, width=10 * n + 10, color_system=None).print(t)
+    return max(len(line) for line in out.getvalue().splitlines()) - n
 
 
 def or_dash(n: int | None) -> str | int:

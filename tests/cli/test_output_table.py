@@ -1,0 +1,57 @@
+"""Tables on a terminal: headers wrap between words on a narrow one, never cut short."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.cli import output, topic
+
+SUB_COLUMNS = ["partition", "confirmed", "end", "backlog", "in flight", "retrying", "dead-lettered", "expired",
+               "consumers", "note"]
+SUB_ROWS = [[0, 3, 3, 0, 0, 0, 0, 0, 0, ""], [1, 12345, 12355, 10, 0, 0, 0, 0, 2, "slow"]]
+
+
+def shown(monkeypatch, capsys, width: int, columns: list[str], rows: list[list]) -> list[str]:
+    monkeypatch.setattr(output, "is_tty", lambda: True)
+    monkeypatch.setenv("COLUMNS", str(width))
+    output.table("a title", columns, rows)
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+@pytest.mark.parametrize(("columns", "rows"), [
+    (SUB_COLUMNS, SUB_ROWS),
+    (topic.PARTITION_COLUMNS, [[0, 2, "2,3,1", "2,1", 5, 10, 40, 42, 4096, 2]]),
+])
+def test_a_narrow_terminal_wraps_headers_between_words_and_keeps_cells_whole(
+    monkeypatch, capsys, width, columns, rows
+):
+    lines = shown(monkeypatch, capsys, width, columns, rows)
+    text = "\n".join(lines)
+    assert "…" not in text and max(map(len, lines)) <= width
+    words = text.replace("-\n", "-").split()
+    for piece in output._header_words(" ".join(columns)):
+        assert piece in words or any(piece in w for w in words), piece  # whole: "dead-" then "lettered"
+    if width > 80:  # at 80 the sub table's cells may wrap (its headers alone need 79)
+        for row in rows:
+            for cell in map(str, row):
+                assert cell in words or not cell, cell
+
+
+def test_a_wide_terminal_gets_a_boxed_table_with_one_line_headers(monkeypatch, capsys):
+    lines = shown(monkeypatch, capsys, 200, SUB_COLUMNS, SUB_ROWS)
+    header = next(line for line in lines if "partition" in line)
+    assert header.startswith("┃") and all(c in header for c in SUB_COLUMNS)
+
+
+def test_headers_wrap_between_words_or_after_a_hyphen():
+    assert output._wrap_header("dead-lettered", 8) == "dead-\nlettered"
+    assert output._wrap_header("dead-lettered", 13) == "dead-lettered"
+    assert output._wrap_header("high watermark", 9) == "high\nwatermark"
+    assert output._wrap_header("a b c", 3) == "a b\nc"
+
+
+def test_piped_output_is_tab_separated_rows(monkeypatch, capsys):
+    monkeypatch.setattr(output, "is_tty", lambda: False)
+    output.table("a title", ["a", "b"], [[1, "x y"], [2, ""]])
+    assert capsys.readouterr().out == "1\tx y\n2\t\n"
