@@ -220,6 +220,33 @@ async def test_cli_list_commit_rollback(broker, cli):
     assert [r.value for r in await read_all(bs, "orders")] == [b"a"]
 
 
+async def test_cli_lists_pending_delayed_messages_and_delivers_or_cancels_one(broker, cli):
+    """``txn list --delayed``: one entry per stored batch, soonest due first, apart from the
+    transactions; ``commit`` delivers one now, ``rollback`` cancels it."""
+    from sluice.client import DelayedProducer
+
+    bs = broker.bootstrap
+    await make_topic(bs)
+    now = int(time.time() * 1000)
+    async with DelayedProducer(bs) as producer:
+        late = await producer.send_delayed("orders", [(None, b"late-%d" % i, []) for i in range(3)],
+                                           deliver_at_ms=now + 3_600_000)
+        soon = await producer.send_delayed("orders", [(None, b"soon", [])], deliver_at_ms=now + 1_800_000)
+    async with TransactionProducer(bs, group="ops") as p:
+        half = await p.send_half("orders", b"a transaction")
+    out = cli("txn", "list", "--delayed", "--json", bootstrap=bs)
+    assert out.returncode == 0, out.stderr
+    assert [(d["id"], d["messages"], d["deliver_at"]) for d in json.loads(out.stdout)] == [
+        (f"orders/0/{soon}", 1, now + 1_800_000), (f"orders/0/{late}", 3, now + 3_600_000)
+    ]
+    assert [t["id"] for t in json.loads(cli("txn", "list", bootstrap=bs).stdout)] == [half.txn_id]
+
+    assert cli("txn", "commit", f"orders/0/{late}", bootstrap=bs).returncode == 0  # deliver now
+    assert cli("txn", "rollback", f"orders/0/{soon}", bootstrap=bs).returncode == 0  # cancel
+    assert json.loads(cli("txn", "list", "--delayed", bootstrap=bs).stdout) == []
+    assert [r.value for r in await read_all(bs, "orders")] == [b"late-0", b"late-1", b"late-2"]
+
+
 async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker):
     """The commit copies the stored batch: every message keeps its key, value and headers,
     all share one timestamp; the first also carries the id of the batch it was stored as."""

@@ -90,6 +90,7 @@ class Half:
     checks: int = 0
     last_check: float = 0.0  # monotonic time of the last check sent
     deliver_at: int = 0  # ms: a delayed message's delivery time (group DELAY_GROUP); 0 otherwise
+    count: int = 1  # messages in its batch
 
     @property
     def delayed(self) -> bool:
@@ -102,7 +103,7 @@ class Half:
 def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]:
     """Worker thread: the transaction events of ``plog`` in ``[start, end)``, in log order.
 
-    ``("half", offset, timestamp, group, deliver_at)`` for a half message, ``("end", half_offset,
+    ``("half", offset, timestamp, group, deliver_at, count)`` for a half message, ``("end", half_offset,
     state, at)`` for a commit or rollback batch at ``at``.  Batch headers are read for
     every batch; of transactional, commit and control batches the first record is decoded.  With
     ``only``, events of that half only.
@@ -122,7 +123,7 @@ def scan_log(plog, start: int, end: int, only: int | None = None) -> list[tuple]
                 if only is None or h.base_offset == only:
                     group = tx.group_of(recs[0]) if recs else ""
                     at = tx.deliver_at_of(recs[0]) if group == tx.DELAY_GROUP else 0
-                    events.append(("half", h.base_offset, h.max_timestamp, group, at))
+                    events.append(("half", h.base_offset, h.max_timestamp, group, at, nxt - h.base_offset))
                 continue
             half = tx.resolved_offset(h.attributes, recs)
             if half is not None and (only is None or half == only):
@@ -222,9 +223,9 @@ class PartitionTransactions:
     def _apply(self, events: list[tuple]) -> None:
         for ev in events:
             if ev[0] == "half":
-                _, offset, ts, group, deliver_at = ev
+                _, offset, ts, group, deliver_at, count = ev
                 if offset not in self.ended and offset not in self.open:
-                    self.open[offset] = Half(offset, ts, group, deliver_at=deliver_at)
+                    self.open[offset] = Half(offset, ts, group, deliver_at=deliver_at, count=count)
                     if deliver_at:
                         heapq.heappush(self.due, (deliver_at, offset))
             else:
@@ -437,11 +438,12 @@ class TransactionManager:
                 continue
             await st.catch_up()
             for h in sorted(st.open.values(), key=lambda h: h.offset):
-                if h.delayed:
+                if h.delayed != req.delayed:
                     continue
                 out.append(m.TransactionInfo(
                     topic=part.topic, partition=part.index, offset=h.offset, group=h.group,
                     timestamp=h.timestamp, checks=h.checks, age_ms=max(now - h.timestamp, 0),
+                    deliver_at=h.deliver_at, count=h.count,
                 ))
         return m.ListTransactionsResponse(transactions=out), ()
 

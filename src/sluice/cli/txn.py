@@ -4,10 +4,14 @@
 id, age, producer group and the check-backs its leader sent so far.  ``commit`` and
 ``rollback`` end one by id (``topic/partition/offset``, as ``list`` prints it), exactly as
 its producer would: ending it again the same way succeeds, the other way fails with
-TRANSACTION_ENDED (exit status 1).
+TRANSACTION_ENDED (exit status 1).  A delayed message is a half message too: ``list
+--delayed`` shows the pending ones, soonest due first, and ``commit`` delivers one now,
+``rollback`` cancels it.
 """
 
 from __future__ import annotations
+
+import time
 
 import click
 
@@ -33,12 +37,18 @@ def txn() -> None:
 
 @txn.command("list")
 @click.option("-t", "--topic", "topics", multiple=True, help="Only these topics (repeatable).")
+@click.option("--delayed", is_flag=True,
+              help="The pending delayed messages instead, soonest due first: commit delivers one now, rollback "
+                   "cancels it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array (the default when piped).")
 @click.pass_context
-def txn_list(ctx, topics: tuple[str, ...], as_json: bool) -> None:
+def txn_list(ctx, topics: tuple[str, ...], delayed: bool, as_json: bool) -> None:
     """Unresolved half messages, oldest first: id, topic, age, group, checks so far."""
     with _admin(ctx) as admin:
-        found = admin.list_transactions(list(topics) or None)
+        found = admin.list_transactions(list(topics) or None, delayed=delayed)
+    if delayed:
+        _show_delayed(found, wants_json(as_json))
+        return
     if wants_json(as_json):
         echo_json([
             {"id": format_id(t.topic, t.partition, t.offset), "topic": t.topic, "partition": t.partition,
@@ -52,6 +62,24 @@ def txn_list(ctx, topics: tuple[str, ...], as_json: bool) -> None:
         ["id", "topic", "age", "group", "checks", "stored"],
         [[format_id(t.topic, t.partition, t.offset), t.topic, f"{t.age_ms / 1000:.1f}s", t.group, t.checks,
           iso_ms(t.timestamp)] for t in found],
+    )
+
+
+def _show_delayed(found: list, as_json: bool) -> None:
+    """Pending delayed messages: one row per stored batch (the messages sent together)."""
+    if as_json:
+        echo_json([
+            {"id": format_id(t.topic, t.partition, t.offset), "topic": t.topic, "partition": t.partition,
+             "offset": t.offset, "messages": t.count, "deliver_at": t.deliver_at, "timestamp": t.timestamp}
+            for t in found
+        ])
+        return
+    now_ms = time.time() * 1000
+    table(
+        f"Pending delayed messages: {sum(t.count for t in found)} in {len(found)} batch(es)",
+        ["id", "topic", "messages", "deliver at", "due in", "stored"],
+        [[format_id(t.topic, t.partition, t.offset), t.topic, t.count, iso_ms(t.deliver_at),
+          f"{max(t.deliver_at - now_ms, 0) / 1000:.1f}s", iso_ms(t.timestamp)] for t in found],
     )
 
 
@@ -71,7 +99,8 @@ def _end(ctx, txn_id: str, commit: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
-    """Commit the half message ID (topic/partition/offset): make it visible, once."""
+    """Commit the half message ID (topic/partition/offset): make it visible, once (a delayed
+    message: deliver it now)."""
     _end(ctx, txn_id, True, as_json)
 
 
@@ -80,5 +109,6 @@ def txn_commit(ctx, txn_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def txn_rollback(ctx, txn_id: str, as_json: bool) -> None:
-    """Roll back the half message ID (topic/partition/offset): never visible."""
+    """Roll back the half message ID (topic/partition/offset): never visible (a delayed
+    message: cancel it)."""
     _end(ctx, txn_id, False, as_json)

@@ -144,20 +144,25 @@ class Admin:
 
     # ------------------------------------------------------------------ transactions
 
-    async def list_transactions(self, topics: Iterable[str] | None = None) -> list[messages.TransactionInfo]:
+    async def list_transactions(
+        self, topics: Iterable[str] | None = None, delayed: bool = False
+    ) -> list[messages.TransactionInfo]:
         """Unresolved half messages, oldest first: each broker answers for the partitions
-        it leads, so every broker of the cluster is asked."""
+        it leads, so every broker of the cluster is asked.  ``delayed=True``: the pending
+        delayed messages instead (one entry per stored batch, ``count`` messages due at
+        ``deliver_at``), soonest due first; ``end_transaction`` on one's id delivers it
+        now (commit) or cancels it (rollback)."""
         resp = await self._cluster.refresh(None if topics is None else list(topics))
         for t in resp.topics if topics is not None else ():
             errors.raise_for_code(t.error, t.message or t.name)
-        request = messages.ListTransactionsRequest(topics=None if topics is None else list(topics))
+        request = messages.ListTransactionsRequest(topics=None if topics is None else list(topics), delayed=delayed)
         out: list[messages.TransactionInfo] = []
         for node in sorted(self._cluster.brokers):
             conn = await self._cluster.connection(node)
             response, _ = await conn.request(request, (), self._cluster.request_timeout)
             out += response.transactions
         seen, unique = set(), []
-        for t in sorted(out, key=lambda t: (t.timestamp, t.topic, t.partition, t.offset)):
+        for t in sorted(out, key=lambda t: (t.deliver_at, t.timestamp, t.topic, t.partition, t.offset)):
             if (t.topic, t.partition, t.offset) not in seen:  # a leader moving while asked
                 seen.add((t.topic, t.partition, t.offset))
                 unique.append(t)

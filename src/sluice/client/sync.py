@@ -668,8 +668,8 @@ class SyncAdmin(_SyncBase):
     def cluster_status(self):
         return self._call(Admin.cluster_status)
 
-    def list_transactions(self, topics=None) -> list:
-        return self._call(Admin.list_transactions, topics)
+    def list_transactions(self, topics=None, delayed: bool = False) -> list:
+        return self._call(Admin.list_transactions, topics, delayed)
 
     def end_transaction(self, txn_id: str, commit: bool):
         return self._call(Admin.end_transaction, txn_id, commit)

@@ -615,6 +615,7 @@ class RegisterProducerResponse(Response):
 
 class ListTransactionsRequest(Struct):
     topics: list[str] | None = None  # None: every topic
+    delayed: bool = False  # True: the pending delayed messages instead of the transactions
 
 
 class TransactionInfo(Struct):
@@ -625,6 +626,8 @@ class TransactionInfo(Struct):
     timestamp: int = -1  # ms, of the half message
     checks: int = 0  # check-backs sent by the current leader
     age_ms: int = 0
+    deliver_at: int = 0  # ms: a delayed message's delivery time; 0 for a transaction
+    count: int = 0  # messages in the half message's batch
 
 
 class ListTransactionsResponse(Response):
