@@ -36,7 +36,8 @@ def group_list(ctx, as_json: bool) -> None:
     """List groups with committed offsets: topics, partitions, total lag, last commit.
 
     The lag is summed over the committed partitions from each partition's leader; a
-    partition with no leader now adds nothing.
+    partition with no leader now adds nothing, and the lag shows how many were left out
+    ("40 + 2 unknown"; lag_unknown in JSON).
     """
     with _admin(ctx) as admin:
         groups = admin.list_groups()
@@ -46,8 +47,14 @@ def group_list(ctx, as_json: bool) -> None:
     table(
         "Groups",
         ["group", "topics", "partitions", "lag", "last commit"],
-        [[g.name, ",".join(g.topics), g.partitions, g.lag, iso_ms(g.last_commit_ms)] for g in groups],
+        [[g.name, ",".join(g.topics), g.partitions, _total_lag(g.lag, g.lag_unknown), iso_ms(g.last_commit_ms)]
+         for g in groups],
     )
+
+
+def _total_lag(lag: int, unknown: int) -> str:
+    """A summed lag, with how many partitions it leaves out (their lag is unknown)."""
+    return f"{lag} + {unknown} unknown" if unknown else str(lag)
 
 
 @group.command("describe")
@@ -69,8 +76,9 @@ def group_describe(ctx, name: str, as_json: bool) -> None:
         echo_json(desc)
         return
     lag = sum(p.lag for p in desc.partitions if p.lag > 0)
+    unknown = sum(p.lag < 0 and p.committed_offset >= 0 for p in desc.partitions)
     table(
-        f"Group {name}: total lag {lag}",
+        f"Group {name}: total lag {_total_lag(lag, unknown)}",
         ["topic", "partition", "committed", "log start", "log end", "lag", "last commit", "client"],
         [
             [p.topic, p.partition, or_dash(p.committed_offset), or_dash(p.log_start_offset),

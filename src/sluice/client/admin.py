@@ -523,8 +523,9 @@ class Admin:
 
         The lag is summed over the group's committed partitions from each partition's
         leader (see ``describe_group``), whichever broker coordinates the group; a
-        partition with no reachable leader now adds nothing.  That costs one DESCRIBE_GROUPS
-        per coordinator and one LIST_OFFSETS per partition leader."""
+        partition with no reachable leader now adds nothing, and is counted in
+        ``lag_unknown``.  That costs one DESCRIBE_GROUPS per coordinator and one
+        LIST_OFFSETS per partition leader."""
         await self._cluster.refresh([])
         found: dict[str, tuple[int, GroupListing]] = {}  # name -> (its coordinator, listing)
         for node in sorted(self._cluster.brokers):
@@ -554,8 +555,10 @@ class Admin:
         logs = await self._log_offsets(committed)
         out = []
         for name in sorted(described):
-            lags = (_lag(p, logs) for p in described[name].partitions if not p.error)
-            out.append(msgspec.structs.replace(found[name][1], lag=sum(lag for lag in lags if lag > 0)))
+            lags = [_lag(p, logs) for p in described[name].partitions if not p.error and p.committed_offset >= 0]
+            out.append(msgspec.structs.replace(
+                found[name][1], lag=sum(lag for lag in lags if lag > 0), lag_unknown=lags.count(-1)
+            ))
         return out
 
     async def describe_group(self, group: str) -> GroupDescription:

@@ -407,8 +407,9 @@ class GroupListing(Struct):
     name: str
     topics: list[str] = []  # topics with a committed offset
     partitions: int = 0  # partitions with a committed offset
-    lag: int = 0  # summed over those partitions
+    lag: int = 0  # summed over those partitions whose lag is known
     last_commit_ms: int = -1  # broker time of the group's latest commit; -1: unknown
+    lag_unknown: int = 0  # committed partitions left out of lag: no reachable leader now (admin client)
 
 
 class ListGroupsResponse(Response):
