@@ -53,6 +53,10 @@ log = logging.getLogger("sluice.broker.subscriptions")
 
 FLUSH_S = 0.01  # how often changed cursors are appended (group commit of acks)
 SNAPSHOT_CHECK_S = 1.0  # how often a partition with subscriptions checks for a new segment
+# A log this large that holds no snapshot gets one of no subscription when loaded, so that
+# the next load does not read all of it again; a smaller one is read again (cheaper than a
+# record every reader and every group's lag would see).
+EMPTY_SNAPSHOT_BYTES = 64 * 1024 * 1024
 SCAN_BYTES = 4 * 1024 * 1024
 CLOSE_FLUSH_S = 5.0
 DLQ_PARTITIONS = 1
@@ -124,7 +128,7 @@ class PartitionSubscriptions:
         self.closed = False
         self._dirty: set[SubscriptionPartition] = set()
         self._snapshot_base: int | None = None  # the segment holding the newest snapshot
-        self._need_snapshot = False  # the log holds none: write one, even of no subscription
+        self._need_snapshot = False  # a large log holds none: write one, even of no subscription
         self.records: list[tuple[int, int]] = []  # (offset, count) of subscription records written
         self._writing = 0  # subscription records being appended now
         self._changed = asyncio.Event()
@@ -152,9 +156,9 @@ class PartitionSubscriptions:
                 "loaded %d subscription(s) of %s-%d in %.0f ms", len(states), self.part.topic,
                 self.part.index, (time.monotonic() - started) * 1000,
             )
-        # so that the next load reads only the newest segments (but nothing is written into
-        # a compacted topic for a subscription it does not have)
-        self._need_snapshot = not found and self.ordinary
+        # so that the next load of a large log reads only its newest segments (but nothing
+        # is written into a compacted topic for a subscription it does not have)
+        self._need_snapshot = not found and self.ordinary and self.part.log.size_bytes >= EMPTY_SNAPSHOT_BYTES
         low = min((st.confirmed for st in states.values()), default=self.part.high_watermark)
         self.records = [w for w in where if w[0] >= low]  # not messages: no backlog
         for state in states.values():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from sluice.protocol.messages import (
     TopicMetadata,
 )
 from sluice.protocol.subscriptions import SubscriptionConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Admin",
@@ -79,6 +82,13 @@ def _with_log(p: messages.GroupPartition, logs: dict) -> messages.GroupPartition
         return p
     start, hw = logs.get((p.topic, p.partition), (-1, -1))
     return msgspec.structs.replace(p, log_start_offset=start, high_watermark=hw, lag=_lag(p, logs))
+
+
+def _checked_partitions(resp) -> list:
+    """The per-partition results of ``resp``, the first error raised."""
+    for r in resp.partitions:
+        errors.raise_for_code(r.error, r.message)
+    return resp.partitions
 
 
 def _lag(p: messages.GroupPartition, logs: dict) -> int:
@@ -365,9 +375,12 @@ class Admin:
         Returns the new partition count.  New partitions start empty; existing ones keep
         their data, so keys hashed to a partition may map to another one from now on.
         Producers and subscribed consumers pick the new partitions up with their next
-        metadata refresh.  Durable; partitions are never removed.  Raises
-        ``InvalidPartitions`` unless the new total is above the current one (and within
-        the broker's limits), ``UnknownTopic``.  ``validate_only``: check, change nothing.
+        metadata refresh.  Every subscription of the topic is extended to the new
+        partitions, from their start, with its own settings (one that cannot be, its
+        leaders away, is logged; a Subscriber of it extends it when it sees them).
+        Durable; partitions are never removed.  Raises ``InvalidPartitions`` unless the
+        new total is above the current one (and within the broker's limits),
+        ``UnknownTopic``.  ``validate_only``: check, change nothing.
         """
         if (total is None) == (count is None):
             raise errors.ConfigError("give exactly one of total= and count=")
@@ -376,14 +389,47 @@ class Admin:
                 raise errors.ConfigError(f"partition counts are ints, got {value!r}")
         if count is not None and count < 1:
             raise errors.InvalidPartitions(f"partitions to add must be at least 1, got {count}")
+        before = len(await self._partitions(name))
         if total is None:
-            total = len(await self._partitions(name)) + count
+            total = before + count
         req = messages.CreatePartitionsRequest(
             topics=[messages.PartitionsIncrease(name=name, total=total)], validate_only=validate_only
         )
         resp = await self._request(req)
         _raise_first(resp.topics)
+        if not validate_only:
+            try:
+                await self._extend_subscriptions(name, before, total)
+            except errors.SluiceError as exc:
+                log.warning("subscriptions of %s not extended to its new partitions yet: %s", name, exc)
         return total
+
+    async def _extend_subscriptions(self, topic: str, before: int, total: int) -> None:
+        """Create every subscription of ``topic``'s first ``before`` partitions on the
+        partitions ``before..total-1``, from their start, with its settings (those of the
+        lowest partition that has it).  Retried while the new partitions get leaders."""
+        infos = await self._to_leaders(topic, range(before), lambda group: messages.DescribeSubscriptionsRequest(
+            topic=topic, partitions=group,
+        ), lambda resp: resp.subscriptions)
+        configs: dict[str, SubscriptionConfig] = {}
+        for i in sorted(infos, key=lambda i: i.partition):
+            if not i.error:
+                configs.setdefault(i.subscription, i.config)
+        deadline = time.monotonic() + self._cluster.request_timeout
+        for name, cfg in sorted(configs.items()):
+            while True:
+                try:
+                    await self._to_leaders(topic, range(before, total), lambda group, name=name, cfg=cfg: (
+                        messages.CreateSubscriptionRequest(
+                            topic=topic, subscription=name, partitions=group, config=cfg,
+                            start=position("earliest"), if_not_exists=True,
+                        )
+                    ), _checked_partitions)
+                    break
+                except errors.SluiceError as exc:
+                    if not exc.retriable or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
 
     async def list_topics(self, include_internal: bool = False) -> list[TopicMetadata]:
         """Metadata of every topic (partition leaders, replicas, max message bytes); the

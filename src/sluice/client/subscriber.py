@@ -278,6 +278,7 @@ class Subscriber:
         self._closed = False
         self._lost_warned_at = -LOST_WARN_EVERY_S
         self.created: set[int] = set()  # partitions where subscribing created the subscription
+        self._first_count: int | None = None  # the topic's partitions when first subscribed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
 
@@ -621,17 +622,28 @@ class Subscriber:
                 self._failure = errors.unknown_topic_after(self.topic, self.unknown_topic_wait)
             return
         self._missing_since = None
-        by_leader: dict[int, list[int]] = {}
+        if self._first_count is None:
+            self._first_count = info.partitions
+        # A partition added since is subscribed as an extension of the subscription: where
+        # it lacks the subscription (its topic grown by other means than Admin.add_partitions,
+        # which extends it), it is created there from the start with the settings it has.
+        known = next(iter(self._configs.values()), None)
+        by_leader: dict[tuple[int, bool], list[int]] = {}
         for p in range(info.partitions):
             conn = self._served.get(p)
             if conn is not None and not conn.closed:
                 continue
             leader = cluster.leader(self.topic, p)
             if leader >= 0:
-                by_leader.setdefault(leader, []).append(p)
-        await asyncio.gather(*(self._subscribe(node, parts) for node, parts in by_leader.items()))
+                by_leader.setdefault((leader, known is not None and p >= self._first_count), []).append(p)
+        await asyncio.gather(*(
+            self._subscribe(node, parts, (known, m.Position(kind="earliest")) if added else (self._create, self._start))
+            for (node, added), parts in by_leader.items()
+        ))
 
-    async def _subscribe(self, node: int, partitions: list[int]) -> None:
+    async def _subscribe(
+        self, node: int, partitions: list[int], creating: tuple[SubscriptionConfig | None, m.Position]
+    ) -> None:
         try:
             conn = await self._cluster.connection(node)
         except errors.SluiceError as exc:
@@ -640,9 +652,10 @@ class Subscriber:
         if conn.on_push is None:
             conn.on_push = functools.partial(self._on_push, conn)
             asyncio.ensure_future(self._watch(conn))
+        create, start = creating
         req = m.SubscribeRequest(
             topic=self.topic, subscription=self.subscription, partitions=partitions, prefetch=self.prefetch,
-            create=self._create, start=self._start,
+            create=create, start=start,
         )
         try:
             resp, _ = await conn.request(req)
