@@ -52,3 +52,5 @@ def test_json_mode():
     assert obj == {"topic": "orders", "partition": 2, "offset": 41, "timestamp": 1795341600000,
                    "key": "k", "value": "duk=", "value_encoding": "base64",
                    "headers": {"h": "1", "n": None}}
+    repeated = rec(headers=[("a", b"1"), ("b", None), ("a", b"2"), ("a", None)])
+    assert json.loads(fmt(as_json=True)(repeated))["headers"] == {"a": ["1", "2", None], "b": None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from sluice.cli.params import MAX_OFFSET, Start, StartPosition, key_values, unescape
+from sluice.cli.params import MAX_OFFSET, Start, StartPosition, header_pairs, key_values, unescape
 
 
 @pytest.mark.parametrize(
@@ -58,8 +58,17 @@ def test_unescape_refuses_unknown_escapes(bad):
         unescape(bad)
 
 
-def test_key_values_refuse_a_key_given_twice_unless_repeats_are_allowed():
+def test_key_values_refuse_a_key_given_twice():
     assert key_values(("a=1", " b = 2 "), "--config") == {"a": "1", "b": "2"}
     with pytest.raises(click.BadParameter, match=r"a is given twice \('1', '2'\)"):
         key_values(("a=1", "a=2"), "--config")
-    assert key_values(("a=1", "a=2"), "--header", repeats=True) == {"a": "2"}
+
+
+def test_headers_keep_a_key_given_twice_and_refuse_the_sluice_namespace():
+    assert header_pairs(("a=1", " b = 2 ", "a=3")) == [("a", b"1"), ("b", b"2"), ("a", b"3")]
+    with pytest.raises(click.BadParameter, match="set by Sluice itself, not 'sluice.tag': give --tag"):
+        header_pairs(("sluice.tag=vip",))
+    with pytest.raises(click.BadParameter, match="not 'sluice.dlq.topic'"):
+        header_pairs(("sluice.dlq.topic=x",))
+    with pytest.raises(click.BadParameter, match="expected KEY=VALUE"):
+        header_pairs((" =x",))

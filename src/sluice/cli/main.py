@@ -33,7 +33,15 @@ import click
 
 from sluice import errors
 from sluice.cli import output
-from sluice.cli.params import LOG_LEVELS, Bootstrap, Checked, Escaped, StartPosition, key_values
+from sluice.cli.params import (
+    LOG_LEVELS,
+    Bootstrap,
+    Checked,
+    Escaped,
+    StartPosition,
+    header_pairs,
+    key_values,
+)
 from sluice.protocol.subscriptions import MAX_TAG_CHARS, TAG_HEADER, tag_ok
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
@@ -50,7 +58,8 @@ def _fail_with(exc: errors.SluiceError):
 
 
 class _Group(click.Group):
-    """Turns every SluiceError (and a stray OSError) into one line and a non-zero exit."""
+    """Turns every SluiceError (and a stray OSError, or text that cannot be encoded) into
+    one line and a non-zero exit."""
 
     def invoke(self, ctx):
         try:
@@ -60,6 +69,22 @@ class _Group(click.Group):
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             _fail_with(errors.SluiceError(f"{exc.strerror or exc}{where}"))
+        except UnicodeError as exc:  # a name, key or header sent as UTF-8 (or a host as IDNA)
+            bad = [arg for arg in sys.argv[1:] if not _utf8(arg)]
+            if not bad:
+                raise
+            shown = ", ".join(repr(os.fsencode(arg))[1:] for arg in bad)
+            _fail_with(errors.UsageError(f"not UTF-8 text: {shown} ({exc})"))
+
+
+def _utf8(arg: str) -> bool:
+    """Whether a command-line argument was valid UTF-8 (Python keeps invalid bytes as
+    lone surrogates, which cannot be encoded)."""
+    try:
+        arg.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @click.group(cls=_Group)
@@ -275,7 +300,7 @@ def _check_tag(tag: str) -> None:
               help="all: acknowledged once every in-sync replica has the message; leader: once the "
                    "leader appended it; none: not acknowledged (no offsets shown).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
-              help="Header on every message (repeatable).")
+              help="Header on every message (repeatable; a key given twice is sent twice; not sluice.*).")
 @click.option("--tag", default=None, type=Checked("TAG", _check_tag, ValueError),
               help="Tag of every message (header sluice.tag, 1-100 characters; subscriptions can filter on it).")
 @click.option("--delay-ms", type=click.IntRange(1, 30 * 24 * 3600 * 1000), default=None,
@@ -304,10 +329,12 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
 
     _exclusive(ctx, "key", "key_separator")
     _exclusive(ctx, "raw", "delimiter")
-    hdrs = [(k, v.encode()) for k, v in key_values(headers, "--header", repeats=True).items()]
+    hdrs = header_pairs(headers)
     if tag is not None:
         hdrs.append((TAG_HEADER, tag.encode()))
     hdrs = hdrs or None
+    if path == "-" and sys.stdin is None:
+        raise errors.UsageError("standard input is closed: pipe the messages in, or give --file")
     fd = os.open(path, os.O_RDONLY) if path != "-" else sys.stdin.fileno()
     try:
         with _admin(ctx) as admin:
@@ -557,7 +584,7 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends: _
     """
     import time
 
-    out = sys.stdout.buffer
+    out = output.stdout_bytes()
     count = 0
     wait = 0  # the first poll returns at once
     commit_due = group is not None
@@ -659,8 +686,23 @@ cli.add_command(txn)
 cli.add_command(sub)
 
 
+def _reserve_standard_fds() -> None:
+    """Open /dev/null on standard descriptors the command was started without, so that no
+    socket or file takes their numbers (the event loop refuses to close descriptors 0-2).
+    Without stderr, warnings and errors go nowhere; without stdin or stdout, a command
+    that needs one says so."""
+    for fd in (0, 1, 2):  # in order: the lowest free descriptor, which open takes, is fd
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+
+
 def main() -> None:
     """The ``sluice`` entry point: click's parsing with Sluice's one-line errors."""
+    _reserve_standard_fds()
     try:
         code = cli.main(prog_name="sluice", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

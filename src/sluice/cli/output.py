@@ -34,7 +34,16 @@ SHORT_CELL = 21  # a cell up to this long (an offset, an address) is never cut i
 
 
 def is_tty() -> bool:
-    return sys.stdout.isatty()
+    return sys.stdout is not None and sys.stdout.isatty()
+
+
+def stdout_bytes():
+    """Standard output for bytes; a usage error when the command was started without one."""
+    if sys.stdout is None:
+        from sluice.errors import UsageError
+
+        raise UsageError("standard output is closed: redirect it (to /dev/null to discard the messages)")
+    return sys.stdout.buffer
 
 
 def wants_json(flag: bool) -> bool:
@@ -219,13 +228,22 @@ def _text_or_b64(data: bytes | None, field: str) -> dict:
 
 
 def record_json(rec) -> str:
-    """One consumed record as a JSON object (text fields when UTF-8, else base64)."""
+    """One consumed record as a JSON object (text fields when UTF-8, else base64).  Headers
+    are an object of key -> value; a key the record carries more than once maps to the list
+    of its values, in order."""
     obj = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset, "timestamp": rec.timestamp}
     obj.update(_text_or_b64(rec.key, "key"))
     obj.update(_text_or_b64(rec.value, "value"))
-    obj["headers"] = {
-        k: (None if v is None else v.decode("utf-8", "backslashreplace")) for k, v in rec.headers
-    }
+    headers: dict = {}
+    for k, v in rec.headers:
+        text = None if v is None else v.decode("utf-8", "backslashreplace")
+        if k not in headers:
+            headers[k] = text
+        elif isinstance(headers[k], list):  # a value is text or None: a list is of repeats
+            headers[k].append(text)
+        else:
+            headers[k] = [headers[k], text]
+    obj["headers"] = headers
     return json.dumps(obj, ensure_ascii=False)
 
 

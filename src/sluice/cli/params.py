@@ -13,22 +13,48 @@ from typing import NamedTuple
 
 import click
 
+from sluice.protocol.subscriptions import TAG_HEADER
+
+RESERVED_HEADER_PREFIX = "sluice."  # headers the brokers and clients set and act on
+
 MAX_OFFSET = 2**63 - 1  # offsets are signed 64-bit integers on the wire
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def key_values(items: tuple[str, ...], option: str, repeats: bool = False) -> dict[str, str]:
+def key_values(items: tuple[str, ...], option: str) -> dict[str, str]:
     """``KEY=VALUE`` items of a repeatable option as a dict; ``BadParameter`` otherwise, and
-    for a key given twice unless ``repeats`` (then the last one counts)."""
+    for a key given twice."""
     out = {}
+    for key, value in _pairs(items, option):
+        if key in out:
+            raise click.BadParameter(f"{key} is given twice ({out[key]!r}, {value!r})", param_hint=option)
+        out[key] = value
+    return out
+
+
+def header_pairs(items: tuple[str, ...], option: str = "--header") -> list[tuple[str, bytes]]:
+    """``KEY=VALUE`` headers in the order given, a key given twice kept twice (a record may
+    carry a header more than once); ``BadParameter`` for a malformed one, or one in the
+    ``sluice.`` namespace, whose headers the brokers and clients set and act on."""
+    out = []
+    for key, value in _pairs(items, option):
+        if key.startswith(RESERVED_HEADER_PREFIX):
+            hint = ": give --tag" if key == TAG_HEADER else ""
+            raise click.BadParameter(
+                f"headers starting with {RESERVED_HEADER_PREFIX!r} are set by Sluice itself, not {key!r}{hint}",
+                param_hint=option,
+            )
+        out.append((key, value.encode()))
+    return out
+
+
+def _pairs(items: tuple[str, ...], option: str) -> list[tuple[str, str]]:
+    out = []
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
-        key = key.strip()
-        if key in out and not repeats:
-            raise click.BadParameter(f"{key} is given twice ({out[key]!r}, {value.strip()!r})", param_hint=option)
-        out[key] = value.strip()
+        out.append((key.strip(), value.strip()))
     return out
 
 

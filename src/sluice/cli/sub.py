@@ -10,12 +10,10 @@ consume loop is ``consume_subscription`` below).
 
 from __future__ import annotations
 
-import sys
-
 import click
 from click.core import ParameterSource
 
-from sluice.cli.output import echo_json, iso_ms, table, wants_json
+from sluice.cli.output import echo_json, iso_ms, stdout_bytes, table, wants_json
 from sluice.cli.params import StartPosition
 from sluice.protocol.subscriptions import MODES, SubscriptionConfig, config_differences
 
@@ -193,7 +191,7 @@ def consume_subscription(ctx, topic: str, name: str, start, render, *, max_messa
 
     from sluice.client.sync import SyncSubscriber
 
-    out = sys.stdout.buffer
+    out = stdout_bytes()
     count = 0
     idle_since = time.monotonic()
     with SyncSubscriber(ctx.obj["bootstrap"], topic, name, start=start_arg(start)) as subscriber:
