@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sluice.client import Consumer, DelayedProducer, Producer, Subscriber
+from sluice.client import Admin, Consumer, DelayedProducer, Producer, Subscriber
 from sluice.protocol.subscriptions import TAG_HEADER, SubscriptionConfig
 from sub_helpers import describe, make_topic, wait_for
 
@@ -70,6 +70,30 @@ async def _settled(bs: str):
     infos = await describe(bs, "orders", "work")
     return infos if all(i.backlog == 0 and i.in_flight == 0 and i.retrying == 0 and i.waiting == 0
                         for i in infos) else None
+
+
+@pytest.mark.parametrize("mode", ["ordered", "key-ordered"])
+async def test_a_message_failing_its_last_attempt_is_dead_lettered_without_another_backoff(broker, mode):
+    """The last failed attempt goes to the dead-letter topic at once: the messages behind
+    it (ordered: the partition's; key-ordered: its key's) do not wait one more backoff."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with Producer(bs, linger_ms=1) as p:
+        await asyncio.gather(*[await p.send("orders", b"m%d" % i, key=b"k") for i in range(3)])
+    config = SubscriptionConfig(mode=mode, max_attempts=3, ack_timeout_ms=NEVER_MS,
+                                backoff_initial_ms=1000, backoff_max_ms=1000)
+    async with Admin(bs) as admin:
+        await admin.create_topic("orders.work.dlq")  # not timed: created before the first failure
+    async with Subscriber(bs, "orders", "work", config=config) as sub:
+        for attempt in (1, 2, 3):
+            msg = await sub.get(timeout=10)
+            assert (msg.value, msg.attempt) == (b"m0", attempt)
+            msg.nack()
+        failed_at = time.monotonic()
+        msg = await sub.get(timeout=10)
+        waited = time.monotonic() - failed_at
+        assert msg.value == b"m1" and waited < 0.8, (msg, waited)  # not the 1 s backoff again
+        msg.ack()
 
 
 async def test_tag_filter_delivers_only_its_tags_and_counts_the_rest_acked(broker):

@@ -394,9 +394,12 @@ class SubscriptionPartition:
     def _requeue(
         self, ranges: Pairs, attempt: int, due: float, reason: str, failed: tuple[int, int] | None = None
     ) -> None:
-        """Retry ``ranges`` of a delivery that failed at ``attempt`` (``_failed_counts``)."""
+        """Retry ``ranges`` of a delivery that failed at ``attempt`` (``_failed_counts``) at
+        ``due``; those whose last attempt it was are due now: dead-lettered with no backoff
+        (an ordered partition would wait one for nothing)."""
+        last = self.config.max_attempts
         for part, n in self._failed_counts(ranges, attempt, failed):
-            self._retry(part, n, due, reason)
+            self._retry(part, n, min(due, time.monotonic()) if last and n >= last else due, reason)
 
     def _failed_counts(
         self, ranges: Pairs, attempt: int, failed: tuple[int, int] | None = None
