@@ -269,3 +269,16 @@ def test_a_subscription_stranded_on_a_compacted_topic_can_be_deleted(broker, cli
     assert [i["backlog"] for i in describe(cli, b, "orders", "billing")] == [2]
     assert ok(cli("sub", "delete", "orders", "billing", bootstrap=b)) == "deleted subscription billing of orders\n"
     assert_error(cli("sub", "describe", "orders", "billing", bootstrap=b), "UNKNOWN_SUBSCRIPTION", "(36)")
+
+
+def test_consume_from_an_existing_subscription_says_from_is_not_applied(broker, cli):
+    b = broker.bootstrap
+    ok(cli("topic", "create", "fr", bootstrap=b))
+    ok(cli("produce", "fr", bootstrap=b, input=lines_in("a", "b")))
+    first = cli("consume", "fr", "--sub", "s", "--from", "latest", "--timeout-ms", "300", bootstrap=b)
+    assert first.returncode == 0 and b"created subscription s on fr (from latest)" in first.stderr, first
+    again = cli("consume", "fr", "--sub", "s", "--from", "earliest", "--timeout-ms", "300", bootstrap=b)
+    assert again.returncode == 0 and again.stdout == b"", again  # its cursor, at the end: a and b not replayed
+    assert b"warning: subscription s of fr exists: it goes on from its own cursor, not --from earliest" in again.stderr
+    plain = cli("consume", "fr", "--sub", "s", "--timeout-ms", "300", bootstrap=b)
+    assert plain.returncode == 0 and b"warning" not in plain.stderr, plain

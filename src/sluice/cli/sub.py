@@ -174,7 +174,11 @@ def sub_delete(ctx, topic, name) -> None:
 @click.argument("name")
 @click.pass_context
 def sub_redrive(ctx, topic, name) -> None:
-    """Copy the dead letters of subscription NAME (topic TOPIC.NAME.dlq) back into TOPIC."""
+    """Copy the dead letters of subscription NAME (topic TOPIC.NAME.dlq) back into TOPIC.
+
+    The copies are new messages of TOPIC: every reader of it (other subscriptions, consumer
+    groups) sees them too.  At least once: a re-drive cut short by a broker crash may copy
+    some messages twice."""
     import asyncio
 
     from sluice.client.redrive import redrive
@@ -198,6 +202,9 @@ def consume_subscription(ctx, topic: str, name: str, start, render, *, max_messa
         if subscriber.created:
             click.echo(f"created subscription {name} on {topic} (from {_show(start) if start else 'earliest'}); "
                        f"it stays until: sluice sub delete {topic} {name}", err=True)
+        elif start is not None:
+            click.echo(f"warning: subscription {name} of {topic} exists: it goes on from its own cursor, not "
+                       f"--from {_show(start)} (to move it: sluice sub seek {topic} {name} POSITION)", err=True)
         while max_messages is None or count < max_messages:
             want = 1000 if max_messages is None else min(1000, max_messages - count)
             wait = 0.5 if timeout_ms is None else max(0.001, min(0.5, timeout_ms / 1000))
