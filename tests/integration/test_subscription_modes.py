@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import random
+import signal
 import time
 
 import pytest
 
+from brokers import freeze
 from sluice.client import Admin, Consumer, DelayedProducer, Producer, Subscriber
 from sluice.protocol.subscriptions import TAG_HEADER, SubscriptionConfig
 from sub_helpers import describe, make_topic, wait_for
@@ -154,6 +158,36 @@ async def test_delayed_messages_are_invisible_until_due_then_delivered_in_time_o
         assert received - due < 5000  # a generous bound: the goal (100 ms) is measured by D1
         assert header == str(due).encode()
     assert [due for _, due, _ in arrived] == [early, late, late]
+
+
+async def test_delayed_messages_falling_due_together_are_delivered_in_due_order(broker):
+    """300 delayed messages, each its own batch, stored in shuffled order and all due while
+    the broker is stopped: they come out of one partition in due order (their commits read
+    the halves in parallel, and queue the copies in order)."""
+    bs = broker.bootstrap
+    await make_topic(bs)
+    base = int(time.time() * 1000) + 1000
+    order = list(range(300))
+    random.Random(7).shuffle(order)
+    async with DelayedProducer(bs) as producer:
+        for i in order:
+            await producer.send_delayed("orders", [(None, b"%d" % i, [])], deliver_at_ms=base + i)
+    freeze(broker.proc.pid)
+    try:
+        await asyncio.sleep(max(base + 300 - time.time() * 1000, 0) / 1000 + 0.2)
+    finally:
+        os.kill(broker.proc.pid, signal.SIGCONT)
+    got = []
+    consumer = Consumer(bs, auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer.assign([("orders", 0)])
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < 300 and time.monotonic() < deadline:
+            got += [int(r.value) for r in await consumer.getmany(timeout_ms=500)]
+    finally:
+        await consumer.close()
+    assert got == list(range(300))
 
 
 async def test_delayed_messages_survive_a_kill_of_the_broker(broker):

@@ -178,6 +178,10 @@ class PartitionTransactions:
         self.inflight = 0  # transactional appends not completed yet
         self.due: list[tuple[int, int]] = []  # (deliver_at, offset) of open delayed halves
         self._scan_lock = asyncio.Lock()
+        # resolved once the latest end begun has queued its append (or ended without one):
+        # ends queue their appends in the order they began, whatever their reads take, so
+        # delayed messages due in order are delivered in order
+        self._append_turn: asyncio.Future | None = None
 
     def _scan_start(self) -> int:
         plog = self.part.log
@@ -296,7 +300,19 @@ class PartitionTransactions:
 
     async def _end(self, offset: int, commit: bool, reason: str) -> tuple[str, int, bool]:
         """The one end of a half running now (see ``end``): decides on the state after
-        catching up with the log, and appends the commit copy or the rollback marker."""
+        catching up with the log, and appends the commit copy or the rollback marker, after
+        the ends begun before it queued theirs."""
+        prev, turn = self._append_turn, asyncio.get_running_loop().create_future()
+        self._append_turn = turn
+        try:
+            return await self._end_in_turn(offset, commit, reason, prev, turn)
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+
+    async def _end_in_turn(
+        self, offset: int, commit: bool, reason: str, prev: asyncio.Future | None, turn: asyncio.Future
+    ) -> tuple[str, int, bool]:
         self._check_leader()
         await self.catch_up()
         self._check_leader()
@@ -316,9 +332,13 @@ class PartitionTransactions:
         else:
             data = bytearray(tx.rollback_batch(half_id, offset, reason or "rolled back by its producer", _now_ms()))
         spans = validate_batches(data, max(len(data), self.part.config.max_message_bytes), broker=True)
+        if prev is not None:
+            await asyncio.shield(prev)
         self._check_leader()
         try:
-            result = await self.part.append(data, spans, acks_all=True)
+            queued = self.part.append(data, spans, acks_all=True)
+            turn.set_result(None)
+            result = await queued
         except BaseException:
             self.dirty = True  # it may be in the log: the next end scans before deciding
             raise
