@@ -247,6 +247,20 @@ async def test_cli_lists_pending_delayed_messages_and_delivers_or_cancels_one(br
     assert [r.value for r in await read_all(bs, "orders")] == [b"late-0", b"late-1", b"late-2"]
 
 
+async def test_deleting_a_topic_with_delayed_messages_pending_leaves_no_retries(broker):
+    """The delayed messages of a deleted topic go with it: nothing tries to deliver them."""
+    from sluice.client import DelayedProducer
+
+    bs = broker.bootstrap
+    await make_topic(bs)
+    async with DelayedProducer(bs) as producer:
+        await producer.send_delayed("orders", [(None, b"later", [])], delay_ms=300)
+    async with Admin(bs) as admin:
+        await admin.delete_topic("orders")
+    await asyncio.sleep(1.5)  # past its time, and a retry's
+    assert "delayed message not delivered yet" not in broker.log()
+
+
 async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker):
     """The commit copies the stored batch: every message keeps its key, value and headers,
     all share one timestamp; the first also carries the id of the batch it was stored as."""

@@ -183,6 +183,11 @@ class Partition(Leadership, Reading, Compacting):
 
     # ------------------------------------------------------------------ producing
 
+    @property
+    def closing(self) -> bool:
+        """Closed or being closed (a shutdown, its topic deleted): it takes no appends."""
+        return self._closing
+
     def append(
         self, data: bytearray | memoryview, spans: list[BatchSpan], acks_all: bool = False
     ) -> asyncio.Future:

@@ -272,7 +272,8 @@ class TopicAdmin:
         for p in topic.partitions.values():  # lead at once: the store's watch confirms later
             self._become(topic, p.index, states[p.index])
         log.info(
-            "created topic %s with %d partitions, replication factor %d", new.name, new.partitions, factor
+            "created topic %s with %d partition%s, replication factor %d", new.name, new.partitions,
+            "" if new.partitions == 1 else "s", factor
         )
 
     def _replica_load(self) -> dict[int, int]:

@@ -190,7 +190,7 @@ class PartitionTransactions:
     @property
     def current(self) -> bool:
         p = self.part
-        return p.is_leader and p.leader_epoch == self.epoch
+        return not p.closing and p.is_leader and p.leader_epoch == self.epoch
 
     def track(self, fut: asyncio.Future) -> None:
         """A produce appended a transactional batch (``fut``: its append): scan again."""
