@@ -879,3 +879,24 @@ async def test_asking_about_subscriptions_writes_nothing_into_a_topic_without_an
         await asyncio.sleep(1.5)  # past a snapshot check (SNAPSHOT_CHECK_S)
         desc = await admin.describe_topic("plain")
     assert [p.high_watermark for p in desc.partitions] == [3, 3]
+
+
+async def test_messages_retention_deleted_count_as_expired_without_a_consumer(broker_factory):
+    """Retention deletes unacked messages of a subscription no consumer reads: ``describe``
+    counts them expired (and out of the backlog) at once, not when a consumer comes."""
+    broker = broker_factory(extra_args=["--retention-check-ms", "100"]).start()
+    bs = broker.bootstrap
+    async with Admin(bs) as admin:
+        await admin.create_topic("orders", config={"segment.bytes": "1024"})
+        await admin.create_subscription("orders", "work")
+        async with Producer(bs, linger_ms=0) as p:
+            for i in range(4):  # a segment each
+                await (await p.send_many("orders", [b"%d-%d" % (i, j) + b"x" * 200 for j in range(5)]))
+        await admin.alter_topic_config("orders", {"retention.ms": "1"})
+
+        async def expired():
+            [info] = await admin.describe_subscription("orders", "work")
+            return info if info.expired else None
+
+        info = await wait_for(expired, "retention to expire messages of the subscription", 20)
+    assert info.expired >= 5 and info.backlog + info.expired >= 15, info
