@@ -55,3 +55,16 @@ def test_piped_output_is_tab_separated_rows(monkeypatch, capsys):
     monkeypatch.setattr(output, "is_tty", lambda: False)
     output.table("a title", ["a", "b"], [[1, "x y"], [2, ""]])
     assert capsys.readouterr().out == "1\tx y\n2\t\n"
+
+
+@pytest.mark.parametrize("width", [40, 76, 80, 100])
+def test_long_cells_wrap_within_the_terminal(monkeypatch, capsys, width):
+    columns = ["topic", "partition", "committed", "log start", "log end", "lag", "last commit", "client"]
+    row = ["orders-east-europe-2024", 0, 123456, 0, 123460, 4, "2024-01-01T00:00:00.000Z",
+           "consumer-1-a2b3c4d5@10.0.0.12:53422"]
+    lines = shown(monkeypatch, capsys, width, columns, [row])
+    assert max(map(len, lines)) <= width
+    if width >= 76:  # the headers and short cells fit: nothing is cut, long cells wrap
+        text = "\n".join(lines)
+        assert "…" not in text and all(c.split()[-1] in text for c in columns)
+        assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines[1:] if line.strip()), text

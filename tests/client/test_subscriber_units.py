@@ -8,14 +8,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sluice import errors
-from sluice.client.subscriber import Message, Subscriber, _runs
+from sluice.client.settling import runs
+from sluice.client.subscriber import Message, Subscriber
 from sluice.protocol.records import build_batch, decode_records, encode_record
 
 
 @given(st.lists(st.integers(0, 200), max_size=60))
 @example([1, 1, 3])  # a repeat and a gap of the same size: still two runs
 def test_runs_are_the_sorted_ranges_of_the_offsets(offsets):
-    got = _runs(list(offsets))
+    got = runs(list(offsets))
     covered = [o for a, b in got for o in range(a, b)]
     assert covered == sorted(set(offsets))
     assert all(b < c for (_, b), (c, _) in zip(got, got[1:], strict=False))  # disjoint, not touching

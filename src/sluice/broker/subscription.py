@@ -230,6 +230,7 @@ class SubscriptionPartition:
     def info(self) -> m.SubscriptionPartitionInfo:
         if self.next_read < self.part.log_start_offset:  # retention ran: count what it took now
             self._expire_below(self.part.log_start_offset)
+            self.wake()  # keys released may let retries go
         hw = self.part.high_watermark
         settled_above = self.cursor.acked.count()
         return m.SubscriptionPartitionInfo(

@@ -76,7 +76,7 @@ def group_describe(ctx, name: str, as_json: bool) -> None:
         echo_json(desc)
         return
     lag = sum(p.lag for p in desc.partitions if p.lag > 0)
-    unknown = sum(p.lag < 0 and p.committed_offset >= 0 for p in desc.partitions)
+    unknown = sum(p.lag < 0 and p.committed_offset >= 0 and not p.error for p in desc.partitions)
     table(
         f"Group {name}: total lag {_total_lag(lag, unknown)}",
         ["topic", "partition", "committed", "log start", "log end", "lag", "last commit", "client"],

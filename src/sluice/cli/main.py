@@ -71,7 +71,7 @@ class _Group(click.Group):
             _fail_with(errors.SluiceError(f"{exc.strerror or exc}{where}"))
         except UnicodeError as exc:  # a name, key or header sent as UTF-8 (or a host as IDNA)
             bad = [arg for arg in sys.argv[1:] if not _utf8(arg)]
-            if not bad:
+            if not bad or ctx.invoked_subcommand == "serve":  # serve's paths may be any bytes
                 raise
             shown = ", ".join(repr(os.fsencode(arg))[1:] for arg in bad)
             _fail_with(errors.UsageError(f"not UTF-8 text: {shown} ({exc})"))

@@ -68,9 +68,10 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
     """A table on a terminal; tab-separated lines without the title when piped.
 
     On a terminal too narrow for it, headers wrap between words (or after a hyphen) and a
-    short cell (a number, a name) stays whole: each column is at least as wide as both.
-    When those widths do not fit boxed columns, the table drops its box, then its padding,
-    then lets cells wrap too; only when headers fit no way are they cut."""
+    short cell (a number, a name) stays whole: each column is at least as wide as both,
+    and the space left goes to the columns with longer cells, which wrap.  When those
+    widths do not fit boxed columns, the table drops its box, then its padding, then lets
+    short cells wrap too; only when headers fit no way are they cut."""
     if is_tty():
         from rich import box
         from rich.console import Console
@@ -79,10 +80,10 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
         cells = [[str(x) for x in r] for r in rows]
         console = Console()
 
-        def build(style: dict, headers: list[str], widths: list[int | None], fixed: bool = False) -> Table:
+        def build(style: dict, headers: list[str], widths: list[int] | None) -> Table:
             t = Table(title=title, **style)
-            for c, w in zip(headers, widths, strict=True):
-                t.add_column(c, width=w if fixed else None, min_width=w, overflow="fold")
+            for i, c in enumerate(headers):
+                t.add_column(c, width=widths and widths[i], overflow="fold")
             for r in cells:
                 t.add_row(*r)
             return t
@@ -90,24 +91,42 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
         natural = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
         boxed = dict(box=box.HEAVY_HEAD)
         if _table_chrome(boxed, len(columns)) + sum(natural) <= console.width:
-            console.print(build(boxed, columns, [None] * len(columns)))
+            console.print(build(boxed, columns, None))
             return
-        widths = [
-            max([len(w) for w in _header_words(c)] + [len(r[i]) for r in cells if len(r[i]) <= SHORT_CELL])
-            for i, c in enumerate(columns)
-        ]
-        header_widths = [max(len(w) for w in _header_words(c)) for c in columns]
+        header_mins = [max(len(w) for w in _header_words(c)) for c in columns]
+        mins = [max([h] + [len(r[i]) for r in cells if len(r[i]) <= SHORT_CELL]) for i, h in enumerate(header_mins)]
         narrow = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         tight = {**narrow, "padding": 0}
-        for style, mins in ((boxed, widths), (narrow, widths), (tight, widths), (tight, header_widths)):
-            if _table_chrome(style, len(columns)) + sum(mins) <= console.width:
-                headers = [_wrap_header(c, w) for c, w in zip(columns, mins, strict=True)]
-                console.print(build(style, headers, mins, fixed=mins is header_widths))
+        for style, least in ((boxed, mins), (narrow, mins), (tight, mins), (tight, header_mins)):
+            room = console.width - _table_chrome(style, len(columns))
+            if sum(least) <= room:
+                widths = _share(least, natural, room)
+                headers = [_wrap_header(c, w) for c, w in zip(columns, widths, strict=True)]
+                console.print(build(style, headers, widths))
                 return
-        console.print(build(boxed, columns, [None] * len(columns)))
+        console.print(build(boxed, columns, None))
     else:
         for r in rows:
             click.echo("\t".join(str(x) for x in r))
+
+
+def _share(least: list[int], wanted: list[int], room: int) -> list[int]:
+    """Column widths of at least ``least`` and at most ``wanted`` (unless ``least`` is
+    more), summing to at most ``room``: what is left over ``least`` goes to the columns
+    that want more, in equal shares (a column wanting less than its share gives the rest
+    back)."""
+    widths = list(least)
+    left = room - sum(widths)
+    while left > 0:
+        short = [i for i, w in enumerate(widths) if w < wanted[i]]
+        if not short:
+            break
+        share = max(left // len(short), 1)
+        for i in short:
+            more = min(share, wanted[i] - widths[i], left)
+            widths[i] += more
+            left -= more
+    return widths
 
 
 def _header_words(header: str) -> list[str]:

@@ -376,8 +376,9 @@ class Admin:
         their data, so keys hashed to a partition may map to another one from now on.
         Producers and subscribed consumers pick the new partitions up with their next
         metadata refresh.  Every subscription of the topic is extended to the new
-        partitions, from their start, with its own settings (one that cannot be, its
-        leaders away, is logged; a Subscriber of it extends it when it sees them).
+        partitions, from their start, with its own settings (one that cannot be within
+        the request timeout, its leaders away, is logged; a running Subscriber of it
+        extends it when it sees them): this call may take that long.
         Durable; partitions are never removed.  Raises ``InvalidPartitions`` unless the
         new total is above the current one (and within the broker's limits),
         ``UnknownTopic``.  ``validate_only``: check, change nothing.
@@ -400,7 +401,7 @@ class Admin:
         if not validate_only:
             try:
                 await self._extend_subscriptions(name, before, total)
-            except errors.SluiceError as exc:
+            except errors.SluiceError as exc:  # the subscriptions could not be listed
                 log.warning("subscriptions of %s not extended to its new partitions yet: %s", name, exc)
         return total
 
@@ -426,9 +427,12 @@ class Admin:
                         )
                     ), _checked_partitions)
                     break
-                except errors.SluiceError as exc:
-                    if not exc.retriable or time.monotonic() > deadline:
-                        raise
+                except errors.SluiceError as exc:  # UnknownPartition: metadata without them yet
+                    again = exc.retriable or isinstance(exc, errors.UnknownPartition)
+                    if not again or time.monotonic() > deadline:
+                        log.warning("subscription %s of %s not extended to its new partitions yet: %s",
+                                    name, topic, exc)
+                        break
                     await asyncio.sleep(0.1)
 
     async def list_topics(self, include_internal: bool = False) -> list[TopicMetadata]:

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 
 from sluice import errors
+from sluice.client.settling import Pending, runs
 from sluice.client.transport import Cluster, Connection
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import RangeSet
@@ -55,6 +56,7 @@ log = logging.getLogger("sluice.client.subscriber")
 RESUBSCRIBE_S = 0.5  # between attempts to subscribe partitions not served yet
 METADATA_S = 10.0  # how often partitions are looked for (new partitions, moved leaders)
 LOST_WARN_EVERY_S = 10.0  # "partitions lost their broker" warnings, at most one per this
+_SETTLING = threading.Lock()
 
 
 def position(start: str | int) -> m.Position:
@@ -126,9 +128,10 @@ class Message(msgspec.Struct, gc=False):
         self._sub._on_loop(self._sub._nack, self, delay, reason)
 
     def _settle(self, how: str) -> None:
-        if self.settled:
-            raise errors.AlreadySettled(f"cannot {how} {self!r}: it was acked or nacked already")
-        self.settled = True
+        with _SETTLING:  # ack and nack may race from two threads: one of them settles
+            if self.settled:
+                raise errors.AlreadySettled(f"cannot {how} {self!r}: it was acked or nacked already")
+            self.settled = True
 
     def touch(self) -> None:
         """Still working on it: its ack deadline starts again.  Any thread."""
@@ -153,49 +156,6 @@ class Message(msgspec.Struct, gc=False):
             task.cancel()
 
 
-class _Pending:
-    """What was settled on one partition and not sent yet.
-
-    ``nack_delays`` holds every nack, by delay; ``reasons`` those nacked with a reason,
-    by (delay, reason): a request part has one delay and one reason, so nacks that differ
-    in either go in parts of their own (nacks sharing a reason, the usual case, in one)."""
-
-    __slots__ = ("acks", "nack_delays", "reasons", "releases", "touches")
-
-    def __init__(self) -> None:
-        self.acks: list[int] = []  # offsets, in the order acked
-        self.nack_delays: dict[int, RangeSet] = {}
-        self.reasons: dict[tuple[int, str], RangeSet] = {}
-        self.touches = RangeSet()
-        self.releases = RangeSet()
-
-    def nack(self, offset: int, delay_ms: int, reason: str) -> None:
-        self.nack_delays.setdefault(delay_ms, RangeSet()).add(offset, offset + 1)
-        if reason:
-            self.reasons.setdefault((delay_ms, reason), RangeSet()).add(offset, offset + 1)
-
-    def drop_nacks(self) -> None:
-        self.nack_delays.clear()
-        self.reasons.clear()
-
-    def nack_parts(self) -> list[tuple[int, str, RangeSet]]:
-        """(delay, reason, offsets) of the nacks, one per delay and reason ("": none)."""
-        out = []
-        for delay, nacks in self.nack_delays.items():
-            rest = nacks
-            for (d, reason), offsets in self.reasons.items():
-                if d != delay:
-                    continue
-                if rest is nacks:
-                    rest = RangeSet(nacks.pairs())
-                for a, b in offsets:
-                    rest.remove(a, b)
-                out.append((delay, reason, offsets))
-            if rest:
-                out.append((delay, "", rest))
-        return out
-
-
 class Subscriber:
     """Consume ``topic`` through subscription ``subscription`` (see the module docstring).
 
@@ -203,7 +163,9 @@ class Subscriber:
     of the settings ``mode``, ``max_attempts``, ``ack_timeout_ms``, ``backoff_initial_ms``,
     ``backoff_max_ms``, ``tags`` given here overrides its field) from ``start``
     (``earliest``, ``latest``, an offset, ``time:<ms>``); with ``create=False`` a missing
-    subscription fails the subscriber with ``UnknownSubscription``.  Settings are fixed at
+    subscription fails the subscriber with ``UnknownSubscription``.  Either way, partitions
+    added to the topic while it runs that lack the subscription get it, from their start,
+    with its settings (``Admin.add_partitions`` does that itself).  Settings are fixed at
     creation: a subscription that exists keeps its own, and those given here that it does
     not have are named in a warning (logged once).
     """
@@ -264,7 +226,7 @@ class Subscriber:
         self._ordered_parts: set[int] = set()  # partitions whose subscription is ordered
         self._ready: dict[int, deque[Message]] = {}  # partition -> messages not given out
         self._given: dict[int, int] = {}  # partition -> messages given out, not settled
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         self._pending_count = 0
         self._flush_at = max(1, prefetch // 4)  # settlements that make a flush happen now
         self._rr = 0
@@ -413,10 +375,10 @@ class Subscriber:
                 raise
             except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
                 log.debug("handler failed on %r: %r", msg, exc)
-                if not msg.settled:
+                with contextlib.suppress(errors.AlreadySettled):  # the handler settled it itself
                     msg.nack(reason=f"{type(exc).__name__}: {exc}"[:500])
             else:
-                if not msg.settled:
+                with contextlib.suppress(errors.AlreadySettled):
                     msg.ack()
             finally:
                 slots.release()
@@ -465,10 +427,10 @@ class Subscriber:
         else:
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def _pending_for(self, partition: int) -> _Pending:
+    def _pending_for(self, partition: int) -> Pending:
         p = self._pending.get(partition)
         if p is None:
-            p = self._pending[partition] = _Pending()
+            p = self._pending[partition] = Pending()
         return p
 
     def _ack(self, msg: Message) -> None:
@@ -476,7 +438,7 @@ class Subscriber:
         partition = msg.partition
         pending = self._pending.get(partition)
         if pending is None:
-            pending = self._pending[partition] = _Pending()
+            pending = self._pending[partition] = Pending()
         pending.acks.append(msg.offset)
         self._pending_count += 1
         if self._pending_count >= self._flush_at:
@@ -544,7 +506,7 @@ class Subscriber:
                     self._pending[partition] = p
                 continue
             parts = by_conn.setdefault(conn, [])
-            base = dict(acks=_runs(p.acks), touches=p.touches.pairs(), releases=p.releases.pairs())
+            base = dict(acks=runs(p.acks), touches=p.touches.pairs(), releases=p.releases.pairs())
             nack_parts = p.nack_parts() if p.nack_delays else ()
             if not nack_parts:
                 parts.append(m.AckPartition(partition=partition, **base))
@@ -782,19 +744,3 @@ class Subscriber:
                     o for a, b in d.want for o in range(a, b) if o not in got
                 )
         self._arrived.set()
-
-
-def _runs(offsets: list[int]) -> list[tuple[int, int]]:
-    """Offsets (any order, repeats allowed) as sorted half-open ranges."""
-    offsets = sorted(set(offsets))
-    if not offsets:
-        return []
-    if offsets[-1] - offsets[0] + 1 == len(offsets):  # one run: the usual case
-        return [(offsets[0], offsets[-1] + 1)]
-    out: list[list[int]] = []
-    for o in offsets:
-        if out and o <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], o + 1)
-        else:
-            out.append([o, o + 1])
-    return [(a, b) for a, b in out]
