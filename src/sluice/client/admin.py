@@ -84,13 +84,6 @@ def _with_log(p: messages.GroupPartition, logs: dict) -> messages.GroupPartition
     return msgspec.structs.replace(p, log_start_offset=start, high_watermark=hw, lag=_lag(p, logs))
 
 
-def _checked_partitions(resp) -> list:
-    """The per-partition results of ``resp``, the first error raised."""
-    for r in resp.partitions:
-        errors.raise_for_code(r.error, r.message)
-    return resp.partitions
-
-
 def _lag(p: messages.GroupPartition, logs: dict) -> int:
     """Leader's high watermark minus the committed offset, at least 0; -1 when either is
     unknown."""
@@ -239,10 +232,12 @@ class Admin:
         return out
     # ------------------------------------------------------------------ subscriptions
 
-    async def _each_partition(self, topic: str, make, results) -> list:
-        """``make(partitions)`` at each leader of every partition of ``topic``; the
-        per-partition results, the first error raised."""
-        out = await self._to_leaders(topic, await self._partitions(topic), make, results)
+    async def _each_partition(self, topic: str, make, results, partitions: Iterable[int] | None = None) -> list:
+        """``make(partitions)`` at each leader of ``partitions`` of ``topic`` (default:
+        every one); the per-partition results, the first error raised."""
+        if partitions is None:
+            partitions = await self._partitions(topic)
+        out = await self._to_leaders(topic, partitions, make, results)
         for r in out:
             errors.raise_for_code(r.error, r.message)
         return out
@@ -420,12 +415,12 @@ class Admin:
         for name, cfg in sorted(configs.items()):
             while True:
                 try:
-                    await self._to_leaders(topic, range(before, total), lambda group, name=name, cfg=cfg: (
+                    await self._each_partition(topic, lambda group, name=name, cfg=cfg: (
                         messages.CreateSubscriptionRequest(
                             topic=topic, subscription=name, partitions=group, config=cfg,
                             start=position("earliest"), if_not_exists=True,
                         )
-                    ), _checked_partitions)
+                    ), lambda resp: resp.partitions, range(before, total))
                     break
                 except errors.SluiceError as exc:  # UnknownPartition: metadata without them yet
                     again = exc.retriable or isinstance(exc, errors.UnknownPartition)
