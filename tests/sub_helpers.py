@@ -1,14 +1,31 @@
 """Helpers of the subscription tests (``from sub_helpers import ...``): topics, produced
-values, subscription descriptions, waiting for a condition."""
+values, subscription descriptions, taking messages, waiting for a condition."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from sluice.client import Admin, Producer
+from sluice.client import Admin, Producer, Subscriber
 
 FAST = dict(backoff_initial_ms=0)  # redeliver failures at once (tests about other delays set theirs)
+NEVER_MS = 600_000  # an ack timeout no test waits for
+
+
+async def take(sub: Subscriber, n: int, timeout: float = 30.0) -> list:
+    """The next ``n`` messages (fails if they do not come within ``timeout`` s)."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        msg = await sub.get(timeout=max(0.0, deadline - time.monotonic()))
+        assert msg is not None, f"got {len(out)} of {n} messages: {[m.value for m in out]}"
+        out.append(msg)
+    return out
+
+
+async def nothing_more(sub: Subscriber, wait: float = 0.5) -> None:
+    msg = await sub.get(timeout=wait)
+    assert msg is None, f"unexpected {msg!r} {msg.value!r}"
 
 
 async def make_topic(bootstrap: str, name: str = "orders", partitions: int = 1) -> None:

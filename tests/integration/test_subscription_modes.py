@@ -13,11 +13,10 @@ import pytest
 from brokers import freeze
 from sluice.client import Admin, Consumer, DelayedProducer, Producer, Subscriber
 from sluice.protocol.subscriptions import TAG_HEADER, SubscriptionConfig
-from sub_helpers import describe, make_topic, wait_for
+from sub_helpers import NEVER_MS, describe, make_topic, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-NEVER_MS = 600_000
 
 
 async def test_key_ordered_parks_only_the_failing_key(broker):

@@ -11,11 +11,10 @@ import pytest
 
 from sluice.client import Producer, Subscriber
 from sluice.protocol.subscriptions import SubscriptionConfig
-from sub_helpers import describe, make_topic, produce, wait_for
+from sub_helpers import NEVER_MS, describe, make_topic, produce, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-NEVER_MS = 600_000
 
 
 async def take(sub: Subscriber, n: int, timeout: float = 20.0) -> list:

@@ -1,7 +1,8 @@
 """Subscriptions against real broker processes: shared and separate consumption, ack
-deadlines, disconnects, nacks and backoff, dead letters and re-drive, ordered mode, seek,
-delete, describe, restarts, close, ``run`` and the blocking subscriber
-(broker/subscription.py, broker/subscriptions.py, client/subscriber.py)."""
+deadlines, disconnects, nacks and backoff, ordered mode, seek, delete, describe, restarts,
+close, ``run`` and the blocking subscriber (broker/subscription.py,
+broker/subscriptions.py, client/subscriber.py).  Dead letters and re-drive, and topics
+changing under a subscription, have files of their own."""
 
 from __future__ import annotations
 
@@ -21,30 +22,20 @@ from sluice import errors
 from sluice.client import Admin, Producer
 from sluice.client.subscriber import Subscriber
 from sluice.client.sync import SyncSubscriber
-from sluice.protocol.subscriptions import DLQ_HEADERS, SubscriptionConfig
-from sub_helpers import FAST, describe, make_topic, produce, settled, wait_for
-from txn_helpers import read_all
+from sluice.protocol.subscriptions import SubscriptionConfig
+from sub_helpers import (
+    FAST,
+    NEVER_MS,
+    describe,
+    make_topic,
+    nothing_more,
+    produce,
+    settled,
+    take,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-NEVER_MS = 600_000  # an ack timeout no test waits for
-
-
-async def take(sub: Subscriber, n: int, timeout: float = 30.0) -> list:
-    """The next ``n`` messages (fails if they do not come within ``timeout`` s)."""
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        msg = await sub.get(timeout=max(0.0, deadline - time.monotonic()))
-        assert msg is not None, f"got {len(out)} of {n} messages: {[m.value for m in out]}"
-        out.append(msg)
-    return out
-
-
-async def nothing_more(sub: Subscriber, wait: float = 0.5) -> None:
-    msg = await sub.get(timeout=wait)
-    assert msg is None, f"unexpected {msg!r} {msg.value!r}"
-
 
 # --------------------------------------------------------------------------- sharing
 
@@ -239,145 +230,6 @@ async def test_nack_delay_and_backoff(broker):
         msg.ack()
         await nothing_more(sub, 0.3)
     await settled(bs, "orders", "work")
-
-
-# --------------------------------------------------------------------------- dead letters
-
-
-async def test_dead_letter_after_max_attempts_and_redrive(broker, cli):
-    bs = broker.bootstrap
-    await make_topic(bs, "orders", 2)
-    async with Producer(bs) as p:
-        keep = await (await p.send("orders", b"fine", partition=0))
-        bad = await (await p.send("orders", b"poison", key=b"k1", headers=[("trace", b"t-1")], partition=1))
-    cfg = SubscriptionConfig(max_attempts=2, ack_timeout_ms=NEVER_MS, **FAST)
-    async with Subscriber(bs, "orders", "work", config=cfg) as sub:
-        attempts = []
-        fine = 0
-        while len(attempts) < 2 or not fine:  # the partitions' messages come in any order
-            [msg] = await take(sub, 1)
-            if msg.value == b"fine":
-                fine += 1
-                msg.ack()
-                continue
-            attempts.append(msg.attempt)
-            msg.nack(reason="cannot parse")
-        assert attempts == [1, 2] and fine == 1
-        await nothing_more(sub, 0.5)  # not a third time: dead-lettered
-
-        async def dead_lettered():
-            infos = await describe(bs, "orders", "work")
-            return infos if infos[1].dead_lettered == 1 and infos[1].backlog == 0 else None
-
-        infos = await wait_for(dead_lettered, "the dead letter to be acked in the source")
-    assert [(i.dead_lettered, i.backlog, i.in_flight, i.retrying) for i in infos] == [(0, 0, 0, 0), (1, 0, 0, 0)]
-
-    [dead] = await read_all(bs, "orders.work.dlq")
-    assert (dead.value, dead.key) == (b"poison", b"k1")
-    headers = dict(dead.headers)
-    assert headers["trace"] == b"t-1"
-    assert {k: headers[k] for k in DLQ_HEADERS} == {
-        "sluice.dlq.topic": b"orders", "sluice.dlq.partition": b"1",
-        "sluice.dlq.offset": str(bad.offset).encode(), "sluice.dlq.subscription": b"work",
-        "sluice.dlq.attempts": b"2", "sluice.dlq.reason": b"cannot parse",
-    }
-
-    res = cli("sub", "redrive", "orders", "work", bootstrap=bs)
-    assert res.returncode == 0, res.stderr.decode()
-    assert b"re-drove 1 message(s) from orders.work.dlq into orders" in res.stdout
-    records = await read_all(bs, "orders", partitions=2)
-    assert sorted(r.value for r in records) == [b"fine", b"poison", b"poison"]
-    [copy] = [r for r in records if r.value == b"poison" and r.offset != bad.offset]
-    assert copy.partition == 1 and copy.key == b"k1"
-    assert list(copy.headers) == [("trace", b"t-1")]  # without the dead-letter headers
-    assert keep.partition == 0
-    # the re-driven copy is a new message to the subscription
-    async with Subscriber(bs, "orders", "work", config=cfg) as sub:
-        [msg] = await take(sub, 1)
-        assert (msg.value, msg.attempt, msg.offset) == (b"poison", 1, copy.offset)
-        msg.ack()
-    # re-driving again copies nothing more
-    res = cli("sub", "redrive", "orders", "work", bootstrap=bs)
-    assert res.returncode == 0 and b"re-drove 0 message(s)" in res.stdout, res
-
-
-async def test_each_dead_letter_carries_its_own_messages_reason(broker):
-    """``run`` at concurrency 10: three messages fail twice at once, each with its own
-    exception; each dead letter names the exception of its own message."""
-    bs = broker.bootstrap
-    await make_topic(bs)
-    await produce(bs, "orders", 3)
-    failed: Counter = Counter()
-
-    async def handler(msg):
-        failed[msg.value] += 1
-        await asyncio.sleep(0.05)  # the three fail together: their nacks go in one request
-        raise ValueError(f"bad {msg.value}")
-
-    cfg = SubscriptionConfig(max_attempts=2, ack_timeout_ms=NEVER_MS, **FAST)
-    async with Subscriber(bs, "orders", "work", config=cfg, ack_interval_ms=50) as sub:
-        task = asyncio.ensure_future(sub.run(handler))
-
-        async def dead_lettered():
-            return (await describe(bs, "orders", "work"))[0].dead_lettered == 3
-
-        await wait_for(dead_lettered, "three dead letters")
-    await asyncio.wait_for(task, 10)
-    dead = await read_all(bs, "orders.work.dlq")
-    assert len(dead) == 3 and set(failed.values()) == {2}
-    for d in dead:
-        assert dict(d.headers)["sluice.dlq.reason"] == f"ValueError: bad {d.value}".encode()
-
-
-async def test_redrive_copies_only_the_dead_letters_of_its_own_subscription(broker, cli):
-    """``col`` + ``x.y`` and ``col.x`` + ``y`` share ``col.x.y.dlq`` (dead letters from
-    before sharing was refused): each re-drive copies its own, into its own topic, and
-    leaves the other's for the other."""
-    bs = broker.bootstrap
-    await make_topic(bs, "col")
-    await make_topic(bs, "col.x")
-    await make_topic(bs, "col.x.y.dlq")
-
-    def dead(topic: str, sub: str) -> list[tuple[str, bytes]]:
-        return [("sluice.dlq.topic", topic.encode()), ("sluice.dlq.partition", b"0"),
-                ("sluice.dlq.subscription", sub.encode()), ("sluice.dlq.offset", b"0")]
-
-    async with Producer(bs, acks="all") as p:
-        for value, headers in [(b"of-col", dead("col", "x.y")), (b"of-col.x", dead("col.x", "y")),
-                               (b"col-again", dead("col", "x.y"))]:
-            await (await p.send("col.x.y.dlq", value, headers=headers))
-    res = cli("sub", "redrive", "col", "x.y", bootstrap=bs)
-    assert res.returncode == 0 and b"re-drove 2 message(s)" in res.stdout, res
-    assert sorted(r.value for r in await read_all(bs, "col")) == [b"col-again", b"of-col"]
-    res = cli("sub", "redrive", "col.x", "y", bootstrap=bs)
-    assert res.returncode == 0 and b"re-drove 1 message(s)" in res.stdout, res
-    assert [r.value for r in await read_all(bs, "col.x")] == [b"of-col.x"]
-    for topic, sub in (("col", "x.y"), ("col.x", "y")):  # each where it stopped
-        res = cli("sub", "redrive", topic, sub, bootstrap=bs)
-        assert res.returncode == 0 and b"re-drove 0 message(s)" in res.stdout, res
-
-
-async def test_a_dead_letter_topic_of_its_own_with_a_legal_name(broker):
-    """A subscription that can dead-letter is refused, through the admin client and on
-    first use by a subscriber, when its dead-letter topic name is too long or another
-    subscription's; one that never dead-letters is not."""
-    bs = broker.bootstrap
-    long_topic = "t" * 240
-    for name in ("col", "col.x", long_topic):
-        await make_topic(bs, name)
-    async with Admin(bs) as admin:
-        await admin.create_subscription("col", "x.y", SubscriptionConfig(max_attempts=3))
-        with pytest.raises(errors.InvalidSubscription, match="subscription 'x.y' of topic 'col'"):
-            await admin.create_subscription("col.x", "y", SubscriptionConfig(max_attempts=3))
-        with pytest.raises(errors.InvalidSubscription, match="252 characters, too long"):
-            await admin.create_subscription(long_topic, "billing", SubscriptionConfig(max_attempts=3))
-        for topic, name, match in (("col.x", "y", "'col.x.y.dlq'"), (long_topic, "billing", "too long")):
-            with pytest.raises(errors.InvalidSubscription, match=match):
-                async with Subscriber(bs, topic, name, max_attempts=1):
-                    pass
-            async with Subscriber(bs, topic, name):  # max_attempts 0: no dead-letter topic
-                pass
-        assert await admin.list_subscriptions() == {"col": ["x.y"], "col.x": ["y"], long_topic: ["billing"]}
 
 
 # --------------------------------------------------------------------------- ordered
@@ -815,88 +667,3 @@ async def test_a_subscriber_warns_once_of_settings_an_existing_subscription_does
         pass
     assert not [r for r in caplog.records if "other settings" in r.getMessage()]
     assert {i.config.max_attempts for i in await describe(bs, "orders", "work")} == {0}
-
-
-async def test_adding_partitions_extends_every_subscription_with_its_settings(broker):
-    """``Admin.add_partitions``: each subscription of the topic is created on the new
-    partitions, from their start, with the settings it has (not a consumer's defaults)."""
-    bs = broker.bootstrap
-    await make_topic(bs, "orders")
-    cfg = SubscriptionConfig(mode="key-ordered", max_attempts=5, ack_timeout_ms=7000)
-    async with Admin(bs) as admin:
-        await admin.create_subscription("orders", "work", cfg, start="latest")
-        await admin.create_subscription("orders", "audit")
-        assert await admin.add_partitions("orders", total=3) == 3
-    await produce(bs, "orders", 5, partitions=3)
-    for name, want in (("work", cfg), ("audit", SubscriptionConfig())):
-        infos = await describe(bs, "orders", name)
-        assert [(i.partition, i.config, i.backlog) for i in infos] == [
-            (0, want, 5), (1, want, 5), (2, want, 5)
-        ]
-
-
-async def test_a_running_subscriber_extends_its_subscription_to_partitions_added_under_it(broker, monkeypatch):
-    """A topic grown without extending its subscriptions (another client): the running
-    Subscriber, which started at "latest", creates it on the new partitions from their
-    start with the subscription's settings, and misses none of their messages."""
-    from sluice.client import subscriber as subscriber_module
-    from sluice.protocol import messages
-
-    monkeypatch.setattr(subscriber_module, "METADATA_S", 0.2)
-    bs = broker.bootstrap
-    await make_topic(bs, "orders")
-    cfg = SubscriptionConfig(mode="key-ordered", max_attempts=5, ack_timeout_ms=NEVER_MS)
-    async with Admin(bs) as admin:
-        await admin.create_subscription("orders", "work", cfg, start="latest")
-    async with Subscriber(bs, "orders", "work", start="latest") as sub:
-        async with Admin(bs) as admin:  # a bare CREATE_PARTITIONS, as a client of another kind sends it
-            resp = await admin._request(messages.CreatePartitionsRequest(
-                topics=[messages.PartitionsIncrease(name="orders", total=3)]
-            ))
-            assert [t.error for t in resp.topics] == [0]
-        values = await produce(bs, "orders", 10, partitions=3)
-        got = []
-        while len(got) < 30:  # key-ordered: the next message of a key comes once this one is acked
-            msg = await sub.get(timeout=30)
-            assert msg is not None, f"got {len(got)} of 30 messages: {got}"
-            msg.ack()
-            got.append(msg.value)
-        assert sorted(got) == sorted(values)
-    infos = await describe(bs, "orders", "work")
-    assert [(i.partition, i.config.mode, i.config.max_attempts) for i in infos] == [
-        (0, "key-ordered", 5), (1, "key-ordered", 5), (2, "key-ordered", 5)
-    ]
-
-
-async def test_asking_about_subscriptions_writes_nothing_into_a_topic_without_any(broker):
-    """``sub list`` / ``describe`` load a partition's subscriptions; a (small) log with none
-    gets no record for it, so its log end and every group's lag stay as they were."""
-    bs = broker.bootstrap
-    await make_topic(bs, "plain", 2)
-    await produce(bs, "plain", 3, partitions=2)
-    async with Admin(bs) as admin:
-        assert await admin.list_subscriptions("plain") == {"plain": []}
-        await asyncio.sleep(1.5)  # past a snapshot check (SNAPSHOT_CHECK_S)
-        desc = await admin.describe_topic("plain")
-    assert [p.high_watermark for p in desc.partitions] == [3, 3]
-
-
-async def test_messages_retention_deleted_count_as_expired_without_a_consumer(broker_factory):
-    """Retention deletes unacked messages of a subscription no consumer reads: ``describe``
-    counts them expired (and out of the backlog) at once, not when a consumer comes."""
-    broker = broker_factory(extra_args=["--retention-check-ms", "100"]).start()
-    bs = broker.bootstrap
-    async with Admin(bs) as admin:
-        await admin.create_topic("orders", config={"segment.bytes": "1024"})
-        await admin.create_subscription("orders", "work")
-        async with Producer(bs, linger_ms=0) as p:
-            for i in range(4):  # a segment each
-                await (await p.send_many("orders", [b"%d-%d" % (i, j) + b"x" * 200 for j in range(5)]))
-        await admin.alter_topic_config("orders", {"retention.ms": "1"})
-
-        async def expired():
-            [info] = await admin.describe_subscription("orders", "work")
-            return info if info.expired else None
-
-        info = await wait_for(expired, "retention to expire messages of the subscription", 20)
-    assert info.expired >= 5 and info.backlog + info.expired >= 15, info
