@@ -299,6 +299,16 @@ def test_unknown_topic_admin(shared, cli, command):
     assert_error(cli(*command, "nope", bootstrap=shared.bootstrap), "UNKNOWN_TOPIC", "nope")
 
 
+@pytest.mark.parametrize("args", [
+    ("topic", "describe", "bad/name"), ("topic", "delete", "bad/name"),
+    ("topic", "alter", "bad/name", "--config", "retention.ms=5"),
+    ("consume", "bad/name", "--from", "earliest", "--timeout-ms", "300"), ("produce", "bad/name"),
+])
+def test_a_name_no_topic_can_have_is_named_invalid_not_unknown(shared, cli, args):
+    res = cli(*args, bootstrap=shared.bootstrap, input=b"x\n", timeout=10)
+    assert_error(res, "INVALID_TOPIC_NAME", "'bad/name'")
+
+
 def test_consume_unknown_topic(shared, cli):
     assert_error(
         cli("consume", "nope", "--from", "earliest", "--timeout-ms", "300", bootstrap=shared.bootstrap),

@@ -3,7 +3,8 @@
 ``TopicAdmin`` is a part of ``Broker`` (a mixin): the handlers of the topic admin APIs
 (metadata, create, delete, describe, alter config, add partitions) and the opening of a
 topic's partitions.  Changes run one at a time under the broker's admin lock, each all or
-nothing.  ``error_fields`` and ``unknown_topic`` are shared by every handler module.
+nothing.  ``error_fields`` (and ``unknown_topic``, from cluster/store.py) are shared by
+every handler module.
 
 Every broker knows every topic of the cluster (``Topic``: its record and the state of each
 partition, from the metadata store) and holds the partitions assigned to it
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from sluice.broker.partition import Partition
 from sluice.cluster.assignment import assign_replicas, replica_load
-from sluice.cluster.store import PartitionState, TopicRecord, initial_states
+from sluice.cluster.store import PartitionState, TopicRecord, initial_states, unknown_topic
 from sluice.config import TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
     BrokerError,
@@ -40,7 +41,6 @@ from sluice.errors import (
     InvalidRequest,
     MetadataUnavailable,
     TopicAlreadyExists,
-    UnknownTopic,
     storage_error_from_os,
 )
 from sluice.protocol import messages as m
@@ -68,10 +68,6 @@ class Topic:
     @property
     def count(self) -> int:
         return self.record.partitions
-
-
-def unknown_topic(topic: str) -> UnknownTopic:
-    return UnknownTopic(f"topic {topic!r} does not exist")
 
 
 def error_fields(exc: BrokerError) -> dict:

@@ -29,7 +29,14 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sluice.errors import InvalidPartitions, InvalidRequest, UnknownTopic, unknown_partition
+from sluice.config import check_topic_name
+from sluice.errors import (
+    InvalidPartitions,
+    InvalidRequest,
+    InvalidTopicName,
+    UnknownTopic,
+    unknown_partition,
+)
 
 MAX_PRODUCER_ID = (1 << 63) - 1  # producer ids are int64 on the wire
 MAX_PRODUCER_ID_BLOCK = 1 << 20
@@ -369,7 +376,14 @@ def _check_assignment(record: TopicRecord) -> None:
             )
 
 
-def unknown_topic(name: str) -> UnknownTopic:
+def unknown_topic(name: str) -> UnknownTopic | InvalidTopicName:
+    """The error for a topic that is not there: ``InvalidTopicName`` when no topic could
+    have ``name`` (a mistyped name is named as such, not as merely missing), else
+    ``UnknownTopic``."""
+    try:
+        check_topic_name(name, internal_ok=True)
+    except InvalidTopicName as exc:
+        return exc
     return UnknownTopic(f"topic {name!r} does not exist")
 
 
