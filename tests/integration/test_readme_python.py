@@ -116,7 +116,10 @@ def test_subscription_example_runs_twice(broker, tmp_path):
 def test_delayed_example_runs(broker, tmp_path, cli):
     """After the subscription example (which creates ``payments``), as the README runs."""
     assert cli("topic", "create", "payments", "--partitions", "3", bootstrap=broker.bootstrap).returncode == 0
-    run_block(block("send_delayed"), broker.bootstrap, tmp_path)
+    before = time.time() * 1000
+    printed = run_block(block("send_delayed"), broker.bootstrap, tmp_path).split()
+    assert len(printed) == 3 and printed[0] == f"payments/{printed[1]}/{printed[0].split('/')[2]}", printed
+    assert before + 5_000 <= int(printed[2]) <= time.time() * 1000 + 5_000  # due 5 s after it was sent
     out = cli("consume", "payments", "--from", "earliest", "--exit-at-end", bootstrap=broker.bootstrap)
     assert out.returncode == 0 and b"reminder" not in out.stdout  # not due for 5 s
     deadline = time.monotonic() + 30

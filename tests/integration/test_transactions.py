@@ -237,14 +237,42 @@ async def test_cli_lists_pending_delayed_messages_and_delivers_or_cancels_one(br
     out = cli("txn", "list", "--delayed", "--json", bootstrap=bs)
     assert out.returncode == 0, out.stderr
     assert [(d["id"], d["messages"], d["deliver_at"]) for d in json.loads(out.stdout)] == [
-        (f"orders/0/{soon}", 1, now + 1_800_000), (f"orders/0/{late}", 3, now + 3_600_000)
+        (soon.id, 1, now + 1_800_000), (late.id, 3, now + 3_600_000)
     ]
+    assert (late.topic, late.partition, late.count, late.deliver_at_ms) == ("orders", 0, 3, now + 3_600_000)
+    assert late.id == f"orders/0/{late.offset}"
     assert [t["id"] for t in json.loads(cli("txn", "list", bootstrap=bs).stdout)] == [half.txn_id]
 
-    assert cli("txn", "commit", f"orders/0/{late}", bootstrap=bs).returncode == 0  # deliver now
-    assert cli("txn", "rollback", f"orders/0/{soon}", bootstrap=bs).returncode == 0  # cancel
+    assert cli("txn", "commit", late.id, bootstrap=bs).returncode == 0  # deliver now
+    assert cli("txn", "rollback", soon.id, bootstrap=bs).returncode == 0  # cancel
     assert json.loads(cli("txn", "list", "--delayed", bootstrap=bs).stdout) == []
     assert [r.value for r in await read_all(bs, "orders")] == [b"late-0", b"late-1", b"late-2"]
+
+
+async def test_delayed_messages_sent_by_key_are_delivered_now_or_cancelled_from_python(broker):
+    """``send_delayed`` says where its batch is stored (the key chose the partition), and
+    that is enough to deliver it now or cancel it; ending it twice the other way fails."""
+    from sluice.client import DelayedProducer
+
+    bs = broker.bootstrap
+    await make_topic(bs, partitions=4)
+    async with DelayedProducer(bs) as producer:
+        sent = [await producer.send_delayed("orders", [(b"key-%d" % i, b"v%d" % i, [])], delay_ms=3_600_000)
+                for i in range(8)]
+        assert len({s.partition for s in sent}) > 1  # the keys spread them
+        now, later = sent[:4], sent[4:]
+        for one in now:
+            await producer.deliver_now(one)
+        for one in later:
+            await producer.cancel(one.id)
+        with pytest.raises(errors.TransactionEnded):
+            await producer.cancel(now[0])
+        with pytest.raises(errors.UnknownTransaction):
+            await producer.deliver_now(f"orders/{now[0].partition}/{now[0].offset + 100}")
+    async with Admin(bs) as admin:
+        assert await admin.list_transactions(delayed=True) == []
+    got = {(r.partition, r.value) for r in await read_all(bs, "orders", partitions=4)}
+    assert got == {(s.partition, b"v%d" % i) for i, s in enumerate(now)}
 
 
 async def test_deleting_a_topic_with_delayed_messages_pending_leaves_no_retries(broker):
@@ -280,7 +308,7 @@ async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker
             await producer.send_delayed("orders", [b"x"], delay_ms=10)
         with pytest.raises(TypeError, match="record key must be bytes"):
             await producer.send_delayed("orders", [("k", b"x", [])], delay_ms=10)
-        stored_at = await producer.send_delayed("orders", sent, deliver_at_ms=due)
+        stored = await producer.send_delayed("orders", sent, deliver_at_ms=due)
         sent_ms = int(time.time() * 1000)
     deadline = time.monotonic() + 15
     recs = []
@@ -290,7 +318,7 @@ async def test_a_delivered_batch_of_delayed_messages_reads_as_it_was_sent(broker
     assert [(r.key, r.value) for r in recs] == [(k, v) for k, v, _ in sent]
     for i, (r, (_, _, hs)) in enumerate(zip(recs, sent, strict=True)):
         h = list(r.headers)
-        extra = [("sluice.txn.id", f"orders/0/{stored_at}".encode())] if i == 0 else []
+        extra = [("sluice.txn.id", stored.id.encode())] if i == 0 else []
         assert h == [*hs, ("sluice.txn.group", b"sluice.delay"), ("sluice.deliver_at", b"%d" % due), *extra]
     stamps = {r.timestamp for r in recs}  # the time it was stored (create time) or delivered (append time)
     assert len(stamps) == 1 and sent_ms - 5_000 <= stamps.pop() <= time.time() * 1000

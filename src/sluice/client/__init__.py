@@ -14,6 +14,7 @@ from sluice.client.sync import (
     SyncTransactionProducer,
 )
 from sluice.client.transaction import (
+    DelayedMessages,
     DelayedProducer,
     LocalTransactionState,
     TransactionMessage,
@@ -26,6 +27,7 @@ __all__ = [
     "BrokerStatus",
     "ClusterStatus",
     "Consumer",
+    "DelayedMessages",
     "DelayedProducer",
     "InOrderCallbacks",
     "LocalTransactionState",

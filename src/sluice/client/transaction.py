@@ -54,6 +54,8 @@ from sluice.protocol import messages as m
 from sluice.protocol import transactions as tx
 
 __all__ = [
+    "DelayedMessages",
+    "DelayedProducer",
     "LocalTransactionState",
     "TransactionMessage",
     "TransactionProducer",
@@ -94,6 +96,21 @@ class TransactionMessage:
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp: int
     checks: int = 0
+
+
+@dataclass(frozen=True)
+class DelayedMessages:
+    """What one ``send_delayed`` stored: ``count`` messages as one batch at ``offset`` of
+    ``topic``-``partition``, due at ``deliver_at_ms``.  ``id`` (``topic/partition/offset``)
+    names the batch to ``DelayedProducer.deliver_now`` and ``cancel``, and to ``sluice txn
+    commit`` / ``rollback``; ``sluice txn list --delayed`` lists it by the same id."""
+
+    id: str
+    topic: str
+    partition: int
+    offset: int
+    count: int
+    deliver_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -273,12 +290,13 @@ class TransactionProducer:
         deliver_at_ms: int | None = None,
         delay_ms: int | None = None,
         partition: int | None = None,
-    ) -> int:
+    ) -> DelayedMessages:
         """Store ``messages`` (``(key, value, headers)``) as delayed messages: durable once
         this returns, invisible to every reader until ``deliver_at_ms`` (ms since the
         epoch) or ``delay_ms`` from now, then delivered into their partition (the first
         message's key chooses it, unless ``partition``).  One stored batch for all of them,
-        so send the messages of one time together.  Returns the offset of the stored batch."""
+        so send the messages of one time together.  Returns where the batch is stored
+        (``DelayedMessages``: its id, partition and offset)."""
         if self._closed:
             raise errors.ClientClosed("the transaction producer is closed")
         now = int(time.time() * 1000)
@@ -303,7 +321,8 @@ class TransactionProducer:
                 raise wrong
         recs = [(k, v, tuple((str(hk), hv) for hk, hv in (h or ()))) for k, v, h in messages]
         p = await self._partition_for(topic, recs[0][0], partition)
-        return await self._store_half(topic, p, lambda producer: tx.delayed_batch(recs, at, now, producer))
+        offset = await self._store_half(topic, p, lambda producer: tx.delayed_batch(recs, at, now, producer))
+        return DelayedMessages(tx.format_id(topic, p, offset), topic, p, offset, len(recs), at)
 
     async def _store_half(self, topic: str, p: int, build) -> int:
         """Store the half message ``build((producer id, epoch, sequence))`` makes in
@@ -518,3 +537,18 @@ class DelayedProducer(TransactionProducer):
 
     def __init__(self, bootstrap: str | Sequence[str], **config) -> None:
         super().__init__(bootstrap, group=tx.DELAY_GROUP, **config)
+
+    async def deliver_now(self, delayed: DelayedMessages | str) -> m.EndTransactionResponse:
+        """Deliver pending delayed messages at once (``delayed``: what ``send_delayed``
+        returned, or its id).  ``TransactionEnded`` if they were cancelled;
+        ``UnknownTransaction`` if there is no such stored batch."""
+        return await self.end_transaction(_delayed_id(delayed), commit=True)
+
+    async def cancel(self, delayed: DelayedMessages | str) -> m.EndTransactionResponse:
+        """Cancel pending delayed messages: they are never delivered.  ``TransactionEnded``
+        if they were delivered already (they fell due, or ``deliver_now``)."""
+        return await self.end_transaction(_delayed_id(delayed), commit=False)
+
+
+def _delayed_id(delayed: DelayedMessages | str) -> str:
+    return delayed.id if isinstance(delayed, DelayedMessages) else delayed
