@@ -371,6 +371,38 @@ def test_nothing_to_read(spark, broker, tmp_path):
     assert reader(spark, b, topicPattern="nothing-matches-.*").count() == 0
 
 
+def test_reads_finish_when_partitions_end_in_hidden_batches(spark, broker, tmp_path):
+    """A partition whose log ends in batches no reader sees (a pending delayed message, a
+    rolled-back half message's marker) is read to its end, in a batch read and a stream."""
+    import asyncio
+
+    from sluice.client import DelayedProducer
+
+    b = broker.bootstrap
+    create(b, "hidden-end", 2)
+    want = fill(b, "hidden-end", 0, 5) + fill(b, "hidden-end", 1, 3)
+
+    async def hide():
+        async with DelayedProducer(b) as producer:
+            for p in (0, 1):
+                await producer.send_delayed("hidden-end", [(None, b"later", [])], delay_ms=3_600_000,
+                                            partition=p)
+            await producer.cancel(await producer.send_delayed(
+                "hidden-end", [(None, b"never", [])], delay_ms=3_600_000, partition=0))
+
+    asyncio.run(hide())
+    assert end_offsets(b, "hidden-end") == {0: 8, 1: 4}  # 5 + 2 halves + a marker; 3 + 1 half
+    got = [(t, p, o, v) for t, p, o, v in rows(reader(spark, b, topic="hidden-end"),
+                                               "topic", "partition", "offset", "value")]
+    assert got == sorted(want, key=repr)
+    out = tmp_path / "out"
+    run_available_now(
+        stream(spark, b, topic="hidden-end", startingOffsets="earliest").writeStream.format("parquet")
+        .option("path", str(out)).option("checkpointLocation", str(tmp_path / "ck")), timeout=60,
+    )
+    assert parquet_rows(spark, out) == sorted(want)
+
+
 def test_stream_from_timestamp_zero_reads_everything(spark, broker, tmp_path):
     b = broker.bootstrap
     create(b, "ts0", 1)

@@ -104,9 +104,12 @@ def read_range(rng: OffsetRange) -> Iterator[pa.RecordBatch]:
             except (errors.UnknownTopic, errors.UnknownPartition):
                 pos = _check_end(admin, rng, pos)  # deleted: raises, or ends the read
                 continue
+            # Offsets only grow: past whatever came, even if none of it is in range, and
+            # past batches no reader sees (half messages, markers, subscription records),
+            # which the consumer's position passes and which may end the range.
+            at = consumer.position((rng.topic, rng.partition))
+            pos = max(pos, min(at if at is not None else pos, rng.end))
             if recs:
-                # offsets only grow: past whatever came, even if none of it is in range
-                pos = max(pos, min(recs[-1].offset + 1, rng.end))
                 if recs[-1].offset >= rng.end:
                     recs = [r for r in recs if r.offset < rng.end]
                 if recs:
