@@ -6,7 +6,8 @@
     ├── ConfigError                      CONFIG_ERROR          local 1001  bad local settings (client or server config)
     │   ├── UsageError                   USAGE_ERROR           local 1002  bad command-line arguments (exit status 2)
     │   ├── DataDirInUse                 DATA_DIR_IN_USE       local 1014  another broker holds the data directory's lock
-    │   └── NodeIdInUse                  NODE_ID_IN_USE        local 1015  another live broker is registered with this node id
+    │   ├── NodeIdInUse                  NODE_ID_IN_USE        local 1015  another live broker is registered with this node id
+    │   └── ClusterIdMismatch            CLUSTER_ID_MISMATCH   local 1017  the metadata store holds another cluster than the data directory
     ├── ProtocolError                    PROTOCOL_ERROR        local 1003  bytes that do not follow the wire protocol
     │   ├── FrameTooLarge                FRAME_TOO_LARGE       local 1004  a length prefix above the frame cap
     │   └── CorruptRecord                CORRUPT_RECORD        local 1005  a record batch failing its header or CRC check
@@ -143,6 +144,14 @@ class DataDirInUse(ConfigError):
 @_local(1015, "NODE_ID_IN_USE")
 class NodeIdInUse(ConfigError):
     """Another live broker of the cluster is registered with this broker's node id."""
+
+
+@_local(1017, "CLUSTER_ID_MISMATCH")
+class ClusterIdMismatch(ConfigError):
+    """The metadata store does not hold the cluster the data directory's replicas belong
+    to (etcd wiped or replaced, another cluster's prefix, a single-node directory started
+    in a cluster or the other way round).  The broker refuses to start, or stops, and
+    touches none of its data."""
 
 
 @_local(1003, "PROTOCOL_ERROR")

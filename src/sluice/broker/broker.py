@@ -41,6 +41,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,6 +63,7 @@ from sluice.cluster.controller import Controller
 from sluice.cluster.store import BrokerRegistration, MetadataStore
 from sluice.config import ServerConfig, TopicConfig
 from sluice.errors import (
+    ClusterIdMismatch,
     ConfigError,
     MetadataUnavailable,
     NotCoordinator,
@@ -79,6 +81,8 @@ log = logging.getLogger("sluice.broker")
 
 HW_CHECKPOINT = "replication-offset-checkpoint"
 CONTROLLER_POLL_S = 1.0
+STORE_RETRY_S = 0.5  # asking whether the store is still this cluster's, while it does not answer
+STORE_CHECK_S = 5.0  # ... and asking again while it does
 GROUPS_WARN_EVERY_S = 30.0  # "cannot start the group coordinator yet", at most one per this
 INTERNAL_REPLICAS = 3  # a cluster's internal topics get min(3, live brokers) replicas
 INTERNAL_TOPIC_WAIT_S = 10.0  # ... once that many are alive, or after this long
@@ -130,6 +134,11 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         # None: it does
         self.store_unreachable: tuple[float, str] | None = None
         self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
+        self.cluster_id: str | None = None  # the store's, as the data directory records it
+        # called (once) with why the broker must stop (the server stops, then raises it);
+        # a broker alone stays up, fenced: it deletes nothing the store no longer lists
+        self.on_fatal: Callable[[BaseException], None] = lambda exc: None
+        self._fenced: ClusterIdMismatch | None = None
         self._isr_check = asyncio.Event()  # wakes the ISR upkeep at once
         self._topics_stale = asyncio.Event()  # wakes the topic records' resync at once
         self._controller_changed = asyncio.Event()
@@ -160,10 +169,11 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         except ValueError as exc:  # derived data: every partition starts from its log end
             log.error("%s; high watermarks start from the logs", exc)
         node = self.config.node_id
-        new_directory = identity.claim(self.data_dir, node)  # ConfigError: another node's
+        claim = identity.claim(self.data_dir, node)  # ConfigError: another node's
         await self.metadata.start()
         try:
-            if new_directory and self.config.cluster:  # embedded: the store is in the directory too
+            self.cluster_id = await self.metadata.claim_cluster_id(claim.cluster_id)  # ClusterIdMismatch
+            if claim.new and self.config.cluster:  # embedded: the store is in the directory too
                 await self._withdraw_lost_replicas()
             for other in await self.metadata.brokers():
                 if other.node_id != node and (other.host, other.port) == (self.host, self.port):
@@ -185,7 +195,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             await self._close_partitions()
             await self.metadata.close()
             raise
-        identity.record(self.data_dir, node)
+        identity.record(self.data_dir, node, self.cluster_id)
         for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
             asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
         loop = asyncio.get_running_loop()
@@ -193,8 +203,33 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
             self._groups_later(), self.transactions.run(), self.delays.run(), self.reserve_producer_ids(),
+            self._check_store_identity(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
+
+    async def store_is_ours(self) -> bool:
+        """Whether the metadata store still holds this broker's cluster; asked before data
+        is deleted because the store no longer lists it (storage/identity.py).  Waits while
+        the store does not answer.  On a mismatch (its metadata were wiped or replaced) it
+        stops the broker through ``on_fatal`` and returns False: nothing may be deleted."""
+        while self._fenced is None:
+            try:
+                await self.metadata.claim_cluster_id(self.cluster_id)
+                return True
+            except MetadataUnavailable:
+                await asyncio.sleep(STORE_RETRY_S)
+            except ClusterIdMismatch as exc:
+                self._fenced = exc
+                log.critical("%s; the broker stops, and keeps every replica it holds", exc)
+                self.on_fatal(exc)
+        return False
+
+    async def _check_store_identity(self) -> None:
+        """Every ``STORE_CHECK_S``, ``store_is_ours`` (a cluster only): a broker whose etcd
+        came back empty stops even if no deletion reaches it, instead of serving a store
+        that no longer lists its replicas."""
+        while self.config.cluster and await self.store_is_ours():
+            await asyncio.sleep(STORE_CHECK_S)
 
     async def _follow_brokers(self) -> None:
         """Keep ``live_brokers`` as the store has them."""
@@ -230,6 +265,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             if self.store_unreachable is not None:
                 log.warning("the metadata store answers again")
                 self.store_unreachable = None
+                if self.config.cluster and not await self.store_is_ours():  # an etcd back empty?
+                    return
             self.controller_id = -1 if controller is None else controller
 
     async def _ensure_internal_topics(self) -> bool:

@@ -177,7 +177,8 @@ class Reassignment:
             if node in replicas and part is None:
                 await self._add_replica(topic, i)
             elif node not in replicas and part is not None:
-                await self._drop_replica(topic, part)
+                if await self.store_is_ours():  # not another cluster's store
+                    await self._drop_replica(topic, part)
             elif part is not None and part.is_leader and set(part.followers) != set(replicas) - {node}:
                 part.set_replicas(replicas, list(part.isr))
                 self._isr_check.set()

@@ -113,7 +113,7 @@ class ReplicaManager:
         self.controller.poke()  # ... with a pending replica move (cluster/controller.py)
         topic = self.topics.get(change.topic)
         if change.state is None:
-            if topic is not None:
+            if topic is not None and await self.store_is_ours():  # not a wiped store
                 await self._forget_topic(change.topic)
             return
         if topic is None or change.partition >= topic.count:
@@ -121,6 +121,8 @@ class ReplicaManager:
             if record is None or change.partition >= record.partitions:
                 return  # deleted again meanwhile: its deletion follows
             if topic is None:
+                if self._log_dir(record.name, change.partition).exists() and not await self.store_is_ours():
+                    return  # data of a topic the store never told this broker of: another cluster's store
                 topic = await self._open_topic(record)
             else:
                 await self._grow(topic, record)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sluice.cluster.store import (
+    EMBEDDED_CLUSTER_ID,
     BrokerRegistration,
     Leadership,
     MetadataStore,
@@ -52,6 +53,7 @@ from sluice.cluster.store import (
     unknown_topic,
 )
 from sluice.errors import (
+    ClusterIdMismatch,
     ConfigError,
     InvalidRequest,
     NodeIdInUse,
@@ -96,6 +98,18 @@ class EmbeddedStore(MetadataStore):
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._written = self._snapshot = await self._loop.run_in_executor(self._io, self._load)
+
+    async def claim_cluster_id(self, known: str | None) -> str:
+        """Always ``EMBEDDED_CLUSTER_ID``: the store is in the data directory it serves.  A
+        directory that recorded an etcd cluster's id is refused (``ClusterIdMismatch``):
+        this store would not list its topics, and the broker would drop their replicas."""
+        if known not in (None, EMBEDDED_CLUSTER_ID):
+            raise ClusterIdMismatch(
+                f"this data directory holds node {self.node_id}'s replicas of etcd cluster {known}, but the "
+                "broker was started without --cluster: start it with the cluster's --cluster etcd://... "
+                "(nothing was changed)"
+            )
+        return EMBEDDED_CLUSTER_ID
 
     async def close(self) -> None:
         await self.resign()

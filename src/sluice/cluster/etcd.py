@@ -10,6 +10,7 @@
     controller               {"node_id"}                       held by the controller's lease;
                                                                 epoch: the key's create_revision
     producer_ids             {"next"}
+    cluster_id               {"id"}                            the cluster's id, set once
 
 Every change of more than one key is one etcd transaction; every conditional change compares
 a revision (``mod_revision`` or ``create_revision``), never a value read earlier, so a delete
@@ -40,6 +41,7 @@ import logging
 import math
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -50,6 +52,7 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from sluice.cluster.store import (
+    EMBEDDED_CLUSTER_ID,
     BrokerRegistration,
     Leadership,
     MetadataStore,
@@ -65,6 +68,7 @@ from sluice.cluster.store import (
     unknown_topic,
 )
 from sluice.errors import (
+    ClusterIdMismatch,
     ConfigError,
     InvalidPartitions,
     InvalidRequest,
@@ -107,6 +111,10 @@ class _Controller(msgspec.Struct):
 
 class _Counter(msgspec.Struct):
     next: int
+
+
+class _ClusterId(msgspec.Struct):
+    id: str
 
 
 def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
@@ -421,6 +429,32 @@ class EtcdStore(MetadataStore):
             finally:
                 if watch is not None:
                     await self._cancel(watch)
+
+    async def claim_cluster_id(self, known: str | None) -> str:
+        key = self._key("cluster_id")
+        what = "read the cluster id"
+        got = await self._call(what, lambda c: c.get(key))
+        value = None if got is None else got.value
+        if value is None and known is None:
+            t = self._client.transactions
+            new = msgspec.json.encode(_ClusterId(uuid.uuid4().hex))
+            ok, racer = await self._txn("set the cluster id", [t.create(key) == 0], [t.put(key, new)], [t.get(key)])
+            value = new if ok else racer[0][0][0]  # a broker starting alongside set it first
+        have = None if value is None else self._decode(key, value, _ClusterId).id
+        if known == EMBEDDED_CLUSTER_ID:
+            raise ClusterIdMismatch(
+                "this data directory is a single-node broker's (its metadata are embedded in it), and "
+                f"cannot join the cluster at {self._where()} as it is: start it without --cluster, or give "
+                "this broker a new data directory (nothing was changed)"
+            )
+        if known is not None and have != known:
+            raise ClusterIdMismatch(
+                f"{self._where()} {'has no cluster id' if have is None else f'has cluster id {have}'}, but "
+                f"this data directory's replicas belong to cluster id {known}: "
+                "its metadata were wiped, or this is another etcd or cluster name. Nothing was changed; "
+                "start the broker against the cluster's own etcd (restored from a snapshot if it was lost)"
+            )
+        return have
 
     # ------------------------------------------------------------------ brokers
 

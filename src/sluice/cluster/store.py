@@ -38,6 +38,7 @@ from sluice.errors import (
     unknown_partition,
 )
 
+EMBEDDED_CLUSTER_ID = "embedded"  # the cluster id of every single-node (embedded) data directory
 MAX_PRODUCER_ID = (1 << 63) - 1  # producer ids are int64 on the wire
 MAX_PRODUCER_ID_BLOCK = 1 << 20
 
@@ -134,6 +135,17 @@ class MetadataStore(abc.ABC):
     async def close(self) -> None:
         """Resign if controller, end this store's registration (at once where possible, else
         when its lease expires), end the watches.  Never raises; idempotent."""
+
+    @abc.abstractmethod
+    async def claim_cluster_id(self, known: str | None) -> str:
+        """The id of the cluster whose metadata this store holds.
+
+        ``known``: the id a data directory recorded (``storage/identity.py``), None for a
+        directory that has none yet.  A store without an id gets a new one when ``known``
+        is None (a new cluster).  Raises ``ClusterIdMismatch`` when ``known`` is given and
+        the store holds another id or none (its metadata were wiped or it is another
+        store), and ``MetadataUnavailable`` when it cannot be asked.  Brokers call it at
+        start and again before they delete data because the metadata say so."""
 
     # ------------------------------------------------------------------ brokers
 

@@ -36,6 +36,8 @@ class Server:
         self._listener: asyncio.AbstractServer | None = None
         self._lock = DataDirLock(config.data_dir)
         self._stopped = asyncio.Event()
+        self.failure: BaseException | None = None  # why the broker stopped itself
+        self.broker.on_fatal = self._fatal
 
     def register(self, conn: Connection) -> bool:
         """Admit a connection unless the limit is reached or the server is stopping."""
@@ -107,8 +109,17 @@ class Server:
             self._stopped.set()  # the process exits even if a close step failed (it is logged)
         log.info("stopped")
 
+    def _fatal(self, exc: BaseException) -> None:
+        """The broker must stop (``Broker.on_fatal``): stop, then ``serve_forever`` raises."""
+        if self.failure is None:
+            self.failure = exc
+            asyncio.ensure_future(self.stop())
+
     async def serve_forever(self) -> None:
+        """Wait until stopped; raise what stopped the broker, if it stopped itself."""
         await self._stopped.wait()
+        if self.failure is not None:
+            raise self.failure
 
 
 def install_uvloop() -> str:
