@@ -48,6 +48,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sluice.broker.cursor import Cursor
+from sluice.broker.session import Session
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count, first
@@ -67,41 +68,6 @@ DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 def _first_offset(r: Retry) -> int:
     return r.ranges[0][0]
-
-
-class Session:
-    """One connection's subscription to a topic: gets deliveries while it has credit."""
-
-    def __init__(self, conn, topic: str, name: str, prefetch: int) -> None:
-        self.conn = conn
-        self.topic = topic
-        self.name = name
-        self.prefetch = max(1, prefetch)
-        self.outstanding = 0  # delivered messages not settled yet
-        self.parts: dict[int, SubscriptionPartition] = {}
-        self.closed = False
-        self.draining = False  # it released messages: shutting down, given nothing more
-
-    @property
-    def ready(self) -> bool:
-        return (
-            not self.closed and not self.draining and self.outstanding < self.prefetch and self.conn.writable
-        )
-
-    def credit_freed(self, n: int) -> None:
-        was_full = self.outstanding >= self.prefetch
-        self.outstanding -= n
-        if was_full and self.outstanding < self.prefetch:
-            for sp in self.parts.values():
-                sp.wake()
-
-    def end(self, partition: int, exc: BrokerError | None) -> None:
-        """The partition stops delivering to this session; tell the client why."""
-        self.parts.pop(partition, None)
-        if exc is not None and not self.closed:
-            self.conn.push(m.Push.SUBSCRIPTION_ENDED, 1, m.SubscriptionEnded(
-                topic=self.topic, subscription=self.name, partition=partition, error=exc.code, message=exc.message,
-            ))
 
 
 @dataclass(eq=False)

@@ -28,7 +28,8 @@ import logging
 import time
 
 from sluice.broker.peer import current_connection
-from sluice.broker.subscription import Session, SubscriptionPartition
+from sluice.broker.session import Session
+from sluice.broker.subscription import SubscriptionPartition
 from sluice.errors import (
     BrokerError,
     InvalidSubscription,
