@@ -202,7 +202,7 @@ class SubscriptionPartition:
         return m.SubscriptionPartitionInfo(
             subscription=self.name, partition=self.part.index, config=self.config,
             confirmed=self.cursor.confirmed, next_read=self.next_read, high_watermark=hw,
-            backlog=max(0, hw - self.cursor.confirmed - settled_above - self.owner.records_from(self.next_read)),
+            backlog=max(0, hw - self.cursor.confirmed - settled_above - self.owner.records_unsettled(self.cursor)),
             acked_ranges=len(self.cursor.acked),
             in_flight=self.in_flight(), retrying=self.retrying(), waiting=self._waiting,
             dead_lettered=self.dead_lettered,

@@ -41,7 +41,7 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol import subscriptions as sub
-from sluice.protocol.ranges import Pairs, RangeSet
+from sluice.protocol.ranges import Pairs, RangeSet, count
 from sluice.protocol.records import (
     CONTROL_BIT,
     decode_batch,
@@ -49,6 +49,7 @@ from sluice.protocol.records import (
     iter_batches,
     validate_batches,
 )
+from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.broker.subscriptions")
 
@@ -92,11 +93,12 @@ def _cursor_batches(plog, start: int, stop: int, where: list[tuple[int, int]]) -
     return out
 
 
-def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool, list[tuple[int, int]]]:
+def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool, list[tuple[int, int]], int]:
     """Worker thread: every subscription of the partition as of log offset ``end``: the
     newest snapshot and the records after it (segments are scanned newest first until
     one holds a snapshot; the whole log when none does).  Also whether a snapshot was
-    found, and where the subscription batches read are (base offset, record count)."""
+    found, where the subscription batches read are (base offset, record count), and the
+    offset from which those are all of them (the start of the oldest segment read)."""
     later: list = []
     where: list[tuple[int, int]] = []
     bases = plog.view.bases
@@ -107,9 +109,9 @@ def scan_states(plog, end: int) -> tuple[dict[str, sub.CursorState], bool, list[
         combined = found + later
         snaps = [k for k, (snap, _) in enumerate(found) if snap]
         if snaps:
-            return sub.fold(combined[snaps[-1]:]), True, sorted(where)
+            return sub.fold(combined[snaps[-1]:]), True, sorted(where), start
         later = combined
-    return sub.fold(later), False, sorted(where)
+    return sub.fold(later), False, sorted(where), plog.log_start_offset
 
 
 # --------------------------------------------------------------------------- one partition
@@ -130,8 +132,12 @@ class PartitionSubscriptions:
         self._dirty: set[SubscriptionPartition] = set()
         self._snapshot_base: int | None = None  # the segment holding the newest snapshot
         self._need_snapshot = False  # a large log holds none: write one, even of no subscription
-        self.records: list[tuple[int, int]] = []  # (offset, count) of subscription records written
+        # (offset, count) of every subscription batch from records_low up (``records_unsettled``)
+        self.records: list[tuple[int, int]] = []
+        self.records_low = 0  # set by the load
         self._writing = 0  # subscription records being appended now
+        self._cover_lock = asyncio.Lock()
+        self._pinned: int | None = None  # a scan completing records down to here is running
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._flusher: asyncio.Task | None = None
@@ -145,9 +151,14 @@ class PartitionSubscriptions:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            states, found, where = await loop.run_in_executor(
+            states, found, where, covered = await loop.run_in_executor(
                 self.manager.executor, scan_states, self.part.log, self.part.log_end_offset
             )
+            low = min((st.confirmed for st in states.values()), default=self.part.high_watermark)
+            self.records = [w for w in where if w[0] + w[1] > low]  # not messages: no backlog
+            self.records_low = max(covered, low)
+            for state in states.values():
+                self.subs[state.name] = SubscriptionPartition(self, state)
         except BaseException as exc:
             if not self.loaded.done():
                 self.loaded.set_exception(exc if isinstance(exc, Exception) else NotLeader("load cancelled"))
@@ -160,10 +171,7 @@ class PartitionSubscriptions:
         # so that the next load of a large log reads only its newest segments (but nothing
         # is written into a compacted topic for a subscription it does not have)
         self._need_snapshot = not found and self.ordinary and self.part.log.size_bytes >= EMPTY_SNAPSHOT_BYTES
-        low = min((st.confirmed for st in states.values()), default=self.part.high_watermark)
-        self.records = [w for w in where if w[0] >= low]  # not messages: no backlog
-        for state in states.values():
-            sp = self.subs[state.name] = SubscriptionPartition(self, state)
+        for sp in self.subs.values():
             sp.start()
         self._flusher = loop.create_task(self._flush_loop(), name=f"cursors {self.part.topic}-{self.part.index}")
         self.loaded.set_result(None)
@@ -196,12 +204,44 @@ class PartitionSubscriptions:
         self.records.append((result.base_offset, n))
         if len(self.records) > 64:  # those every subscription has read past count no more
             low = min((sp.next_read for sp in self.subs.values()), default=part.high_watermark)
-            self.records = [r for r in self.records if r[0] >= low]
+            if self._pinned is not None:
+                low = min(low, self._pinned)
+            self.records = [r for r in self.records if r[0] + r[1] > low]
+            self.records_low = max(self.records_low, low)
 
-    def records_from(self, offset: int) -> int:
-        """How many of the subscription records this leader wrote, or is writing, are at
-        ``offset`` or above (a backlog counts messages, not them)."""
-        return sum(n for at, n in self.records if at >= offset) + self._writing
+    def records_unsettled(self, cursor) -> int:
+        """How many subscription records ``cursor`` has not settled (passed), counting those
+        being appended now: a backlog counts messages, not them.  Exact for a cursor whose
+        subscription reads from ``records_low`` up (``cover``): below its read position
+        every record is settled."""
+        return sum(count(cursor.unsettled(at, at + n)) for at, n in self.records) + self._writing
+
+    async def cover(self, sps: list[SubscriptionPartition]) -> None:
+        """Complete ``records`` down to where ``sps`` read from (the log start at least).
+        A subscription can read from below ``records_low`` — a seek back, a creation at an
+        earlier position, a load whose newest snapshot lies above a cursor — and the list is
+        trimmed to what the subscriptions have not read past, so the log below it is
+        scanned then, off the event loop (describe calls this: only it pays for the scan).
+        On return ``records`` is complete for every one of ``sps``."""
+        async with self._cover_lock:
+            while sps:
+                low = max(min(sp.next_read for sp in sps), self.part.log_start_offset)
+                high = self.records_low
+                if low >= high:
+                    return
+                where: list[tuple[int, int]] = []
+                self._pinned = low  # kept by any trimming meanwhile
+                try:
+                    await asyncio.get_running_loop().run_in_executor(
+                        self.manager.executor, _cursor_batches, self.part.log, low, high, where
+                    )
+                except OutOfRange:
+                    continue  # retention moved the log start: from there
+                finally:
+                    self._pinned = None
+                known = {at for at, _ in self.records}  # one written as the scan ran may be in both
+                self.records[:0] = [w for w in sorted(where) if w[0] not in known]
+                self.records_low = low
 
     async def _flush_loop(self) -> None:
         """Write changed cursors ``FLUSH_S`` after the first change (group commit), and
@@ -626,10 +666,9 @@ class SubscriptionManager:
         for p in req.partitions:
             try:
                 ps = await self.partition(req.topic, p, stranded=True)
-                if req.subscription is not None:
-                    out.append(ps.get(req.subscription).info())
-                else:
-                    out.extend(sp.info() for sp in ps.subs.values())
+                sps = [ps.get(req.subscription)] if req.subscription is not None else list(ps.subs.values())
+                await ps.cover(sps)
+                out.extend(sp.info() for sp in sps)  # at once: complete as cover left them
             except BrokerError as exc:
                 out.append(m.SubscriptionPartitionInfo(
                     subscription=req.subscription or "", partition=p, error=exc.code, message=exc.message,
