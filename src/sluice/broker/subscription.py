@@ -5,7 +5,8 @@ settled) and the acked ranges above it.  ``SubscriptionPartition``: the cursor p
 what only the leader keeps in memory —
 
 - ``next_read``: the first offset not delivered yet (starts at ``confirmed`` after a load:
-  what was in flight before a crash or a leader change is delivered again);
+  what was in flight before a crash or a leader change is delivered again; ``catch_up``
+  reads on from there, before any consumer, past what would not be handed out);
 - units in flight: a unit is one stored batch delivered to one consumer with the offsets of
   it that delivery wants settled, an attempt number and an ack deadline.  The broker never
   decodes records to deliver them: it sends batch bytes and offset ranges, and the client
@@ -59,7 +60,7 @@ from sluice.storage.log import OutOfRange
 log = logging.getLogger("sluice.broker.subscriptions")
 
 READ_BYTES = 1024 * 1024
-PEEK_BYTES = 64 * 1024  # read with no consumer ready: only to pass batches nobody sees
+PEEK_BYTES = 64 * 1024  # read with no consumer ready: only to pass what none would be handed
 MAX_ACKED_RANGES = 10_000
 MAX_WAITING = 100_000  # key-ordered: messages held behind their keys before reading stops
 MAX_RETRIES = 100_000  # pending redeliveries before reading stops
@@ -213,6 +214,16 @@ class SubscriptionPartition:
         self.owner.mark_dirty(self)
 
     # ------------------------------------------------------------------ lifecycle
+
+    async def catch_up(self) -> None:
+        """After a load, before anyone is answered: read on past what would not be handed
+        out (``_deliver_new`` with no consumer) — so that describe tells what it told
+        before: keys of restored retries parked again, their messages waiting.  A read
+        that fails is left to the pump."""
+        try:
+            await self._deliver_new()
+        except Exception as exc:  # noqa: BLE001 - the pump reads again
+            log.warning("reading %s of %s-%d after its load failed: %s", self.name, self.part.topic, self.part.index, exc)
 
     def start(self) -> None:
         if self._pump_task is None and not self.closed:
@@ -549,9 +560,11 @@ class SubscriptionPartition:
             self._retry(pending.pairs(), attempt - 1, time.monotonic() + DEAD_LETTER_RETRY_S, "not readable")
 
     async def _deliver_new(self) -> None:
-        """Read on from ``next_read`` and hand out while a consumer has credit.  Batches no
-        reader sees are settled as they pass, with or without a consumer (not written
-        down on their own: a reload skips them again)."""
+        """Read on from ``next_read`` and hand out while a consumer has credit.  With or
+        without one, it reads on past what it would not hand out: batches no reader sees
+        and messages filtered out (settled as they pass; the hidden ones not written down
+        on their own: a reload skips them again), restored retries, messages waiting
+        behind their keys; it stops at the first message to hand out."""
         part = self.part
         ordered = self.config.mode == "ordered"
         # ordered: a message waiting for its redelivery goes before anything new
@@ -587,10 +600,8 @@ class SubscriptionPartition:
                         continue
                     if self._ordered_busy():
                         return
-                    if session is None or not session.ready:
-                        out_of_credit = True
-                        break
-                    want, self.next_read = self._select(data, h, pos, lo, hi, session.prefetch - session.outstanding)
+                    credit = session.prefetch - session.outstanding if session is not None and session.ready else 0
+                    want, self.next_read = self._select(data, h, pos, lo, hi, credit)
                     if want:
                         mv = memoryview(data)[pos:pos + h.size]
                         self._hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
@@ -609,10 +620,11 @@ class SubscriptionPartition:
             # coming back would have woken this pump
 
     def _select(self, data, h, pos: int, lo: int, hi: int, limit: int) -> tuple[RangeSet, int]:
-        """The offsets of the batch from ``lo`` to deliver now, at most ``limit``, and the
-        offset to read on from (``hi`` unless the limit cut the batch).  Only with a tag
-        filter or in key-ordered mode are its records decoded: filtered ones are settled,
-        and a key's messages behind one already out wait for it (``_release_keys``)."""
+        """The offsets of the batch from ``lo`` to deliver now, at most ``limit`` (0: none,
+        no consumer has credit), and the offset to read on from: ``hi``, or the first one
+        to deliver past the limit.  Only with a tag filter or in key-ordered mode are its
+        records decoded: filtered ones are settled, and a key's messages behind one
+        already out wait for it (``_release_keys``)."""
         want = RangeSet(self.cursor.unsettled(lo, hi))
         restored = RangeSet()  # waiting for their redelivery, with their attempt counts
         if self._restored:
@@ -624,7 +636,7 @@ class SubscriptionPartition:
         keyed = cfg.mode == "key-ordered"
         if not (want or (keyed and restored)) or not (cfg.tags or keyed):
             taken = first(want.pairs(), limit)
-            return RangeSet(taken), (taken[-1][1] if want.count() > limit else hi)
+            return RangeSet(taken), (hi if want.count() <= limit else taken[-1][1] if taken else want.starts[0])
         chosen = RangeSet()
         chosen_n = 0
         stop = hi
@@ -633,10 +645,6 @@ class SubscriptionPartition:
             o = r.offset
             if o < lo:
                 continue
-            if chosen_n == limit:
-                stop = o
-                want.remove(o, hi)
-                break
             if keyed and o in restored and r.key not in self._keys:
                 # a retry from before a restart: its key waits for it again (the key's
                 # messages before it were settled, or it would not be first)
@@ -652,6 +660,11 @@ class SubscriptionPartition:
                     self._waiting += 1
                     want.remove(o, o + 1)
                     continue
+            if chosen_n == limit:
+                stop = o
+                want.remove(o, hi)
+                break
+            if keyed:
                 self._keys[r.key] = deque()
                 self._key_of[o] = r.key
             chosen.add(o, o + 1)

@@ -6,7 +6,10 @@ loads them when first asked (``PartitionSubscriptions.load``: a scan of the log 
 newest snapshot on, off the event loop), delivers from its own log, and appends the
 subscriptions whose state changed every ``FLUSH_S`` in one control batch (acks are
 group-committed: a crash loses at most the acks of the last ``FLUSH_S`` and the write,
-which means those messages are delivered again — never lost).  Creations, deletions and
+which means those messages are delivered again — never lost).  What a load cannot read
+from the records (the read position, key-ordered messages waiting behind a retry) it
+rebuilds by reading the log before answering anyone (``SubscriptionPartition.catch_up``),
+so describe tells the same before and after a restart.  Creations, deletions and
 seeks are written before they are answered.  When leadership moves, the old leader ends
 its consumers' subscriptions (SUBSCRIPTION_ENDED: NOT_LEADER) and the new leader reads
 the state from its own copy of the log.
@@ -159,10 +162,14 @@ class PartitionSubscriptions:
             self.records_low = max(covered, low)
             for state in states.values():
                 self.subs[state.name] = SubscriptionPartition(self, state)
+            for sp in list(self.subs.values()):
+                await sp.catch_up()
         except BaseException as exc:
             if not self.loaded.done():
                 self.loaded.set_exception(exc if isinstance(exc, Exception) else NotLeader("load cancelled"))
             raise
+        if self.closed:
+            return  # closed meanwhile (leadership moved): ``close`` answered the waiters
         if states:
             log.info(
                 "loaded %d subscription(s) of %s-%d in %.0f ms", len(states), self.part.topic,
