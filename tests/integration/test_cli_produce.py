@@ -87,6 +87,28 @@ def test_produce_delayed_stores_the_good_messages_and_says_which_failed(broker, 
     assert sorted((r["key"], r["value"]) for r in recs) == [("a", "1"), ("b", "2")]
 
 
+def test_produce_delayed_splits_stored_batches_to_fit_max_message_bytes(broker, cli):
+    """Stored batches of delayed messages fit the topic's max.message.bytes, however many
+    messages that takes; a message too large on its own fails alone."""
+    b = broker.bootstrap
+    ok(cli("topic", "create", "small-later", "--config", "max.message.bytes=65536", bootstrap=b))
+    values = [str(i).encode() for i in range(1, 20_001)]
+    too_large = b"y" * 70_000
+    res = cli("produce", "small-later", "--delay-ms", "1000", bootstrap=b,
+              input=b"\n".join([*values[:5000], too_large, *values[5000:]]) + b"\n")
+    line = assert_error(res, "(1 of 20001 messages failed)")
+    assert line.startswith("error: MESSAGE_TOO_LARGE (10): batch of ")
+    assert res.returncode == 1
+
+    def all_of_them():
+        out = ok(cli("consume", "small-later", "--from", "earliest", "-e", "--raw", bootstrap=b))
+        got = out.encode().split(b"\n")[:-1]
+        return got if len(got) >= len(values) else None
+
+    got = wait_for(all_of_them, 20, "20000 delayed messages")
+    assert sorted(got, key=int) == values
+
+
 def test_produce_key_separator_file_and_short_header(broker, cli, tmp_path):
     b = broker.bootstrap
     ok(cli("topic", "create", "keys", bootstrap=b))

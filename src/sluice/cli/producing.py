@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from sluice import errors
 
 READ_SIZE = 1 << 20
+MAX_DELAYED_BATCH = 1000  # messages in one stored batch of ``produce --delay-ms``
 
 
 def read_available(fd: int, size: int = READ_SIZE) -> Iterator[bytes]:
@@ -202,15 +203,17 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
                     key: bytes | None, key_separator: bytes | None, headers,
                     partition: int | None, timeout_ms: int) -> tuple[int, str | None, int]:
     """``sluice produce --delay-ms``: each group of messages read together becomes delayed
-    messages due ``delay_ms`` after it was read (one stored batch per key and 1000
-    messages).  A message without ``key_separator`` fails, and so does a stored batch the
-    broker refuses, or does not store within ``timeout_ms``; the others are stored.
+    messages due ``delay_ms`` after it was read (stored batches of one key each, of at
+    most 1000 messages and the topic's ``max.message.bytes``).  A message without
+    ``key_separator`` fails, and so does a stored batch the broker refuses (a message too
+    large on its own), or does not store within ``timeout_ms``; the others are stored.
     Returns how many were stored, the run's ``summary_error`` (None when none failed) and
     its ``exit_status``."""
     import asyncio
     import time
 
     from sluice.client.transaction import DelayedProducer
+    from sluice.protocol.transactions import split_delayed
 
     hdrs = list(headers or ())
 
@@ -218,6 +221,7 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
         seen = stored = failed = 0
         first: BaseException | None = None
         async with DelayedProducer(bootstrap, retry_timeout_ms=timeout_ms) as producer:
+            limit = await producer.max_message_bytes(topic)
             for values in batches:
                 at = int(time.time() * 1000) + delay_ms
                 by_key: dict[bytes | None, list] = {}
@@ -232,8 +236,7 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
                             continue
                     by_key.setdefault(k, []).append((k, v, hdrs))
                 for recs in by_key.values():
-                    for i in range(0, len(recs), 1000):
-                        chunk = recs[i:i + 1000]
+                    for chunk in split_delayed(recs, at, limit, MAX_DELAYED_BATCH):
                         try:
                             await producer.send_delayed(topic, chunk, deliver_at_ms=at, partition=partition)
                         except errors.SluiceError as exc:

@@ -466,7 +466,13 @@ class TransactionProducer:
 
     # ------------------------------------------------------------------ routing
 
-    async def _partition_for(self, topic: str, key: bytes | None, partition: int | None) -> int:
+    async def max_message_bytes(self, topic: str) -> int:
+        """The largest batch ``topic`` stores (its ``max.message.bytes``, from metadata):
+        what one ``send_delayed`` or half message may take, batch header included
+        (``protocol.transactions.split_delayed`` splits messages to fit)."""
+        return (await self._topic_info(topic)).max_message_bytes
+
+    async def _topic_info(self, topic: str):
         info = self._cluster.topic(topic)
         if info is None:
             await self._cluster.refresh([topic])
@@ -474,7 +480,10 @@ class TransactionProducer:
             if info is None:
                 err = self._cluster.unknown.get(topic)
                 raise err if err is not None else errors.UnknownTopic(f"unknown topic {topic!r}")
-        n = info.partitions
+        return info
+
+    async def _partition_for(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        n = (await self._topic_info(topic)).partitions
         if partition is not None:
             if not 0 <= partition < n:
                 raise errors.unknown_partition(topic, partition, n)
