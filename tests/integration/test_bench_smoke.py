@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from test_cli import assert_error, json_lines
 
+from sluice import errors
 from sluice.bench import workloads as w
 from sluice.bench.runner import CpuMeter
 from sluice.bench.transactions import run_tx
@@ -48,3 +50,31 @@ def test_subscription_and_delayed_workloads_run(broker):
     d1 = asyncio.run(run_d1(broker.bootstrap, meter, broker.proc.pid, count=2000, lead_s=3.0, spread_s=1.0))
     assert d1.msgs == 2000 and d1.p50_ms is not None and d1.p99_ms >= d1.p50_ms >= 0
     assert "broker RSS" in d1.notes[0]
+
+
+def test_a_failed_workload_prints_its_row_and_fails_the_command(cli):
+    res = cli("bench", "--workload", "l1", "--bootstrap", "127.0.0.1:1", bootstrap="127.0.0.1:1")
+    line = assert_error(res, "(workload L1; 1 of 1 workloads failed)")
+    assert line.startswith("error: BROKER_UNREACHABLE (1007): cannot connect to 127.0.0.1:1")
+    assert res.returncode == 1
+    [row] = json_lines(res.stdout.decode())
+    assert row["workload"] == "L1" and row["notes"].startswith("FAILED: BrokerUnreachable: ")
+
+
+def test_the_first_failed_row_names_the_failure():
+    from sluice.bench.runner import summary_error
+
+    def row(name, *notes):
+        return w.Row(name, notes=list(notes)).as_dict("test")
+
+    fine = row("P1-100B", "page-cache ack")
+    assert summary_error([fine], {}) is None
+    short = row("L1", "page-cache ack", "FAILED: consumer received 3 of 5")  # counts that did not check
+    crashed = row("C1", "FAILED: RuntimeError: boom")
+    unreachable = row("C2", "FAILED: BrokerUnreachable: no")
+    assert summary_error([fine, short, crashed], {"C1": RuntimeError("boom")}) == (
+        "SLUICE_ERROR (1000): consumer received 3 of 5 (workload L1; 2 of 3 workloads failed)")
+    assert summary_error([crashed, fine], {"C1": RuntimeError("boom")}) == (
+        "SLUICE_ERROR (1000): RuntimeError: boom (workload C1; 1 of 2 workloads failed)")
+    assert summary_error([unreachable], {"C2": errors.BrokerUnreachable("no")}) == (
+        "BROKER_UNREACHABLE (1007): no (workload C2; 1 of 1 workloads failed)")

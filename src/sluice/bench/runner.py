@@ -21,6 +21,7 @@ from importlib.metadata import version as _pkg_version
 
 import psutil
 
+from sluice import errors
 from sluice.bench import workloads as w
 
 ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "L1-fsync"]
@@ -150,7 +151,9 @@ async def _run_async(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:
     raise ValueError(name)
 
 
-def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) -> list[dict]:
+def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) -> tuple[list[dict], str | None]:
+    """Run and print the rows of ``workload`` (a name or a group); return the rows and the
+    run's one-line failure (``summary_error``: None when no workload failed)."""
     from sluice.server.app import install_uvloop
 
     loop_name = install_uvloop()
@@ -163,7 +166,8 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
     version = f"{_pkg_version('sluice')}, python {sys.version.split()[0]}, {loop_name}, {codec}"
     if names and all(n in CLUSTER for n in names):
         return _run_cluster(names, as_json, version)
-    rows = []
+    rows: list[dict] = []
+    raised: dict[str, BaseException] = {}
     with contextlib.ExitStack() as stack:
         pid = None
         if bootstrap is None:
@@ -174,17 +178,18 @@ def run_workloads(workload: str, as_json: bool, bootstrap: str | None = None) ->
                 with _status(f"running {name}", enabled=not as_json):
                     row = _run_one(name, bootstrap, meter).as_dict(version)
             except Exception as exc:  # a failed workload is a row, not a crash
-                row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
+                row = _failed_row(name, exc, version, raised)
             rows.append(row)
             _print(row, as_json)
-    return rows
+    return rows, summary_error(rows, raised)
 
 
-def _run_cluster(names: list[str], as_json: bool, version: str) -> list[dict]:
+def _run_cluster(names: list[str], as_json: bool, version: str) -> tuple[list[dict], str | None]:
     """Cluster workloads, each on a fresh local cluster (bench/cluster.py)."""
     from sluice.bench import cluster as c
 
-    rows = []
+    rows: list[dict] = []
+    raised: dict[str, BaseException] = {}
     for name in names:
         try:
             with _status(f"running {name}", enabled=not as_json), c.local_cluster() as local:
@@ -192,10 +197,38 @@ def _run_cluster(names: list[str], as_json: bool, version: str) -> list[dict]:
                 run = c.run_r3 if name == "R3" else c.run_f1
                 row = asyncio.run(run(local, meter)).as_dict(version)
         except Exception as exc:  # a failed workload is a row, not a crash
-            row = w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
+            row = _failed_row(name, exc, version, raised)
         rows.append(row)
         _print(row, as_json)
-    return rows
+    return rows, summary_error(rows, raised)
+
+
+def _failed_row(name: str, exc: Exception, version: str, raised: dict[str, BaseException]) -> dict:
+    """The row of workload ``name`` that raised ``exc`` (kept in ``raised`` for
+    ``summary_error``)."""
+    raised[name] = exc
+    return w.Row(name, notes=[f"FAILED: {type(exc).__name__}: {exc}"]).as_dict(version)
+
+
+def failed(row: dict) -> bool:
+    """Whether a row says its workload failed (it raised, or its counts did not check)."""
+    return any(note.startswith("FAILED") for note in row["notes"].split("; "))
+
+
+def summary_error(rows: list[dict], raised: dict[str, BaseException]) -> str | None:
+    """The one-line failure of a bench run (None when no row says FAILED): the first failed
+    workload's error, ``NAME (code): message`` as every error line (what it raised when
+    that was a Sluice error, else ``SLUICE_ERROR`` with its row's note), then which
+    workload and how many failed."""
+    bad = [row for row in rows if failed(row)]
+    if not bad:
+        return None
+    name = bad[0]["workload"]
+    exc = raised.get(name)
+    if not isinstance(exc, errors.SluiceError):
+        note = next(n for n in bad[0]["notes"].split("; ") if n.startswith("FAILED"))
+        exc = errors.SluiceError(note.removeprefix("FAILED").lstrip(": ") or "failed")
+    return f"{errors.describe(exc)} (workload {name}; {len(bad)} of {len(rows)} workloads failed)"
 
 
 @contextlib.contextmanager

@@ -665,10 +665,15 @@ def bench(ctx, workload: str, as_json: bool, bench_bootstrap: str | None) -> Non
     producer that is not idempotent; compare separate runs), or transactional messages
     (TX-1KiB: sends per second, latency from half message to visible), or P1 sent one
     record per call (P1-send-100B, P1-send-1KiB: Producer.send; P1-syncsend-100B:
-    SyncProducer.send from a plain loop; per-record: all three)."""
+    SyncProducer.send from a plain loop; per-record: all three).
+
+    Each workload prints its row; one that fails prints a row saying FAILED, the others
+    still run, and the command then ends with an error line and exit status 1."""
     from sluice.bench.runner import run_workloads
 
-    run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)
+    _, failure = run_workloads(workload, as_json=output.wants_json(as_json), bootstrap=bench_bootstrap)
+    if failure:
+        _fail(failure)
 
 
 from sluice.cli.cluster import cluster  # noqa: E402 - a group of its own module
