@@ -256,6 +256,7 @@ def test_topic_add_partitions(broker, cli):
         (("--total", "3"), ("INVALID_PARTITIONS (8)", "above 3")),
         (("--num", "0"), ("INVALID_PARTITIONS (8)", "to add must be at least 1, got 0")),
         (("--total", "10001"), ("INVALID_PARTITIONS (8)",)),
+        (("--num", "20000"), ("INVALID_PARTITIONS (8)", "has 3 partitions", "at most 9997 more, not 20000")),
         (("--total", "1", "--dry-run"), ("INVALID_PARTITIONS (8)",)),
         (("--num", "1", "--total", "5"), ("exactly one of --num and --total",)),
         ((), ("exactly one of --num and --total",)),
@@ -268,6 +269,16 @@ def test_topic_add_partitions_bad_input(shared, cli, args, needles):
         ok(cli("topic", "create", "three", "--partitions", "3", bootstrap=b))
     assert_error(cli("topic", "add-partitions", "three", *args, bootstrap=b), *needles)
     assert len(describe(cli, b, "topic", "describe", "three")["partitions"]) == 3
+
+
+def test_serve_max_partitions_bounds_what_a_broker_holds(broker_factory, cli):
+    assert "--max-partitions" in ok(cli("serve", "--help", bootstrap="127.0.0.1:1"))
+    b = broker_factory(extra_args=["--max-partitions", "20"]).start().bootstrap
+    line = assert_error(cli("topic", "create", "wide", "--partitions", "30", bootstrap=b), "INVALID_PARTITIONS (8)")
+    assert line.endswith("30 more would pass its limit of 20 (sluice serve --max-partitions)")
+    ok(cli("topic", "create", "narrow", "--partitions", "2", bootstrap=b))
+    line = assert_error(cli("topic", "add-partitions", "narrow", "--num", "30", bootstrap=b), "INVALID_PARTITIONS (8)")
+    assert line.endswith("30 more would pass its limit of 20 (sluice serve --max-partitions)")
 
 
 def test_topic_add_partitions_unknown_topic(shared, cli):

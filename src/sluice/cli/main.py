@@ -169,6 +169,9 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--hw-checkpoint-ms", type=click.IntRange(min=1), default=5_000, show_default=True,
               help="How often high watermarks are written to replication-offset-checkpoint.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--max-partitions", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Partitions this broker holds at most, over every topic (internal ones too); "
+                   "each keeps files open, so mind the open-files limit (ulimit -n).")
 @click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
 @click.option("--advertise", default=None, metavar="HOST[:PORT]",
@@ -198,7 +201,7 @@ def _listen_host(ctx, param, host: str) -> str:
               help="Checks before an unresolved half message is rolled back and copied to __txn_discarded.")
 @click.pass_context
 def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
-          retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int,
+          retention_check_ms: int, hw_checkpoint_ms: int, max_connections: int, max_partitions: int,
           max_frame_bytes: int, advertise: str | None, advertised_address: str | None, cluster: str | None,
           session_timeout_ms: int, replica_lag_time_max_ms: int, default_replication_factor: int,
           leader_rebalance_interval_ms: int, groups_partitions: int, txn_check_timeout_ms: int,
@@ -233,7 +236,7 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
             advertised_host=adv_host, advertised_port=adv_port,
             topic_defaults=key_values(topic_defaults, "--topic-default"),
             retention_check_ms=retention_check_ms, hw_checkpoint_ms=hw_checkpoint_ms,
-            max_connections=max_connections,
+            max_connections=max_connections, max_partitions=max_partitions,
             max_frame_bytes=max_frame_bytes, cluster=cluster, session_timeout_ms=session_timeout_ms,
             replica_lag_time_max_ms=replica_lag_time_max_ms,
             default_replication_factor=default_replication_factor,

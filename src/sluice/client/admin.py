@@ -26,6 +26,7 @@ from sluice import errors
 from sluice.client.status import ClusterStatus
 from sluice.client.subscriber import position
 from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.config import MAX_PARTITIONS
 from sluice.protocol import messages
 from sluice.protocol.messages import (
     ElectionResult,
@@ -387,6 +388,11 @@ class Admin:
             raise errors.InvalidPartitions(f"partitions to add must be at least 1, got {count}")
         before = len(await self._partitions(name))
         if total is None:
+            if before + count > MAX_PARTITIONS:  # say what was given, not the total it makes
+                raise errors.InvalidPartitions(
+                    f"topic {name!r} has {before} partitions and may have {MAX_PARTITIONS}: "
+                    f"at most {max(MAX_PARTITIONS - before, 0)} more, not {count}"
+                )
             total = before + count
         req = messages.CreatePartitionsRequest(
             topics=[messages.PartitionsIncrease(name=name, total=total)], validate_only=validate_only
