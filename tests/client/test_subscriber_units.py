@@ -65,3 +65,27 @@ def test_a_message_is_settled_once():
             second()
     assert sub._pending[0].acks == [7] and sub._pending[0].nack_delays == {}  # the first stands
     msg.touch()  # a late touch (keep_alive's) is not a settlement: ignored
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "error", "match"),
+    [
+        (-5, errors.ConfigError, r"delay_ms must be 0-2592000000 \(30 days; None: .*\), got -5"),
+        (30 * 86_400_000 + 1, errors.ConfigError, "got 2592000001"),
+        (10**15, errors.ConfigError, "got 1000000000000000"),
+        (1.5, TypeError, "delay_ms must be an int .* not float"),
+        (2.0, TypeError, "not float"),
+        ("x", TypeError, "not str"),
+        (True, TypeError, "not bool"),
+    ],
+)
+def test_a_nack_delay_is_milliseconds_of_at_most_30_days(delay_ms, error, match):
+    sub = Subscriber("127.0.0.1:1", "t", "s")  # never started: settling runs in place
+    sub._serve(0, object())
+    msg = Message("t", 0, 7, 0, None, b"v", (), 1, 0.0, sub, sub._sessions.get(0))
+    with pytest.raises(error, match=match):
+        msg.nack(delay_ms=delay_ms)
+    assert not msg.settled  # nothing nacked: the message may still be settled
+    assert not (sub._pending.get(0) and sub._pending[0].nack_delays)
+    msg.nack(delay_ms=30 * 86_400_000)  # the longest delay is taken, and the message is settled
+    assert sub._pending[0].nack_delays[30 * 86_400_000].pairs() == [(7, 8)] and msg.settled

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from sluice import errors
 from sluice.protocol.ranges import RangeSet
+from sluice.protocol.transactions import MAX_DELAY_MS
+
+
+def nack_delay(delay_ms: int | None) -> int:
+    """The delay of ``Message.nack(delay_ms)`` as sent (-1: the subscription's backoff):
+    an int of 0 to ``MAX_DELAY_MS`` (30 days, as delayed messages), else ``TypeError``
+    (not an int) or ``ConfigError``."""
+    if delay_ms is None:
+        return -1
+    if type(delay_ms) is not int:  # 1.5 would be cut, "5" is no number of milliseconds
+        raise TypeError(f"delay_ms must be an int (milliseconds) or None, not {type(delay_ms).__name__}")
+    if not 0 <= delay_ms <= MAX_DELAY_MS:
+        raise errors.ConfigError(
+            f"delay_ms must be 0-{MAX_DELAY_MS} ({MAX_DELAY_MS // 86_400_000} days; None: the "
+            f"subscription's backoff), got {delay_ms}"
+        )
+    return delay_ms
 
 
 class Pending:

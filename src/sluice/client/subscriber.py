@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 
 from sluice import errors
-from sluice.client.settling import Pending, runs
+from sluice.client.settling import Pending, nack_delay, runs
 from sluice.client.transport import Cluster, Connection
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import RangeSet
@@ -121,10 +121,12 @@ class Message(msgspec.Struct, gc=False):
             sub._on_loop(sub._ack, self)
 
     def nack(self, delay_ms: int | None = None, reason: str = "") -> None:
-        """Failed: redelivered after ``delay_ms`` (None: the subscription's backoff).
-        Any thread.  Raises ``AlreadySettled`` if it was acked or nacked before."""
+        """Failed: redelivered after ``delay_ms`` (None: the subscription's backoff), an
+        int of 0 to 30 days in ms: else ``TypeError`` or ``ConfigError``, and the message
+        stays unsettled.  Any thread.  Raises ``AlreadySettled`` if it was acked or nacked
+        before."""
+        delay = nack_delay(delay_ms)
         self._settle("nack")
-        delay = -1 if delay_ms is None else max(0, int(delay_ms))
         self._sub._on_loop(self._sub._nack, self, delay, reason)
 
     def _settle(self, how: str) -> None:
