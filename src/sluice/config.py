@@ -25,6 +25,7 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 _HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")  # a host name, IPv4 or IPv6 address
+_INTEGER = re.compile(r"-?[0-9]+")  # a config number: ASCII digits, "-" for a negative one
 
 
 def _unspecified(host: str) -> bool:
@@ -124,8 +125,15 @@ class TopicConfig:
         return spec
 
     @classmethod
-    def parse(cls, raw: dict[str, str], base: TopicConfig | None = None) -> TopicConfig:
-        """Validate string settings over ``base`` (defaults). ``InvalidConfig`` on any bad one."""
+    def parse(cls, raw: dict[str, str], base: TopicConfig | None = None, *, stored: bool = False) -> TopicConfig:
+        """Validate string settings over ``base`` (defaults). ``InvalidConfig`` on any bad one.
+
+        A number is plain ASCII decimal digits, with a leading ``-`` for a negative one
+        (``-1``: no limit, where a key allows it).  ``stored``: settings a broker stored
+        earlier, validated then: numbers stored before the rule above was enforced may be
+        spelled as ``int()`` takes them (``1_000``, ``+5``, other scripts' digits), and they
+        are read as they were.
+        """
         changes = {}
         for key, value in raw.items():
             spec = cls.key(key)
@@ -134,8 +142,11 @@ class TopicConfig:
                     raise InvalidConfig(f"{key} must be one of {', '.join(spec.choices)}, got {value!r}")
                 changes[spec.attr] = value
                 continue
+            text = str(value)
             try:
-                n = int(str(value).strip())
+                if not (stored or _INTEGER.fullmatch(text)):
+                    raise ValueError(text)
+                n = int(text.strip())
             except ValueError:
                 raise InvalidConfig(f"{key} must be an integer, got {value!r}") from None
             if n < spec.minimum or (spec.maximum is not None and n > spec.maximum):

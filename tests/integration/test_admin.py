@@ -94,6 +94,8 @@ def test_alter_config_applies_to_the_running_broker(broker):
     [
         ({"no.such.key": "1"}, [], "no.such.key"),
         ({"retention.ms": "abc"}, [], "retention.ms"),
+        ({"retention.ms": "٣٣"}, [], "retention.ms must be an integer, got '٣٣'"),  # digits, but not ASCII
+        ({"retention.ms": "1_000"}, [], "retention.ms must be an integer"),
         ({"segment.bytes": "10"}, [], "segment.bytes"),
         ({}, ["no.such.key"], "no.such.key"),
         ({"flush.ms": "5"}, ["flush.ms"], "both set and deleted"),

@@ -112,7 +112,7 @@ class TopicAdmin:
     async def _open_topic(self, record: TopicRecord, states: list[PartitionState] | None = None) -> Topic:
         """Know ``record`` and open the partitions this broker holds (as followers: their
         states make them leaders)."""
-        config = TopicConfig.parse(record.config, self.defaults)
+        config = TopicConfig.parse(record.config, self.defaults, stored=True)
         held = self._held(record, range(record.partitions))
         partitions = await self._open_partitions(record.name, held, config)
         topic = Topic(
@@ -391,9 +391,10 @@ class TopicAdmin:
         for key in change.delete:
             TopicConfig.key(key)
         record = (await self.metadata.topics())[change.name]
+        TopicConfig.parse(change.config, self.defaults)  # the new settings, as any new ones
         overrides = {k: v for k, v in record.config.items() if k not in change.delete}
         overrides.update(change.config)
-        parsed = TopicConfig.parse(overrides, self.defaults)
+        parsed = TopicConfig.parse(overrides, self.defaults, stored=True)
         _check_min_insync(parsed, record.replication_factor, change.name)
         if parsed.cleanup_policy == "compact" and topic.config.cleanup_policy != "compact":
             # a compacted topic takes no subscriptions: those it has would be stranded
@@ -414,7 +415,7 @@ class TopicAdmin:
 
     def _reconfigure(self, topic: Topic, record: TopicRecord) -> None:
         """Apply ``record``'s config (validated when it was stored) to a live topic."""
-        topic.config = TopicConfig.parse(record.config, self.defaults)
+        topic.config = TopicConfig.parse(record.config, self.defaults, stored=True)
         topic.record = record
         for p in topic.partitions.values():
             p.reconfigure(topic.config)
