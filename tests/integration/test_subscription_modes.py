@@ -165,12 +165,19 @@ async def test_delayed_messages_falling_due_together_are_delivered_in_due_order(
     the halves in parallel, and queue the copies in order)."""
     bs = broker.bootstrap
     await make_topic(bs)
-    base = int(time.time() * 1000) + 1000
     order = list(range(300))
     random.Random(7).shuffle(order)
     async with DelayedProducer(bs) as producer:
+        # All must be stored before the first falls due (one stored after a later one was
+        # delivered comes after it): leave 3 times what 10 sends take, per send, ahead.
+        t0 = time.monotonic()
+        for _ in range(10):  # due in an hour: never delivered during the test
+            await producer.send_delayed("orders", [(None, b"x", [])], delay_ms=3_600_000)
+        per_send_ms = (time.monotonic() - t0) * 100
+        base = int(time.time() * 1000) + int(max(1000.0, 3 * 300 * per_send_ms))
         for i in order:
             await producer.send_delayed("orders", [(None, b"%d" % i, [])], deliver_at_ms=base + i)
+        assert time.time() * 1000 < base, "sending took longer than three times the estimate"
     freeze(broker.proc.pid)
     try:
         await asyncio.sleep(max(base + 300 - time.time() * 1000, 0) / 1000 + 0.2)
