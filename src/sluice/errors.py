@@ -68,7 +68,10 @@
         ├── UnknownSubscription          code 36  the topic's partition has no subscription of
         │                                         that name (never created, or deleted)
         ├── SubscriptionAlreadyExists    code 37
-        └── InvalidSubscription          code 38  a bad subscription name or setting
+        ├── InvalidSubscription          code 38  a bad subscription name or setting
+        └── EligibleLeadersNotAvailable  code 39  retriable: a partition without a live leader
+                                                  has no replica it may elect (none alive, or
+                                                  none in sync and unclean election is off)
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -452,6 +455,13 @@ class SubscriptionAlreadyExists(BrokerError):
 @_code(38, "INVALID_SUBSCRIPTION")
 class InvalidSubscription(BrokerError):
     """A subscription name or setting out of its range; the message says which."""
+
+
+@_code(39, "ELIGIBLE_LEADERS_NOT_AVAILABLE", retriable=True)
+class EligibleLeadersNotAvailable(BrokerError):
+    """A leader election found no replica it may elect for a partition without a live
+    leader: none is alive, or none in sync while the topic does not allow unclean
+    elections; the message says which."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

@@ -1,7 +1,9 @@
 """A broker's data directory belongs to its node (storage/identity.py), on a three-broker
 cluster with real etcd: a wiped directory restarted under its node id must not lose the
 acknowledged messages its replicas held (it leaves their ISR and leadership, then copies
-them back), and a directory started under another node id is refused, untouched."""
+them back), and a directory started under another node id is refused, untouched.  A
+partition left offline that way gets its live replica as leader as soon as the topic allows
+unclean elections, and ``cluster rebalance`` says why it cannot give it one before."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from replicated import eventually
 
 from brokers import BrokerProcess
 from sluice.client import Admin, Producer
+from sluice.errors import error_for_code
 
 TOPIC = "orders"
 PER_PARTITION = 300
@@ -95,3 +98,45 @@ async def test_a_broker_advertising_a_live_brokers_address_is_refused(three_brok
     finally:
         b4.kill()
     assert len((await cluster.metadata()).brokers) == 3
+
+
+async def test_an_offline_partition_elects_its_live_replica_once_unclean_elections_are_allowed(three_brokers):
+    """Topic ``one`` has a single replica; its broker comes back with a wiped directory and
+    leaves the ISR (leader -1, ISR []).  No broker comes or goes after that: the config
+    change alone must give the partition its leader, well before the 30 s rebalance pass."""
+    cluster = await three_brokers.start()
+    async with Admin(cluster.bootstrap) as admin:
+        await admin.create_topic("one", 1, replication_factor=1)
+    [part] = await eventually(lambda: _led(cluster, "one"), 15, "one-0 led")
+    node = part.leader
+    b = cluster.brokers[node]
+    b.kill()
+    shutil.move(b.data_dir, b.data_dir.with_name("wiped"))
+    await cluster.start_broker(node)
+    await eventually(lambda: _offline(cluster, "one"), 15, "one-0 offline, its ISR empty")
+
+    async with Admin(cluster.bootstrap) as admin:
+        result = await admin.rebalance()
+        failed = [r for r in result.elections if r.error]
+        assert [(r.topic, r.partition, error_for_code(r.error).name) for r in failed] == [
+            ("one", 0, "ELIGIBLE_LEADERS_NOT_AVAILABLE")
+        ], result
+        assert "unclean.leader.election.enable=true" in failed[0].message, failed[0].message
+        assert (await _offline(cluster, "one")), "rebalance elected a replica out of sync"
+
+        await admin.alter_topic_config("one", {"unclean.leader.election.enable": "true"})
+        [part] = await eventually(lambda: _led(cluster, "one"), 10, "one-0 led after allowing unclean elections")
+        assert (part.leader, list(part.isr)) == (node, [node])
+        assert not [r for r in (await admin.rebalance()).elections if r.error]
+    async with Producer(cluster.bootstrap, acks="all") as p:
+        await (await p.send("one", b"after", partition=0))
+
+
+async def _led(cluster, topic: str):
+    parts = await cluster.partitions(topic)
+    return parts if all(p.leader > 0 for p in parts) else None
+
+
+async def _offline(cluster, topic: str) -> bool:
+    [part] = await cluster.partitions(topic)
+    return part.leader == -1 and not part.isr and len((await cluster.metadata()).brokers) == 3

@@ -32,10 +32,11 @@ from sluice.broker.fetcher import ReplicaFetcher
 from sluice.broker.partition import Partition
 from sluice.broker.topics import Topic, error_fields
 from sluice.broker.wait import until_woken, wait_event
-from sluice.cluster.controller import preferred_election
+from sluice.cluster.controller import elect_offline, preferred_election
 from sluice.cluster.store import PartitionChange, PartitionState
 from sluice.errors import (
     BrokerError,
+    EligibleLeadersNotAvailable,
     FencedLeaderEpoch,
     InvalidRequest,
     MetadataUnavailable,
@@ -111,6 +112,7 @@ class ReplicaManager:
     async def _apply_change(self, change: PartitionChange) -> None:
         self._topics_stale.set()  # the topic's record may have changed too (broker/reassignment.py)
         self.controller.poke()  # ... with a pending replica move (cluster/controller.py)
+        self.controller.state_changed(change.state)  # ... or leaving it without a leader
         topic = self.topics.get(change.topic)
         if change.state is None:
             if topic is not None and await self.store_is_ours():  # not a wiped store
@@ -349,8 +351,11 @@ class ReplicaManager:
 
     async def elect_leaders(self, req: m.ElectLeadersRequest, _att):
         """With ``reassign``, first replace the replicas of brokers that are gone and
-        record moves onto brokers holding fewer (broker/reassignment.py); then move leadership back to preferred replicas (alive
-        and in sync) now."""
+        record moves onto brokers holding fewer (broker/reassignment.py); then give
+        partitions without a live leader one where a replica is eligible, as the
+        controller's reconcile pass does (``elect_offline``: those left without one are
+        answered ``ELIGIBLE_LEADERS_NOT_AVAILABLE`` saying why); then move leadership back
+        to preferred replicas (alive and in sync) now."""
         names = sorted(self.topics) if req.topics is None else req.topics
         for name in names:
             if name not in self.topics:
@@ -361,15 +366,23 @@ class ReplicaManager:
         if req.reassign:
             moves = await self._replace_lost_replicas(list(names))
             moves += await self._spread_replicas(list(names))
+        records = await self.metadata.topics()  # the store's: a config just altered counts
+        live = set(self.live_brokers)
         out = []
         for name in names:
-            t = self.topics.get(name)
-            if t is None:  # deleted meanwhile
+            record = records.get(name)
+            if record is None or name not in self.topics:  # deleted meanwhile
                 continue
             try:
-                moved = await preferred_election(self.metadata, t.record, set(self.live_brokers))
+                elected, offline = await elect_offline(self.metadata, record, live) if live else ([], [])
+                moved = await preferred_election(self.metadata, record, live)
             except BrokerError as exc:
                 out.append(m.ElectionResult(topic=name, partition=-1, leader=-1, **error_fields(exc)))
                 continue
-            out.extend(m.ElectionResult(topic=name, partition=i, leader=leader) for i, leader in moved)
+            changed = dict(elected) | dict(moved)
+            out.extend(m.ElectionResult(topic=name, partition=i, leader=leader) for i, leader in sorted(changed.items()))
+            out.extend(
+                m.ElectionResult(topic=name, partition=i, leader=-1, **error_fields(EligibleLeadersNotAvailable(why)))
+                for i, why in offline
+            )
         return m.ElectLeadersResponse(partitions=out, moves=moves), ()

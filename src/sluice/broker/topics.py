@@ -419,6 +419,7 @@ class TopicAdmin:
         topic.record = record
         for p in topic.partitions.values():
             p.reconfigure(topic.config)
+        self.controller.config_changed(record)  # an unclean election may be allowed now
 
     async def create_partitions(self, req: m.CreatePartitionsRequest, _att):
         results = await self._each_topic(

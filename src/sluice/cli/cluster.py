@@ -10,8 +10,9 @@ metadata store.  Its exit status says the same, for scripts and health checks: `
 
 ``rebalance`` asks a broker (``ELECT_LEADERS``) to replace the replicas of brokers that are
 not alive and to spread replicas onto live brokers holding fewer (unless
-``--leaders-only``), then for a preferred-leader election, and prints
-what moved, and what could not.
+``--leaders-only``), then to give offline partitions a leader where a replica is eligible,
+then for a preferred-leader election, and prints what moved, and what could not (an
+offline partition that has no eligible replica among them, and why).
 
 The pure functions here (rows, JSON objects, exit status) are what the commands print.
 """
@@ -192,9 +193,12 @@ def cluster_rebalance(ctx, topics: tuple[str, ...], leaders_only: bool, as_json:
     the new one is in sync (the controller does that; leaders move last).
     ``--leaders-only`` skips this.
 
-    Leaders: after a broker comes back, the partitions it led stay with the brokers that
-    took over; this gives them back.  Partitions already led by their preferred replica do
-    not move and are not listed.
+    Leaders: a partition without a live leader gets one where a replica is eligible (in
+    sync, or any live one when the topic sets unclean.leader.election.enable=true; the
+    controller does the same on its own within seconds); one with no eligible replica is
+    listed as failed, saying why.  After a broker comes back, the partitions it led stay
+    with the brokers that took over; this gives them back.  Partitions already led by
+    their preferred replica do not move and are not listed.
 
     Partitions that could not change are listed with the reason, and the exit status is
     then 1.  A broker too old to know leader election answers UNSUPPORTED_VERSION; one too

@@ -518,14 +518,16 @@ class Admin:
         return ClusterStatus.from_metadata(resp)
 
     async def elect_leaders(self, topics: Iterable[str] | None = None) -> list[ElectionResult]:
-        """Move the leadership of every partition of ``topics`` (None: of all topics) back to
-        its preferred replica, the first of its replicas, where that one is alive and in
-        sync; the cluster's controller does it.
+        """Give every partition of ``topics`` (None: of all topics) that has no live leader
+        one, where a replica is eligible (alive and in sync, or alive when the topic allows
+        unclean elections), then move the leadership of every partition back to its
+        preferred replica, the first of its replicas, where that one is alive and in sync.
 
         Returns the partitions whose leader changed (``error`` 0, ``leader`` the new one)
-        or could not (``error`` and ``message`` say why; ``errors.error_for_code`` turns
-        them into the exception), by topic and partition.  Partitions already led by
-        their preferred replica are not listed: an empty list means nothing had to move.
+        or could not (``error`` and ``message`` say why: ``ELIGIBLE_LEADERS_NOT_AVAILABLE``
+        for a partition left without a leader; ``errors.error_for_code`` turns them into
+        the exception), by topic and partition.  Partitions already led by their preferred
+        replica are not listed: an empty list means nothing had to move.
         Raises ``UnsupportedVersion`` when the broker does not serve leader election (an
         older broker).
         """
@@ -539,8 +541,8 @@ class Admin:
         when it comes back).  Then, where live brokers hold uneven numbers of replicas (a
         broker joined), record moves that even them out (``pending`` moves: the new
         replica is added, the old one dropped by the controller once the new one is in
-        sync).  Then move leadership back to preferred replicas as
-        ``elect_leaders`` does.
+        sync).  Then give partitions without a live leader one, and move leadership back
+        to preferred replicas, as ``elect_leaders`` does.
 
         A broker older than replica reassignment ignores ``reassign``: ``moves`` is then
         empty.  Raises ``UnsupportedVersion`` when the broker does not serve leader

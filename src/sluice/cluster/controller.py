@@ -3,19 +3,28 @@ moves partition leadership.
 
 Every broker runs ``Controller.run``; the store's election picks one at a time
 (``MetadataStore.campaign``).  During its term the controller reconciles every partition
-with the live brokers each time they change, and every ``leader_rebalance_interval_ms``:
+with the live brokers each time they change, each time a partition state it sees
+(``state_changed``: every broker's state watch tells its controller) has no live leader,
+each time a topic's config allows unclean elections (``config_changed``: the brokers
+re-read topic records at least every 2 s), and every ``leader_rebalance_interval_ms``
+(after which it also runs ``preferred_election``):
 
 - a leader that is gone (its registration expired) is replaced by the first replica, in
   assignment order, that is alive and in the ISR, in a new leader epoch; the dead broker
   leaves the ISR.  With none alive in the ISR the partition goes offline (leader -1, ISR
   kept: the last in-sync replica is elected when it returns), unless the topic sets
   ``unclean.leader.election.enable=true``: then any live replica leads (acknowledged
-  writes it lacks are lost);
+  writes it lacks are lost).  An offline partition gets a leader as soon as one of these
+  is eligible: a replica coming back, an unclean election allowed later (``sluice topic
+  alter``), or a state change (a broker with a new data directory leaving the ISR,
+  broker/replication.py) all lead to a reconcile pass;
 - an in-sync replica that is gone leaves the ISR (the leader would drop it after its lag
   timeout anyway; this is sooner);
 - leadership moves back to the preferred replica (the first of the assignment) when it is
   alive, in sync and not leading (``preferred_election``, also run on request through the
-  ``ELECT_LEADERS`` API: ``sluice cluster rebalance``);
+  ``ELECT_LEADERS`` API: ``sluice cluster rebalance``, which first gives offline
+  partitions a leader with ``elect_offline``, as a reconcile pass would, and reports those
+  it cannot with ``offline_reason``);
 - a pending replica move (``TopicRecord.moving``, recorded by ``sluice cluster
   rebalance``: broker/reassignment.py) completes once every replica the partition keeps
   is in the ISR: a leader that leaves first hands leadership to a kept in-sync live
@@ -41,6 +50,7 @@ log = logging.getLogger("sluice.controller")
 
 RETRY_S = 0.5
 MOVES_CHECK_S = 0.5  # how often pending replica moves are looked at while there are any
+ELECT_TRIES = 5  # elect_offline: reads of a partition state that keeps changing under it
 
 
 def decide(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> PartitionState | None:
@@ -65,6 +75,20 @@ def decide(record: TopicRecord, index: int, state: PartitionState, live: set[int
     if state.leader != -1:
         return PartitionState(-1, state.leader_epoch + 1, list(state.isr))
     return None
+
+
+def offline_reason(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> str:
+    """Why ``decide`` gives partition ``index`` (its leader not alive) no leader.  Pure."""
+    replicas = record.assignment[index]
+    name = f"{record.name}-{index}"
+    alive = [r for r in replicas if r in live]
+    if not alive:
+        return f"{name} has no live replica (replicas {replicas}): it gets a leader when one comes back"
+    return (
+        f"{name} has no live in-sync replica (ISR {list(state.isr)}, live replicas {alive}): it "
+        "gets a leader when an in-sync replica comes back, or now with the topic config "
+        "unclean.leader.election.enable=true, which loses the acknowledged writes that replica lacks"
+    )
 
 
 def preferred(record: TopicRecord, index: int, state: PartitionState, live: set[int]) -> PartitionState | None:
@@ -126,6 +150,35 @@ async def preferred_election(store: MetadataStore, record: TopicRecord, live: se
     return moved
 
 
+async def elect_offline(
+    store: MetadataStore, record: TopicRecord, live: set[int]
+) -> tuple[list[tuple[int, int]], list[tuple[int, str]]]:
+    """Give each partition of ``record`` whose leader is not alive the leader ``decide``
+    picks (CAS; a state changed meanwhile is read again); returns the (partition, new
+    leader) elected and the (partition, ``offline_reason``) left without one."""
+    elected, failed = [], []
+    states = await store.partition_states(record.name)
+    for i in range(record.partitions):
+        for _ in range(ELECT_TRIES):
+            st = states[i]
+            if st.leader in live:
+                break
+            new = decide(record, i, st, live)
+            if new is not None and not await store.cas_partition_state(record.name, i, st.version, new):
+                states = await store.partition_states(record.name)  # changed meanwhile: again
+                continue
+            if new is not None and new.leader >= 0:
+                log.info("%s-%d: leader %d -> %d, epoch %d, ISR %s (live brokers %s)",
+                         record.name, i, st.leader, new.leader, new.leader_epoch, new.isr, sorted(live))
+                elected.append((i, new.leader))
+            else:
+                failed.append((i, offline_reason(record, i, st, live)))
+            break
+        else:
+            failed.append((i, f"{record.name}-{i}: its state kept changing meanwhile; retry"))
+    return elected, failed
+
+
 class Controller:
     def __init__(
         self, store: MetadataStore, node_id: int, rebalance_interval_ms: int,
@@ -137,7 +190,7 @@ class Controller:
         self.rebalance_s = rebalance_interval_ms / 1000
         self.live: set[int] = set()
         self.moves_pending = False  # some topic had a pending replica move at the last look
-        self._brokers_changed = asyncio.Event()
+        self._reconcile_due = asyncio.Event()
         self._moves_changed = asyncio.Event()
 
     async def run(self) -> None:
@@ -163,13 +216,27 @@ class Controller:
             try:
                 async for regs in self.store.watch_brokers():
                     self.live = {r.node_id for r in regs}
-                    self._brokers_changed.set()
+                    self._reconcile_due.set()
                 return
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("watching brokers failed; starting over")
                 await asyncio.sleep(RETRY_S)
+
+    def state_changed(self, state: PartitionState | None) -> None:
+        """A partition state changed (the broker's state watch): one without a live leader
+        gets a reconcile pass soon, which elects a leader if a replica is eligible.  Call
+        from the event loop."""
+        if state is not None and state.leader not in self.live:
+            self._reconcile_due.set()
+
+    def config_changed(self, record: TopicRecord) -> None:
+        """``record``'s config changed (applied on this broker): when it allows unclean
+        elections, a reconcile pass soon elects a live replica of its offline partitions.
+        Call from the event loop."""
+        if record.config.get("unclean.leader.election.enable") == "true":
+            self._reconcile_due.set()
 
     def poke(self) -> None:
         """Look for pending replica moves soon (a partition state changed: a move may have
@@ -183,10 +250,10 @@ class Controller:
         next_moves = loop.time()
         lost = asyncio.ensure_future(term.lost.wait())
         try:
-            self._brokers_changed.set()
+            self._reconcile_due.set()
             while not term.lost.is_set():
-                if self._brokers_changed.is_set():
-                    self._brokers_changed.clear()
+                if self._reconcile_due.is_set():
+                    self._reconcile_due.clear()
                     await self._guarded(self.reconcile)  # completes moves too
                     next_moves = loop.time() + MOVES_CHECK_S
                 if self.rebalance_s > 0 and loop.time() >= next_rebalance:
@@ -195,7 +262,7 @@ class Controller:
                 if self.moves_pending and loop.time() >= next_moves:
                     next_moves = loop.time() + MOVES_CHECK_S
                     await self._guarded(self.complete_moves)
-                waits = [asyncio.ensure_future(self._brokers_changed.wait()), lost]
+                waits = [asyncio.ensure_future(self._reconcile_due.wait()), lost]
                 timeout = max(0.0, next_rebalance - loop.time()) if self.rebalance_s > 0 else None
                 if self.moves_pending:
                     left = max(0.0, next_moves - loop.time())
@@ -214,11 +281,11 @@ class Controller:
         except MetadataUnavailable as exc:
             log.warning("controller: %s; retrying", exc)
             await asyncio.sleep(RETRY_S)
-            self._brokers_changed.set()
+            self._reconcile_due.set()
         except Exception:
             log.exception("controller step failed; retrying")
             await asyncio.sleep(RETRY_S)
-            self._brokers_changed.set()
+            self._reconcile_due.set()
 
     async def reconcile(self) -> None:
         """Elect leaders for partitions whose leader is gone; drop dead brokers from ISRs;
@@ -245,7 +312,7 @@ class Controller:
                         record.name, i, st.leader, new.leader, new.leader_epoch, new.isr, sorted(live),
                     )
                 else:
-                    self._brokers_changed.set()  # raced a leader's ISR change: look again
+                    self._reconcile_due.set()  # raced a leader's ISR change: look again
         await self.complete_moves()
 
     async def complete_moves(self) -> None:
@@ -268,7 +335,12 @@ class Controller:
         self.moves_pending = pending or self._moves_changed.is_set()
 
     async def rebalance(self) -> None:
+        """The periodic pass: ``reconcile`` (offline partitions whose replicas are eligible
+        get a leader even when nothing woke the controller), then ``preferred_election``."""
+        await self.reconcile()
         live = set(self.live)
+        if not live:
+            return
         for record in (await self.store.topics()).values():
             try:
                 await preferred_election(self.store, record, live)

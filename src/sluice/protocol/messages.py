@@ -521,8 +521,10 @@ class OffsetsForLeaderEpochResponse(Response):
 
 
 class ElectLeadersRequest(Struct):
-    """Move leadership back to each partition's preferred replica (the first of its
-    replicas) where it is alive and in sync; None: every partition.
+    """Give each partition without a live leader one where a replica is eligible (the
+    others are answered ``ELIGIBLE_LEADERS_NOT_AVAILABLE``), then move leadership back to
+    each partition's preferred replica (the first of its replicas) where it is alive and in
+    sync; None: every partition.
 
     ``reassign`` (added later; older brokers ignore it): first replace the replicas of
     brokers that are not alive by live ones (the least loaded), in partitions that have
