@@ -1,7 +1,8 @@
 """A broker's data directory belongs to its node (storage/identity.py), on a three-broker
 cluster with real etcd: a wiped directory restarted under its node id must not lose the
 acknowledged messages its replicas held (it leaves their ISR and leadership, then copies
-them back), and a directory started under another node id is refused, untouched.  A
+them back), a directory started under another node id is refused, untouched, and so is
+a second broker started under a live broker's node id, leaving the cluster as it was.  A
 partition left offline that way gets its live replica as leader as soon as the topic allows
 unclean elections, and ``cluster rebalance`` says why it cannot give it one before."""
 
@@ -98,6 +99,36 @@ async def test_a_broker_advertising_a_live_brokers_address_is_refused(three_brok
     finally:
         b4.kill()
     assert len((await cluster.metadata()).brokers) == 3
+
+
+async def test_a_broker_refused_a_live_brokers_node_id_changes_nothing_in_the_cluster(three_brokers, tmp_path):
+    """A second ``--node-id 2`` with a new (mistyped) data directory while broker 2 runs:
+    refused with NODE_ID_IN_USE before it writes anything, so broker 2 keeps leading its
+    partitions and stays in every ISR."""
+    cluster = await three_brokers.start()
+    await cluster.create_topic(TOPIC)
+    before = _states(await cluster.partitions(TOPIC))
+    assert any(leader == 2 for _, leader, _, _ in before), before
+    typo = BrokerProcess(tmp_path / "d2-typo", tmp_path / "typo.log", list(cluster.brokers[2].extra_args))
+    try:
+        typo.start()
+    except RuntimeError as exc:
+        assert "NODE_ID_IN_USE" in str(exc) and "node id 2 is held by a live broker" in str(exc), exc
+    else:
+        raise AssertionError("a second broker started as node 2")
+    finally:
+        typo.kill()
+    assert typo.proc.returncode == 1
+    assert "its replica is empty" not in typo.log()
+    assert _states(await cluster.partitions(TOPIC)) == before
+    assert cluster.brokers[2].alive
+    sent = await _produce(cluster.bootstrap)  # every partition still takes acks=all writes
+    logs = await read_logs(cluster.bootstrap, TOPIC)
+    assert {part: [r.value for r in logs[part]] for part in sent} == sent
+
+
+def _states(parts) -> list[tuple[int, int, int, list[int]]]:
+    return [(p.partition, p.leader, p.leader_epoch, sorted(p.isr)) for p in parts]
 
 
 async def test_an_offline_partition_elects_its_live_replica_once_unclean_elections_are_allowed(three_brokers):

@@ -161,7 +161,12 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         """Open the metadata store, register, open (recover) the partitions held here and
         take their roles, create the internal topics when missing, and load the groups of
         the ``__groups`` partitions led here (importing group offset files of older
-        brokers); then follow the cluster."""
+        brokers); then follow the cluster.
+
+        Nothing is written to the cluster's metadata before the registration: it is what
+        refuses a node id that a live broker holds (``NodeIdInUse``), and a refused start
+        must change nothing (the withdrawal of a new data directory's replicas comes after
+        it; until then the broker has opened no partition, so it serves none of them)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
         try:
@@ -173,15 +178,15 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         await self.metadata.start()
         try:
             self.cluster_id = await self.metadata.claim_cluster_id(claim.cluster_id)  # ClusterIdMismatch
-            if claim.new and self.config.cluster:  # embedded: the store is in the directory too
-                await self._withdraw_lost_replicas()
             for other in await self.metadata.brokers():
                 if other.node_id != node and (other.host, other.port) == (self.host, self.port):
                     raise ConfigError(
                         f"{self.host}:{self.port} is where live broker {other.node_id} is reached: clients and "
                         f"peers would reach it instead of node {node}; advertise this broker's own address"
                     )
-            await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))
+            await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))  # NodeIdInUse
+            if claim.new and self.config.cluster:  # embedded: the store is in the directory too
+                await self._withdraw_lost_replicas()
             self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
             for record in (await self.metadata.topics()).values():
                 self._trash_unlisted(record)

@@ -55,12 +55,16 @@ class ReplicaManager:
     """States, ISR and replica APIs of ``Broker`` (see broker.py for its state)."""
 
     async def _withdraw_lost_replicas(self) -> None:
-        """Before registering with a new data directory (storage/identity.py): leave the
-        ISR and the leadership of every partition the cluster lists this node for, since
-        its logs are gone.  The controller then elects a replica that has them, and this
+        """Right after registering with a new data directory (storage/identity.py), before
+        opening any partition: leave the ISR and the leadership of every partition the
+        cluster lists this node for, since its logs are gone.  Registration comes first: it
+        refuses a node id a live broker holds, and a refused start must change nothing.  A
+        state the controller changed meanwhile (it may elect this node, alive now and still
+        in an ISR) is read again and withdrawn from.  The controller then elects a replica
+        that has the logs (the leaderless state wakes it: cluster/controller.py), and this
         broker copies them back as a follower and rejoins the ISR.  A partition of which
-        this node was the only in-sync replica has no leader afterwards: its messages
-        were here alone, and only ``unclean.leader.election.enable`` accepts the loss."""
+        this node was the only in-sync replica has no leader afterwards: its messages were
+        here alone, and only ``unclean.leader.election.enable`` accepts the loss."""
         me = self.config.node_id
         for record in (await self.metadata.topics()).values():
             held = [i for i, replicas in enumerate(record.assignment) if me in replicas]

@@ -11,9 +11,10 @@ partitions that node holds.  Two mistakes then lose acknowledged messages:
 
 ``claim`` refuses the first (``ConfigError``, nothing touched) and tells the broker about
 the second: a directory with neither an owner nor a partition in it is new, and the broker
-leaves the ISR and the leadership of every partition the cluster lists it for before it
-registers (broker.py ``_withdraw_lost_replicas``), then copies them back as a follower.  The
-owner is recorded only after that, so a crash in between is a new directory again.
+leaves the ISR and the leadership of every partition the cluster lists it for right after
+it registers, before it opens any (replication.py ``_withdraw_lost_replicas``; a broker
+refused its node id has changed nothing), then copies them back as a follower.  The owner
+is recorded only after that, so a crash in between is a new directory again.
 
 The directory also records the id of its cluster (``cluster_id``: the metadata store's, see
 ``MetadataStore.claim_cluster_id``; ``"embedded"`` for a single-node broker).  A broker
