@@ -167,7 +167,7 @@ async def test_max_checks_discards_to_the_audit_topic(broker_factory):
         return S.UNKNOWN
 
     async with TransactionProducer(b.bootstrap, group="undecided", check_local_transaction=check) as p:
-        half = await p.send_half("orders", b"limbo", headers=[("app", b"x")])
+        half = await p.send_half("orders", b"limbo", key=b"customer-1", headers=[("app", b"x")])
         deadline = time.monotonic() + 20
         audit = []
         while not audit and time.monotonic() < deadline:
@@ -181,7 +181,7 @@ async def test_max_checks_discards_to_the_audit_topic(broker_factory):
     assert asked == [1, 2]
     [rec] = audit
     h = dict(rec.headers)
-    assert rec.value == b"limbo" and rec.key == half.txn_id.encode()
+    assert rec.value == b"limbo" and rec.key == b"customer-1"  # the message as it was sent
     assert h["sluice.txn.id"] == half.txn_id.encode() and h["app"] == b"x"
     assert b"discarded" in h["sluice.txn.reason"] and h["sluice.txn.checks"] == b"2"
     assert await read_all(b.bootstrap, "orders") == []

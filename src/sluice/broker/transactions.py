@@ -580,7 +580,7 @@ class TransactionManager:
         part = topic.partitions.get(index)
         now = _now_ms()
         body = b"".join(
-            encode_record(i, 0, half_id.encode(), r.value, [
+            encode_record(i, 0, r.key, r.value, [
                 *r.headers, (tx.ID_HEADER, half_id.encode()), (tx.REASON_HEADER, reason.encode()),
                 (tx.CHECKS_HEADER, str(h.checks).encode()),
             ])
