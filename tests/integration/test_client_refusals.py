@@ -282,3 +282,24 @@ async def test_a_subscriber_of_a_missing_or_deleted_topic_fails_after_the_wait(b
         with pytest.raises((errors.UnknownTopic, errors.UnknownSubscription), match="short-lived"):
             await sub.get(timeout=30)  # its partitions' leader says so, else metadata does
         assert time.monotonic() - t0 < 15
+
+
+async def test_a_raised_size_limit_applies_to_a_running_producer_at_once(broker):
+    """A record over the limit the producer knows makes it ask the limit again before it
+    refuses: one that ``max.message.bytes`` now allows goes through at once (not after the
+    metadata's 30 s age), one that it still does not is refused."""
+    b = broker.bootstrap
+    await create(b, "grows", config={"max.message.bytes": "65536"})
+    async with Producer(b, linger_ms=0) as producer, Admin(b) as admin:
+        await (await producer.send("grows", b"small"))
+        with pytest.raises(errors.MessageTooLarge):
+            await producer.send("grows", b"a" * 100_000)
+        await admin.alter_topic_config("grows", {"max.message.bytes": "1048576"})
+        await asyncio.sleep(1.1)  # past the once-a-second limit on asking again
+        t0 = time.monotonic()
+        meta = await (await producer.send("grows", b"b" * 100_000))
+        done = await producer.send_many("grows", [b"c" * 200_000])
+        await done
+        assert meta.offset == 1 and time.monotonic() - t0 < 10
+        with pytest.raises(errors.MessageTooLarge):
+            await producer.send("grows", b"d" * 2_000_000)

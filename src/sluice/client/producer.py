@@ -603,7 +603,12 @@ class Producer(Partitioning):
         else:
             reserve = self._reserve(key, value, headers)
         if reserve + records.HEADER_SIZE > limit:
-            self._fitting(topic, info, tail_size(key, value, headers))  # raises MessageTooLarge
+            try:
+                self._fitting(topic, info, tail_size(key, value, headers))
+            except errors.MessageTooLarge:
+                if self._line.limit_may_be_stale(topic):
+                    return False  # the line asks for the topic's limit again, then decides
+                raise
         mem = self._memory
         if not prepaid and (mem.used + reserve > mem.limit or mem.waiters):
             return False
@@ -723,6 +728,9 @@ class Producer(Partitioning):
         klen = len(key) if key is not None else 0
         key_tail = 1 if key is None else zz_len(klen) + klen
         alone = record_size(key_tail + zz_len(biggest) + biggest + 1, 0, 0)
+        if alone + records.HEADER_SIZE > limit and self._line.limit_may_be_stale(topic):
+            await self._line.ask_limit(topic)  # it may have been raised since
+            limit = self._max_batch_bytes(self._cluster.topics.get(topic) or info)
         if alone + records.HEADER_SIZE > limit:
             raise errors.MessageTooLarge(
                 f"a record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "

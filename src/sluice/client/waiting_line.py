@@ -1,6 +1,8 @@
 """A producer's waiting line: the sends that cannot be buffered at once, per topic.
 
-A send waits for the metadata of a topic not seen yet and for buffer memory.  The sends of
+A send waits for the metadata of a topic not seen yet and for buffer memory.  A record over
+its topic's size limit waits for the metadata to be asked again (at most once a second a
+topic) before it is refused: ``max.message.bytes`` may have been raised since.  The sends of
 one topic wait in one line, in send order, behind its first waiting send (a waiting topic
 holds up no other); one task per line buffers them one after the other.  The producer
 sends a record of a topic with a line into the line too, so that no record overtakes an
@@ -10,11 +12,16 @@ earlier one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import time
 from collections import deque
 
 from sluice import errors
 from sluice.client.arguments import clarified
 from sluice.client.framing import tail_size
+
+LIMIT_RECHECK_S = 1.0  # a topic's size limit is asked again at most this often
 
 
 class WaitingLine:
@@ -31,6 +38,19 @@ class WaitingLine:
         self._producer = producer
         self.lanes: dict[str, deque[tuple]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+        self._limits_asked: dict[str, float] = {}  # topic -> monotonic time
+
+    def limit_may_be_stale(self, topic: str) -> bool:
+        """Whether ``topic``'s size limit was not asked again within ``LIMIT_RECHECK_S``."""
+        return time.monotonic() - self._limits_asked.get(topic, -math.inf) >= LIMIT_RECHECK_S
+
+    async def ask_limit(self, topic: str) -> None:
+        """Refresh the metadata, so that ``topic``'s size limit is current (a failed refresh
+        leaves it as it was)."""
+        self._limits_asked[topic] = time.monotonic()
+        cluster = self._producer._cluster
+        with contextlib.suppress(errors.SluiceError):
+            await cluster.refresh([*cluster.topics, topic])
 
     def add(self, item: tuple) -> None:
         """Queue a send that cannot be buffered at once in its topic's line."""
@@ -78,7 +98,13 @@ class WaitingLine:
                 if partition is not None and not 0 <= partition < info.partitions:
                     raise errors.unknown_partition(topic, partition, info.partitions)
                 if not reserved:
-                    p._fitting(topic, info, tail_size(key, value, headers))
+                    try:
+                        p._fitting(topic, info, tail_size(key, value, headers))
+                    except errors.MessageTooLarge:
+                        if not self.limit_may_be_stale(topic):
+                            raise
+                        await self.ask_limit(topic)
+                        continue
                     reserve = p._reserve(key, value, headers)
                     await mem.acquire(reserve, p.max_block)
                     reserved = reserve
