@@ -3,11 +3,13 @@ deletes replicas because a metadata store that is not its cluster's lists none: 
 three-broker cluster with real etcd, an etcd that comes back empty stops every broker
 (``CLUSTER_ID_MISMATCH``) with all their data, restarts against it are refused, and with
 the cluster's own etcd back everything acknowledged is there.  A single-node directory
-is refused by a cluster, and a cluster's directory by a single-node broker."""
+is refused by a cluster, and a cluster's directory by a single-node broker, also one
+recorded before cluster ids existed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 
 from checker import read_logs
@@ -94,3 +96,17 @@ async def test_single_node_and_cluster_directories_do_not_cross(three_brokers, t
     else:
         raise AssertionError("a cluster's data directory started as a single node")
     assert _log_files(member) == files
+
+    # recorded before cluster ids: still not taken as a single node's, and its cluster takes it
+    meta = member.data_dir / "meta.json"
+    meta.write_text('{"node_id": 2}')
+    try:
+        alone.start()
+    except RuntimeError as exc:
+        assert "CLUSTER_ID_MISMATCH" in str(exc) and "no single-node metadata" in str(exc), exc
+    else:
+        raise AssertionError("a cluster's data directory from before cluster ids started as a single node")
+    assert meta.read_text() == '{"node_id": 2}' and _log_files(member) == files
+    await cluster.start_broker(2)
+    assert json.loads(meta.read_text()) == {"node_id": 2, "cluster_id": json.loads(
+        (cluster.brokers[1].data_dir / "meta.json").read_text())["cluster_id"]}

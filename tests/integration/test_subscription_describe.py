@@ -6,6 +6,7 @@ an earlier position too.  Real broker processes."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -43,7 +44,10 @@ async def test_key_ordered_describe_is_the_same_after_a_restart(broker):
     config = SubscriptionConfig(mode="key-ordered", ack_timeout_ms=NEVER_MS)
     async with Subscriber(bs, "kd", "ko", config=config) as sub:
         seen = []
-        while (m := await sub.get(timeout=1.0)) is not None:  # b's come one by one, as acked
+        deadline = time.monotonic() + 30
+        while len(seen) < 4 and time.monotonic() < deadline:  # b's come one by one, as acked
+            if (m := await sub.get(timeout=1.0)) is None:
+                continue
             seen.append(m.value)
             if m.key == b"a":
                 m.nack(delay_ms=300_000)

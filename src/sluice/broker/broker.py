@@ -163,9 +163,10 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         the ``__groups`` partitions led here (importing group offset files of older
         brokers); then follow the cluster.
 
-        Nothing is written to the cluster's metadata before the registration: it is what
-        refuses a node id that a live broker holds (``NodeIdInUse``), and a refused start
-        must change nothing (the withdrawal of a new data directory's replicas comes after
+        The cluster's id is checked first (``ClusterIdMismatch``; a store without one gets
+        it).  Nothing else is written to the cluster's metadata before the registration: it
+        is what refuses a node id that a live broker holds (``NodeIdInUse``), and a refused
+        start must change nothing (the withdrawal of a new data directory's replicas comes after
         it; until then the broker has opened no partition, so it serves none of them)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
@@ -212,16 +213,20 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
 
-    async def store_is_ours(self) -> bool:
+    async def store_is_ours(self, wait: bool = True) -> bool:
         """Whether the metadata store still holds this broker's cluster; asked before data
-        is deleted because the store no longer lists it (storage/identity.py).  Waits while
-        the store does not answer.  On a mismatch (its metadata were wiped or replaced) it
-        stops the broker through ``on_fatal`` and returns False: nothing may be deleted."""
+        is deleted because the store no longer lists it, and before what a wiped store
+        would hand out again (producer ids, internal topics; storage/identity.py).  Waits
+        while the store does not answer (``wait=False``: raises ``MetadataUnavailable``).
+        On a mismatch (its metadata were wiped or replaced) it stops the broker through
+        ``on_fatal`` and returns False: nothing may be deleted or created."""
         while self._fenced is None:
             try:
                 await self.metadata.claim_cluster_id(self.cluster_id)
                 return True
             except MetadataUnavailable:
+                if not wait:
+                    raise
                 await asyncio.sleep(STORE_RETRY_S)
             except ClusterIdMismatch as exc:
                 self._fenced = exc
@@ -283,6 +288,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         ``INTERNAL_TOPIC_WAIT_S`` after this broker started: the first broker of a new
         cluster would otherwise create it with a single replica."""
         record = (await self.metadata.topics()).get(GROUPS_TOPIC)
+        if record is None and self.cluster_id is not None and not await self.store_is_ours(wait=False):
+            return False  # a wiped store: the broker stops
         if record is None:
             alone = len(self.live_brokers) < INTERNAL_REPLICAS and self.config.cluster is not None
             if alone and time.monotonic() - self._started_at < INTERNAL_TOPIC_WAIT_S:

@@ -49,6 +49,8 @@ class ProduceHandler:
         store when this one is used up.  ``_producer_ids_lock`` held."""
         nxt, last = self._producer_ids
         if nxt > last:
+            if not await self.store_is_ours(wait=False):  # a wiped store's counter starts again at 0
+                raise MetadataUnavailable("the metadata store is not this broker's cluster's")
             nxt, last = self._producer_ids = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
         return nxt, last
 

@@ -371,7 +371,7 @@ class ReplicaManager:
             moves = await self._replace_lost_replicas(list(names))
             moves += await self._spread_replicas(list(names))
         records = await self.metadata.topics()  # the store's: a config just altered counts
-        live = set(self.live_brokers)
+        live = {b.node_id for b in await self.metadata.brokers()}  # as the store has them now
         out = []
         for name in names:
             record = records.get(name)

@@ -50,6 +50,7 @@ import crc32c as _crc32c
 from sluice import errors
 from sluice.client.arguments import argument_error, check_partition
 from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.config import TopicConfig
 from sluice.protocol import messages as m
 from sluice.protocol import transactions as tx
 
@@ -469,8 +470,9 @@ class TransactionProducer:
     async def max_message_bytes(self, topic: str) -> int:
         """The largest batch ``topic`` stores (its ``max.message.bytes``, from metadata):
         what one ``send_delayed`` or half message may take, batch header included
-        (``protocol.transactions.split_delayed`` splits messages to fit)."""
-        return (await self._topic_info(topic)).max_message_bytes
+        (``protocol.transactions.split_delayed`` splits messages to fit); a broker that does
+        not say gets the default's."""
+        return (await self._topic_info(topic)).max_message_bytes or TopicConfig.max_message_bytes
 
     async def _topic_info(self, topic: str):
         info = self._cluster.topic(topic)

@@ -92,17 +92,26 @@ class EmbeddedStore(MetadataStore):
         self._leadership: Leadership | None = None
         self._partition_watchers: set[asyncio.Queue] = set()
         self._broker_watchers: set[asyncio.Queue] = set()
+        self._found = True
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._found = self.path.exists()  # False: no single-node broker ever ran here
         self._written = self._snapshot = await self._loop.run_in_executor(self._io, self._load)
 
     async def claim_cluster_id(self, known: str | None) -> str:
         """Always ``EMBEDDED_CLUSTER_ID``: the store is in the data directory it serves.  A
         directory that recorded an etcd cluster's id is refused (``ClusterIdMismatch``):
         this store would not list its topics, and the broker would drop their replicas."""
+        logs = self.path.parent.parent / "logs"
+        if known is None and not self._found and logs.is_dir() and any(not p.name.startswith(".") for p in logs.iterdir()):
+            raise ClusterIdMismatch(  # replicas, but never a single-node broker's metadata
+                f"this data directory holds replicas but no single-node metadata ({self.path}): it is a cluster "
+                "member's, recorded before cluster ids; start it with the cluster's --cluster etcd://... "
+                "(nothing was changed)"
+            )
         if known not in (None, EMBEDDED_CLUSTER_ID):
             raise ClusterIdMismatch(
                 f"this data directory holds node {self.node_id}'s replicas of etcd cluster {known}, but the "
