@@ -315,7 +315,9 @@ class ReplicaManager:
             first = False
             remaining = deadline - loop.time()
             failed = any(r.error for r in results)
-            if size >= req.min_bytes or remaining <= 0 or failed or self._draining or not parts:
+            # (not answered at once while the broker stops: the server closes followers'
+            # connections once the clients' writes are done, server/app.py)
+            if size >= req.min_bytes or remaining <= 0 or failed or not parts:
                 return m.ReplicaFetchResponse(partitions=results), blobs
             await until_woken(
                 [p.add_replica_waiter for p in parts], [p.remove_replica_waiter for p in parts], remaining

@@ -3,8 +3,9 @@
 ``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
 the port, recover the logs, then accept connections, so a second broker on the same
 directory or port is refused before it reads a byte of data.  Shutdown order: stop
-accepting, answer waiting fetches at once, refuse new requests, let in-flight ones finish
-(bounded), then flush and close every partition, so a SIGTERM never loses an acknowledged
+accepting, answer waiting fetches at once, refuse new requests
+(but the followers'), let in-flight ones finish (bounded), close the followers'
+connections, then flush and close every partition, so a SIGTERM never loses an acknowledged
 write, leaves indexes saved, and exits at once even with consumers waiting for records.
 """
 
@@ -99,9 +100,16 @@ class Server:
             if self._listener is not None:
                 self._listener.close()
             self.broker.drain()  # long polls answer now, not after their max_wait_ms
+            # Clients' requests first, while followers still fetch: an acks=all write in
+            # flight completes only once they have it (their connections are served on,
+            # server/connection.py), and it completes at once then, not after the grace.
+            conns = list(self.connections)
             await asyncio.gather(
-                *(c.drain_and_close(SHUTDOWN_GRACE_S) for c in list(self.connections)),
+                *(c.drain_and_close(SHUTDOWN_GRACE_S) for c in conns if not c.replica),
                 return_exceptions=True,
+            )
+            await asyncio.gather(
+                *(c.drain_and_close(0) for c in list(self.connections) if c.replica), return_exceptions=True
             )
             await self.broker.close()
         finally:

@@ -20,6 +20,11 @@ attachments) to the client unasked, e.g. a transaction check to a registered pro
 pushes only while ``writable`` and resumes from ``on_writable``; ``on_close`` callbacks
 run when the connection goes, so state tied to it is dropped.
 
+Shutdown (``Server.stop``): requests that arrive are refused (BROKER_SHUTTING_DOWN) but
+those of followers (``REPLICA_APIS``): a leader's ``acks=all`` writes in flight complete
+only once its followers fetched them, so follower connections stay served until the
+clients' requests are done, and are closed last.
+
 Flow control: per connection, at most ``max_in_flight`` requests holding at most
 ``max_in_flight_bytes`` of frames are handled at once; past either, and while the
 transport's write buffer is full, the connection stops reading.
@@ -47,6 +52,8 @@ log = logging.getLogger("sluice.server")
 
 LINGER_S = 1.0  # after an error: how long input is drained before the socket closes
 HANDSHAKE_TIMEOUT_S = 10.0
+# what followers send; served also while the broker stops (see ``Server.stop``)
+REPLICA_APIS = frozenset({m.Api.REPLICA_FETCH, m.Api.OFFSETS_FOR_LEADER_EPOCH})
 
 
 class Connection(asyncio.Protocol):
@@ -66,6 +73,7 @@ class Connection(asyncio.Protocol):
         self._closing = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._close_callbacks: list = []
+        self.replica = False  # a follower broker's: it sent replica requests
         self._writable_callbacks: list = []
 
     # ------------------------------------------------------------------ transport callbacks
@@ -188,7 +196,9 @@ class Connection(asyncio.Protocol):
             self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
             self._close()
             return
-        if self.server.stopping:
+        if frame.api in REPLICA_APIS:
+            self.replica = True
+        elif self.server.stopping:  # followers still fetch: the acks=all writes in flight need them
             exc = BrokerShuttingDown("the broker is shutting down")
             self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
             return
@@ -282,7 +292,9 @@ class Connection(asyncio.Protocol):
             t.close()
 
     async def drain_and_close(self, grace: float) -> None:
-        """Let in-flight requests finish (up to ``grace`` seconds), then close."""
-        if self.tasks:
+        """Let in-flight requests finish (up to ``grace`` seconds), then close.  A
+        follower's connection is closed at once: its requests are long polls that only
+        move data, and the follower fetches from the next leader."""
+        if self.tasks and not self.replica:
             await asyncio.wait(list(self.tasks), timeout=grace)
         self._close(linger=0)
