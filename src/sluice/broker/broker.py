@@ -124,7 +124,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         # log compaction: long passes, kept out of the way of metadata writes
         self.cleaner = ThreadPoolExecutor(1, thread_name_prefix="sluice-cleaner")
         self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
-        self._draining = False  # shutdown began: fetches answer at once instead of waiting
+        self._draining = False  # shutdown began: fetches answer at once, no new leaderships
         self.metadata = store if store is not None else open_store(config)
         self.groups: GroupCoordinator | None = None
         self.host, self.port = config.host, config.port
@@ -381,7 +381,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
     def drain(self) -> None:
         """Shutdown has begun: every fetch long poll answers now with what it has (a client
         waiting for new records must not hold the shutdown for its ``max_wait_ms``), and so
-        do fetches that come later."""
+        do fetches that come later; no partition state applied from now on makes this
+        broker a leader, and it creates no topic (it would be gone before serving them)."""
         self._draining = True
         for topic in self.topics.values():
             for p in topic.partitions.values():

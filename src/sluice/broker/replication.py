@@ -159,6 +159,12 @@ class ReplicaManager:
             if part.is_leader and part.leader_epoch == state.leader_epoch:
                 part.set_replicas(replicas, state.isr)
                 return
+            if self._draining:  # stopping: it would be gone before serving anyone
+                log.warning(
+                    "not leading %s-%d in epoch %d: the broker is shutting down",
+                    part.topic, part.index, state.leader_epoch,
+                )
+                return
             self._unfollow(part)
             part.make_leader(state.leader_epoch, replicas, state.isr)
             self._leadership_changed(part)

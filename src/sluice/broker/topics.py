@@ -35,6 +35,7 @@ from sluice.cluster.store import PartitionState, TopicRecord, initial_states, un
 from sluice.config import TopicConfig, check_partitions, check_topic_name
 from sluice.errors import (
     BrokerError,
+    BrokerShuttingDown,
     InvalidConfig,
     InvalidPartitions,
     InvalidReplicationFactor,
@@ -247,6 +248,8 @@ class TopicAdmin:
         self._check_capacity(sum(self.config.node_id in r for r in assignment))
         if validate_only:
             return
+        if self._draining:  # its partitions led here would have no leader until it is gone
+            raise BrokerShuttingDown(f"the broker is shutting down: topic {new.name!r} is not created")
         record = TopicRecord(
             new.name, new.partitions, dict(new.config), internal=internal,
             replication_factor=factor, assignment=assignment,

@@ -3,7 +3,7 @@
 ``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
 the port, recover the logs, then accept connections, so a second broker on the same
 directory or port is refused before it reads a byte of data.  Shutdown order: stop
-accepting, answer waiting fetches at once, refuse new requests
+accepting, take no new leadership, answer waiting fetches at once, refuse new requests
 (but the followers'), let in-flight ones finish (bounded), close the followers'
 connections, then flush and close every partition, so a SIGTERM never loses an acknowledged
 write, leaves indexes saved, and exits at once even with consumers waiting for records.
