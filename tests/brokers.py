@@ -149,3 +149,15 @@ class BrokerProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def refused(self, *needles: str) -> None:
+        """Start, expecting the broker to refuse: its error names every needle.  It is
+        stopped in any case."""
+        try:
+            self.start()
+        except RuntimeError as exc:
+            assert all(n in str(exc) for n in needles), (needles, exc)
+        else:
+            raise AssertionError(f"the broker started; expected a refusal naming {needles}")
+        finally:
+            self.kill()
