@@ -288,8 +288,6 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         ``INTERNAL_TOPIC_WAIT_S`` after this broker started: the first broker of a new
         cluster would otherwise create it with a single replica."""
         record = (await self.metadata.topics()).get(GROUPS_TOPIC)
-        if record is None and self.cluster_id is not None and not await self.store_is_ours(wait=False):
-            return False  # a wiped store: the broker stops
         if record is None:
             alone = len(self.live_brokers) < INTERNAL_REPLICAS and self.config.cluster is not None
             if alone and time.monotonic() - self._started_at < INTERNAL_TOPIC_WAIT_S:

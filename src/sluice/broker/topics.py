@@ -229,7 +229,8 @@ class TopicAdmin:
     async def _create_topic(self, new: m.NewTopic, validate_only: bool, internal: bool = False) -> None:
         """Validate, assign replicas, open the partitions held here, then record the topic;
         all or nothing.  Admin lock held.  ``internal``: a topic only brokers write (its
-        name starts with ``__``); never for a client's request."""
+        name starts with ``__``), created only in this broker's cluster's store; never for
+        a client's request."""
         check_topic_name(new.name, internal_ok=internal)
         check_partitions(new.partitions)
         config = TopicConfig.parse(new.config, self.defaults)
@@ -250,6 +251,8 @@ class TopicAdmin:
             return
         if self._draining:  # its partitions led here would have no leader until it is gone
             raise BrokerShuttingDown(f"the broker is shutting down: topic {new.name!r} is not created")
+        if internal and not await self.store_is_ours(wait=False):  # a wiped store: the broker stops
+            raise MetadataUnavailable(f"the metadata store is not this broker's cluster's: {new.name!r} is not created")
         record = TopicRecord(
             new.name, new.partitions, dict(new.config), internal=internal,
             replication_factor=factor, assignment=assignment,

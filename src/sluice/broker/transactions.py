@@ -635,8 +635,6 @@ class TransactionManager:
         if self._audit_ready or self.broker.groups is None:
             return
         if tx.DISCARD_TOPIC not in (await self.broker.metadata.topics()):
-            if not await self.broker.store_is_ours(wait=False):
-                return  # a wiped store: the broker stops
             new = m.NewTopic(name=tx.DISCARD_TOPIC, partitions=1, config=DISCARD_TOPIC_CONFIG)
             try:
                 async with self.broker._admin_lock:

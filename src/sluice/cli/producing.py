@@ -212,8 +212,7 @@ def produce_delayed(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
     import asyncio
     import time
 
-    from sluice.client.transaction import DelayedProducer
-    from sluice.protocol.transactions import split_delayed
+    from sluice.client.transaction import DelayedProducer, split_delayed
 
     hdrs = list(headers or ())
 

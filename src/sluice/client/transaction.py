@@ -49,10 +49,12 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.arguments import argument_error, check_partition
+from sluice.client.framing import record_size, tail_size
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.config import TopicConfig
 from sluice.protocol import messages as m
 from sluice.protocol import transactions as tx
+from sluice.protocol.records import HEADER_SIZE
 
 __all__ = [
     "DelayedMessages",
@@ -63,6 +65,7 @@ __all__ = [
     "TransactionResult",
     "format_id",
     "parse_id",
+    "split_delayed",
 ]
 
 log = logging.getLogger("sluice.client.transaction")
@@ -470,7 +473,7 @@ class TransactionProducer:
     async def max_message_bytes(self, topic: str) -> int:
         """The largest batch ``topic`` stores (its ``max.message.bytes``, from metadata):
         what one ``send_delayed`` or half message may take, batch header included
-        (``protocol.transactions.split_delayed`` splits messages to fit); a broker that does
+        (``split_delayed`` splits messages to fit); a broker that does
         not say gets the default's."""
         return (await self._topic_info(topic)).max_message_bytes or TopicConfig.max_message_bytes
 
@@ -563,3 +566,32 @@ class DelayedProducer(TransactionProducer):
 
 def _delayed_id(delayed: DelayedMessages | str) -> str:
     return delayed.id if isinstance(delayed, DelayedMessages) else delayed
+
+
+def split_delayed(
+    records: Sequence[tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    deliver_at_ms: int,
+    max_batch_bytes: int,
+    max_count: int | None = None,
+) -> list[list]:
+    """``records`` in order, in runs whose ``tx.delayed_batch`` (due at ``deliver_at_ms``)
+    is at most ``max_batch_bytes`` (the topic's ``max.message.bytes``) and, with
+    ``max_count``, holds at most that many records.  Sizes are exact: each record as it
+    would be encoded at its place in its run, with the headers ``delayed_batch`` adds.  A
+    record too large for a batch on its own is a run of its own, for the broker to refuse."""
+    added = [(tx.GROUP_HEADER, tx.DELAY_GROUP.encode()), (tx.DELIVER_AT_HEADER, str(deliver_at_ms).encode())]
+    room = max_batch_bytes - HEADER_SIZE
+    runs: list[list] = []
+    run: list = []
+    size = 0
+    for rec in records:
+        key, value, headers = rec
+        tail = tail_size(key, value, [*headers, *added])
+        if run and (size + record_size(tail, 0, len(run)) > room or max_count is not None and len(run) >= max_count):
+            runs.append(run)
+            run, size = [], 0
+        size += record_size(tail, 0, len(run))
+        run.append(rec)
+    if run:
+        runs.append(run)
+    return runs

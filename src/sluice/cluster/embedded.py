@@ -63,6 +63,7 @@ from sluice.errors import (
     unknown_partition,
 )
 from sluice.storage.checkpoint import write_json
+from sluice.storage.identity import holds_partitions
 
 log = logging.getLogger("sluice.cluster")
 
@@ -105,8 +106,7 @@ class EmbeddedStore(MetadataStore):
         """Always ``EMBEDDED_CLUSTER_ID``: the store is in the data directory it serves.  A
         directory that recorded an etcd cluster's id is refused (``ClusterIdMismatch``):
         this store would not list its topics, and the broker would drop their replicas."""
-        logs = self.path.parent.parent / "logs"
-        if known is None and not self._found and logs.is_dir() and any(not p.name.startswith(".") for p in logs.iterdir()):
+        if known is None and not self._found and holds_partitions(self.path.parent.parent):
             raise ClusterIdMismatch(  # replicas, but never a single-node broker's metadata
                 f"this data directory holds replicas but no single-node metadata ({self.path}): it is a cluster "
                 "member's, recorded before cluster ids; start it with the cluster's --cluster etcd://... "

@@ -102,43 +102,11 @@ def delayed_batch(
     """The half message holding delayed messages ``(key, value, headers)`` all due at
     ``deliver_at_ms``: one batch, so many messages of one time need one entry on the broker."""
     at = str(deliver_at_ms).encode()
-    body = b"".join(_delayed_record(i, key, value, headers, at) for i, (key, value, headers) in enumerate(records))
+    body = b"".join(
+        encode_record(i, 0, key, value, [*headers, (GROUP_HEADER, DELAY_GROUP.encode()), (DELIVER_AT_HEADER, at)])
+        for i, (key, value, headers) in enumerate(records)
+    )
     return build_batch(body, len(records), timestamp_ms, timestamp_ms, 0, *producer, flags=TRANSACTIONAL_BIT)
-
-
-def split_delayed(
-    records: Sequence[tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
-    deliver_at_ms: int,
-    max_batch_bytes: int,
-    max_count: int | None = None,
-) -> list[list]:
-    """``records`` in order, in runs whose ``delayed_batch`` (due at ``deliver_at_ms``) is
-    at most ``max_batch_bytes`` (the topic's ``max.message.bytes``) and, with
-    ``max_count``, holds at most that many records.  Sizes are exact: each record as it
-    would be encoded at its place in its run.  A record too large for a batch on its own
-    is a run of its own, for the broker to refuse."""
-    at = str(deliver_at_ms).encode()
-    room = max_batch_bytes - HEADER_SIZE
-    runs: list[list] = []
-    run: list = []
-    size = 0
-    for rec in records:
-        n = len(_delayed_record(len(run), *rec, at))
-        if run and (size + n > room or max_count is not None and len(run) >= max_count):
-            runs.append(run)
-            run, size = [], 0
-            n = len(_delayed_record(0, *rec, at))
-        size += n
-        run.append(rec)
-    if run:
-        runs.append(run)
-    return runs
-
-
-def _delayed_record(i: int, key: bytes | None, value: bytes | None,
-                    headers: Sequence[tuple[str, bytes | None]], at: bytes) -> bytes:
-    """Record ``i`` of a delayed batch: its headers, then its producer group and due time."""
-    return encode_record(i, 0, key, value, [*headers, (GROUP_HEADER, DELAY_GROUP.encode()), (DELIVER_AT_HEADER, at)])
 
 
 def deliver_at_of(record: Record) -> int:

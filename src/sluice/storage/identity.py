@@ -72,8 +72,13 @@ def claim(data_dir: Path, node_id: int) -> Claim:
         )
     if owner is not None:
         return Claim(False, cluster_id)
+    return Claim(not holds_partitions(data_dir), None)
+
+
+def holds_partitions(data_dir: Path) -> bool:
+    """Whether ``data_dir/logs`` holds a partition (deletions left over do not count)."""
     logs = data_dir / "logs"
-    return Claim(not (logs.is_dir() and any(not p.name.startswith(".") for p in logs.iterdir())), None)
+    return logs.is_dir() and any(not p.name.startswith(".") for p in logs.iterdir())
 
 
 def record(data_dir: Path, node_id: int, cluster_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.client.transaction import split_delayed
 from sluice.protocol import transactions as tx
 from sluice.protocol.records import HEADER_SIZE
 
@@ -18,7 +19,7 @@ def batch_size(run) -> int:
 
 def test_lines_of_1400_bytes_fill_batches_up_to_the_limit():
     recs = [(None, b"x" * 1400, ()) for _ in range(5000)]
-    runs = tx.split_delayed(recs, AT, 1 << 20, 1000)
+    runs = split_delayed(recs, AT, 1 << 20, 1000)
     assert [r for run in runs for r in run] == recs
     for i, run in enumerate(runs):
         assert batch_size(run) <= 1 << 20
@@ -29,7 +30,7 @@ def test_lines_of_1400_bytes_fill_batches_up_to_the_limit():
 
 def test_the_count_cap_holds_for_small_messages():
     recs = [(b"k", str(i).encode(), [("h", b"v")]) for i in range(20_000)]
-    runs = tx.split_delayed(recs, AT, 65536, 1000)
+    runs = split_delayed(recs, AT, 65536, 1000)
     assert [r for run in runs for r in run] == recs
     assert all(batch_size(run) <= 65536 for run in runs)
     assert max(len(run) for run in runs) < 1000  # 65536 bytes hold fewer than 1000 of these
@@ -37,8 +38,8 @@ def test_the_count_cap_holds_for_small_messages():
 
 def test_a_message_too_large_alone_is_a_run_of_its_own():
     small, big = (None, b"s", ()), (None, b"b" * 70_000, ())
-    assert tx.split_delayed([small, big, small], AT, 65536) == [[small], [big], [small]]
-    assert tx.split_delayed([], AT, 65536) == []
+    assert split_delayed([small, big, small], AT, 65536) == [[small], [big], [small]]
+    assert split_delayed([], AT, 65536) == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -49,7 +50,7 @@ def test_a_message_too_large_alone_is_a_run_of_its_own():
 )
 def test_every_run_fits_and_none_could_take_the_next(sizes, keyed, limit):
     recs = [(b"key" if keyed else None, b"v" * n, [("src", b"file")]) for n in sizes]
-    runs = tx.split_delayed(recs, AT, limit)
+    runs = split_delayed(recs, AT, limit)
     assert [r for run in runs for r in run] == recs
     for i, run in enumerate(runs):
         assert run
