@@ -69,9 +69,13 @@
         │                                         that name (never created, or deleted)
         ├── SubscriptionAlreadyExists    code 37
         ├── InvalidSubscription          code 38  a bad subscription name or setting
-        └── EligibleLeadersNotAvailable  code 39  retriable: a partition without a live leader
-                                                  has no replica it may elect (none alive, or
-                                                  none in sync and unclean election is off)
+        ├── EligibleLeadersNotAvailable  code 39  retriable: a partition without a live leader
+        │                                         has no replica it may elect (none alive, or
+        │                                         none in sync and unclean election is off)
+        └── NotEnoughReplicasAfterAppend code 40  retriable: an acks=all write was appended,
+                                                  but the ISR had shrunk below
+                                                  min.insync.replicas when the high watermark
+                                                  passed it: may have been stored
 
 Every class has a stable ``name`` and ``code``; ``describe(exc)`` gives the one line
 ``NAME (code): message`` that the command line prints.  Two ranges that never overlap:
@@ -462,6 +466,16 @@ class EligibleLeadersNotAvailable(BrokerError):
     """A leader election found no replica it may elect for a partition without a live
     leader: none is alive, or none in sync while the topic does not allow unclean
     elections; the message says which."""
+
+
+@_code(40, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", retriable=True, appended_nothing=False)
+class NotEnoughReplicasAfterAppend(BrokerError):
+    """An ``acks=all`` write that was appended, but when the high watermark passed it the
+    ISR had fewer members than ``min.insync.replicas`` (it shrank while the write waited):
+    it is not acknowledged, since fewer copies than promised may hold it.  The write may
+    have been stored (it is in the leader's log, and may survive); an idempotent producer
+    retries it safely, and the retry is answered as a duplicate once the ISR is big enough
+    again (Kafka's ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``)."""
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

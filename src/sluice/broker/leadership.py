@@ -17,7 +17,7 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from sluice.errors import LeadershipLost
+from sluice.errors import LeadershipLost, NotEnoughReplicasAfterAppend
 
 
 @dataclass
@@ -139,8 +139,21 @@ class Leadership:
         """Move the high watermark up to ``offset`` (never past the log end, never down):
         complete the ``acks=all`` waits it passes and wake fetches waiting for data."""
         if self.log.advance_high_watermark(offset):
-            self._acks.complete(self.log.high_watermark)
+            self._acks.complete(self.log.high_watermark, self._isr_short())
             self._notify()
+
+    def _isr_short(self) -> NotEnoughReplicasAfterAppend | None:
+        """The error an ``acks=all`` write passed by the high watermark now gets instead of
+        its acknowledgement: the ISR that moved the high watermark has fewer members than
+        ``min.insync.replicas`` (it shrank after the write was admitted); None when it is
+        big enough."""
+        have, need = len(self.isr), self.config.min_insync_replicas
+        if have >= need:
+            return None
+        return NotEnoughReplicasAfterAppend(
+            f"{self.topic}-{self.index}: the ISR shrank to {have} replica(s) (min.insync.replicas is "
+            f"{need}) before the write was replicated: it was appended, maybe stored"
+        )
 
     def make_leader(self, leader_epoch: int, replicas: list[int] | None = None, isr: list[int] | None = None) -> None:
         """Lead from now on, stamping ``leader_epoch`` (at least the current one) on new

@@ -98,6 +98,7 @@ class _Append:
     size: int = 0
     acks_all: bool = False  # the future completes when the high watermark passes the batches
     replica: bool = False  # a follower's copy: offsets, epochs and timestamps are the leader's
+    deadline: float | None = None  # loop time an acks=all wait gives up at (RequestTimedOut)
     # set by the writer when some batches are duplicates: per batch of the request, in
     # order, its Duplicate or None (new; ``spans`` then holds only the new ones)
     dups: list[Duplicate | None] | None = None
@@ -189,12 +190,16 @@ class Partition(Leadership, Reading, Compacting):
         return self._closing
 
     def append(
-        self, data: bytearray | memoryview, spans: list[BatchSpan], acks_all: bool = False
+        self, data: bytearray | memoryview, spans: list[BatchSpan], acks_all: bool = False,
+        deadline: float | None = None,
     ) -> asyncio.Future:
         """Queue validated batches (patched in place later); the future gives AppendResult.
 
         The future completes after the write, and after the fsync when the flush policy
-        says "always"; with ``acks_all``, once the high watermark passes the batches.  It
+        says "always"; with ``acks_all``, once the high watermark passes the batches, if the
+        ISR then has at least ``min.insync.replicas`` members (else it fails with
+        ``NotEnoughReplicasAfterAppend``: appended, maybe stored), or with
+        ``RequestTimedOut`` at ``deadline`` (loop time), its purgatory slot freed.  It
         fails at once, with nothing written, with ``NotEnoughReplicas`` (``acks_all`` while
         the ISR is smaller than ``min.insync.replicas``), ``BrokerBusy`` (the writer's queue
         or the purgatory is full), ``NotLeader`` or ``BrokerShuttingDown``; later with a
@@ -234,7 +239,7 @@ class Partition(Leadership, Reading, Compacting):
                 f"{cfg.replica_wait_max_requests}, replica.wait.max.bytes={cfg.replica_wait_max_bytes}); retry"
             ))
         else:
-            self._enqueue(_Append(data, spans, fut, size, acks_all))
+            self._enqueue(_Append(data, spans, fut, size, acks_all, deadline=deadline))
         return fut
 
     def append_as_follower(self, data: bytearray | memoryview) -> asyncio.Future:
@@ -516,7 +521,7 @@ class Partition(Leadership, Reading, Compacting):
             elif req.acks_all:
                 if req.dups:  # a duplicate is answered once its original is replicated too
                     end = max([end] + [d.end for d in req.dups if d])
-                self._acks.wait(req.future, end, result, plog.high_watermark)
+                self._acks.wait(req.future, end, result, plog.high_watermark, self._isr_short(), req.deadline)
             else:
                 req.future.set_result(result)
             start = end
@@ -581,7 +586,10 @@ class Partition(Leadership, Reading, Compacting):
             if req.future.done():
                 continue
             if req.acks_all:
-                self._acks.wait(req.future, max(d.end for d in req.dups), result, self.log.high_watermark)
+                self._acks.wait(
+                    req.future, max(d.end for d in req.dups), result, self.log.high_watermark,
+                    self._isr_short(), req.deadline,
+                )
             else:
                 req.future.set_result(result)
 

@@ -86,6 +86,7 @@ class ProduceHandler:
         results: list[m.ProducePartitionResult | None] = []
         pending: list[tuple[int, asyncio.Future]] = []
         pos = 0
+        deadline = asyncio.get_running_loop().time() + max(req.timeout_ms, 1) / 1000
         for p in req.partitions:
             chunk = att[pos : pos + p.size]
             pos += p.size
@@ -105,7 +106,7 @@ class ProduceHandler:
             except BrokerError as exc:
                 results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(exc)))
                 continue
-            fut = part.append(chunk, spans, req.acks == m.ACKS_ALL)
+            fut = part.append(chunk, spans, req.acks == m.ACKS_ALL, deadline)
             self.transactions.track(part, spans, chunk, fut)  # half messages (broker/transactions.py)
             pending.append((len(results), fut))
             results.append(None)
