@@ -44,7 +44,7 @@ class Leadership:
         follower not heard from in this epoch holds it where it is).  The leader's own
         counts once written, and fsynced where the flush policy says "always"."""
         end = min(self.log.log_end_offset, self._synced_end)
-        for r in self.isr:
+        for r in self.maximal_isr:
             f = self.followers.get(r)
             if f is not None:
                 end = min(end, f.log_end)
@@ -62,14 +62,30 @@ class Leadership:
         self.set_isr(isr)
 
     def set_isr(self, isr: list[int]) -> None:
-        """Apply the ISR the metadata store holds now; the high watermark may move."""
+        """Apply the ISR the metadata store holds now (an expansion pending is settled by
+        it: ``expanding``); the high watermark may move."""
         now = time.monotonic()
         for r in self.isr:
             if r not in isr and (f := self.followers.get(r)) is not None:
                 f.left_isr_at = now
         self.isr = tuple(isr)
+        self.joining = ()
         if self.is_leader:
             self._log_end_moved()
+
+    def expanding(self, joining: list[int]) -> None:
+        """The leader is writing an ISR with ``joining`` added to the store (Kafka's
+        "maximal ISR"): until a state of the store is applied (``set_isr``), the high
+        watermark and ``min.insync.replicas`` count the joiners as in sync.  The write may
+        take effect although its answer is lost (a timeout), and the controller may then
+        elect a joiner: it must hold every acknowledged record, so nothing is acknowledged
+        that a joiner lacks."""
+        self.joining = tuple(r for r in joining if r not in self.isr)
+
+    @property
+    def maximal_isr(self) -> tuple[int, ...]:
+        """The ISR applied, with the replicas of a pending expansion (``expanding``)."""
+        return self.isr + self.joining if self.joining else self.isr
 
     def follower_fetched(self, replica_id: int, offset: int) -> None:
         """A follower's replica fetch at ``offset``: it has everything below it."""
@@ -82,7 +98,7 @@ class Leadership:
         elif offset >= f.leader_end_at_fetch >= 0:  # has what we had at its last fetch
             f.caught_up_at = max(f.caught_up_at, f.fetched_at)
         f.log_end, f.leader_end_at_fetch, f.fetched_at = offset, leader_end, now
-        if replica_id in self.isr:
+        if replica_id in self.isr or replica_id in self.joining:
             self._log_end_moved()
 
     def lagging(self, max_lag_s: float) -> list[int]:
@@ -147,7 +163,7 @@ class Leadership:
         its acknowledgement: the ISR that moved the high watermark has fewer members than
         ``min.insync.replicas`` (it shrank after the write was admitted); None when it is
         big enough."""
-        have, need = len(self.isr), self.config.min_insync_replicas
+        have, need = len(self.maximal_isr), self.config.min_insync_replicas
         if have >= need:
             return None
         return NotEnoughReplicasAfterAppend(
@@ -162,6 +178,7 @@ class Leadership:
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, True
+        self.joining = ()
         self.followers = {}
         self.failed_followers = set()
         self._marks.clear()
@@ -177,6 +194,7 @@ class Leadership:
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, False
+        self.joining = ()
         self.followers = {}
         self.failed_followers = set()
         self._acks.fail_all(LeadershipLost(

@@ -152,9 +152,11 @@ class Partition(Leadership, Reading, Compacting):
         self.leader_epoch = max(leader_epoch, plog.epochs.latest_epoch, 0)
         self.is_leader = leader
         self.isr: tuple[int, ...] = (replica_id,)
+        self.joining: tuple[int, ...] = ()  # on the leader: an ISR expansion being written
         self.followers: dict[int, Follower] = {}  # on the leader: the other replicas
         self.failed_followers: set[int] = set()  # on the leader: replicas that cannot write
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
+        self.seen_version = -1  # the newest version of the store's state applied here
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
         self._replica_waiters: list[Callable[[], None]] = []  # replica fetches waiting for appends
         # the log end as far as the writer has finished with it (written, and fsynced with

@@ -146,14 +146,17 @@ class ReplicaManager:
 
     def _become(self, topic: Topic, index: int, state: PartitionState) -> None:
         """Apply ``state`` to partition ``index`` of ``topic``: lead it, follow its leader,
-        or (not held here) just know it."""
-        topic.states[index] = state
+        or (not held here) just know it.  A state older than one applied already (a lower
+        epoch, or the same epoch and a lower version: a read after a failed swap raced the
+        watch) is ignored: it would shrink the ISR again, or depose a newer leader."""
         part = topic.partitions.get(index)
+        if part is not None and (state.leader_epoch, state.version) < (part.leader_epoch, part.seen_version):
+            return
+        topic.states[index] = state
         if part is None:
             return
-        if state.leader_epoch < part.leader_epoch:
-            return  # an older state than one applied already (a direct apply raced the watch)
         part.state_version = state.version
+        part.seen_version = max(part.seen_version, state.version)
         replicas = topic.record.assignment[index]
         if state.leader == self.config.node_id:
             if part.is_leader and part.leader_epoch == state.leader_epoch:
@@ -252,6 +255,11 @@ class ReplicaManager:
         old = list(part.isr)
         isr = [r for r in old if r not in out] + join
         state = PartitionState(self.config.node_id, part.leader_epoch, isr)
+        if join:
+            # The swap may take effect and its answer be lost: the joiners count in the high
+            # watermark from now until a state of the store is applied (maximal ISR).  A
+            # shrink is applied only once written, so the old, bigger ISR counts meanwhile.
+            part.expanding(isr)
         if await self.metadata.cas_partition_state(part.topic, part.index, expected, state):
             if out:
                 log.warning("%s-%d: ISR shrank from %s to %s", part.topic, part.index, old, isr)

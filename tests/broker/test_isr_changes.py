@@ -1,0 +1,80 @@
+"""The ISR a leader applies: an expansion being written counts its joiners in the high
+watermark until the store's state is read back (Kafka's maximal ISR), and a state older
+than one applied (same epoch, lower version) never shrinks the ISR again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from batches import request
+
+from sluice.broker.broker import Broker
+from sluice.cluster.store import PartitionState
+from sluice.config import ServerConfig
+from sluice.errors import NotEnoughReplicasAfterAppend
+from sluice.protocol import messages as m
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_a_pending_expansion_counts_its_joiner_in_the_high_watermark(open_partition):
+    part = open_partition(**{"flush.messages": "1"})
+    part.make_leader(1, [0, 1], [0])
+    await part.append(*request([b"a", b"b", b"c"]))
+    assert part.high_watermark == 3  # the leader alone is in sync
+    part.follower_fetched(1, 3)  # caught up: the leader writes [0, 1] to the store
+    part.expanding([0, 1])
+    await part.append(*request([b"d", b"e"]))
+    # the swap's answer may be lost while the store holds [0, 1]: the controller could
+    # elect 1, so nothing it lacks may be acknowledged
+    assert (part.log_end_offset, part.high_watermark) == (5, 3)
+    part.follower_fetched(1, 5)
+    assert part.high_watermark == 5
+    part.set_isr([0])  # the store's state read back: the expansion did not take effect
+    assert part.joining == () and part.maximal_isr == (0,)
+    await part.append(*request([b"f"]))
+    assert part.high_watermark == 6  # the leader alone again
+
+
+async def test_a_write_passed_by_a_high_watermark_of_too_small_an_isr_is_not_acknowledged(open_partition):
+    part = open_partition(**{"flush.messages": "1", "min.insync.replicas": "2"})
+    part.make_leader(1, [0, 1], [0, 1])
+    part.follower_fetched(1, 0)
+    waiting = part.append(*request([b"a"]), acks_all=True)
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    part.set_isr([0])  # 1 left: the high watermark passes the write with one copy
+    with pytest.raises(NotEnoughReplicasAfterAppend):
+        await waiting
+    part.follower_fetched(1, 1)
+    part.set_isr([0, 1])  # back in sync: acks=all works again
+    second = part.append(*request([b"b"]), acks_all=True)
+    part.follower_fetched(1, 2)
+    assert (await asyncio.wait_for(second, 5)).base_offset == 1
+
+
+@pytest.fixture
+async def broker(tmp_path):
+    b = Broker(ServerConfig(data_dir=tmp_path / "data", port=0))
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+async def test_an_older_state_of_the_same_epoch_never_shrinks_the_isr(broker: Broker):
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    assert resp.topics[0].error == 0, resp.topics[0].message
+    topic = broker.topics["t"]
+    part = topic.partitions[0]
+    me, epoch = broker.config.node_id, part.leader_epoch
+    version = part.seen_version
+    broker._become(topic, 0, PartitionState(me, epoch, [me, 7], version + 20))  # the ISR grew
+    assert part.isr == (me, 7)
+    broker._become(topic, 0, PartitionState(me, epoch, [me], version + 10))  # a late, older read
+    assert part.isr == (me, 7) and part.state_version == version + 20
+    assert topic.states[0].version == version + 20
+    broker._become(topic, 0, PartitionState(me, epoch, [me], version + 30))  # a newer one applies
+    assert part.isr == (me,)
