@@ -78,3 +78,23 @@ async def test_an_older_state_of_the_same_epoch_never_shrinks_the_isr(broker: Br
     assert topic.states[0].version == version + 20
     broker._become(topic, 0, PartitionState(me, epoch, [me], version + 30))  # a newer one applies
     assert part.isr == (me,)
+
+
+async def test_a_new_leader_stamps_its_epoch_before_any_write(open_partition):
+    """An unclean election: the new leader lagged (its log has epoch 0 only) while the old
+    one wrote on in epoch 1.  Asked where epoch 1 ends, it must say "where I started
+    leading", so the old leader cuts its epoch-1 suffix; not "unknown" (the follower
+    would then keep what it has up to its own high watermark, and diverge)."""
+    part = open_partition()
+    part.make_leader(0)
+    await part.append(*request([b"a", b"b", b"c"]))
+    part.make_follower(1)  # the old leader goes on in epoch 1 without this replica
+    part.make_leader(2)  # elected uncleanly, before it writes anything
+    assert part.end_offset_for_epoch(1) == (0, 3)
+    assert part.end_offset_for_epoch(2) == (2, 3)
+    await part.append(*request([b"d"]))
+    assert part.log.epochs.entries() == [(0, 0), (2, 3)]
+    part.make_follower(3)
+    part.make_leader(4)
+    part.make_follower(5)  # led in 4 without writing: its stamp is not in the log, it goes
+    assert part.log.epochs.entries() == [(0, 0), (2, 3)]

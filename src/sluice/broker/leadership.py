@@ -173,11 +173,16 @@ class Leadership:
 
     def make_leader(self, leader_epoch: int, replicas: list[int] | None = None, isr: list[int] | None = None) -> None:
         """Lead from now on, stamping ``leader_epoch`` (at least the current one) on new
-        batches, with ``replicas`` and ``isr`` (default: this broker alone).  Followers
-        start unheard of: the high watermark waits for their first fetch."""
+        batches and in the leader-epoch cache at the log end, with ``replicas`` and ``isr``
+        (default: this broker alone).  Followers start unheard of: the high watermark
+        waits for their first fetch."""
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, True
+        # Stamp the epoch at the log end before any write (Kafka's makeLeader): a follower
+        # whose last epoch this log never had (an unclean election, a leader that lagged
+        # the old one) learns it ends here, and cuts what it has beyond.
+        self.log.epochs.assign(leader_epoch, self.log.log_end_offset)
         self.joining = ()
         self.followers = {}
         self.failed_followers = set()
@@ -194,6 +199,9 @@ class Leadership:
         if leader_epoch < self.leader_epoch:
             raise ValueError(f"leader epoch {leader_epoch} is below {self.leader_epoch}")
         self.leader_epoch, self.is_leader = leader_epoch, False
+        # a stamp of the epoch this broker led with no batch written in it goes: it is
+        # not in the log, and a follower's epochs are its log's
+        self.log.epochs.truncate_from_end(self.log.log_end_offset)
         self.joining = ()
         self.followers = {}
         self.failed_followers = set()

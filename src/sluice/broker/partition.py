@@ -157,6 +157,7 @@ class Partition(Leadership, Reading, Compacting):
         self.failed_followers: set[int] = set()  # on the leader: replicas that cannot write
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
         self.seen_version = -1  # the newest version of the store's state applied here
+        self.stale_epoch = -1  # never lead in this epoch or an older one (a restart, a cut log)
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
         self._replica_waiters: list[Callable[[], None]] = []  # replica fetches waiting for appends
         # the log end as far as the writer has finished with it (written, and fsynced with

@@ -155,9 +155,20 @@ class ReplicaManager:
         topic.states[index] = state
         if part is None:
             return
+        first = part.seen_version < 0
         part.state_version = state.version
         part.seen_version = max(part.seen_version, state.version)
         replicas = topic.record.assignment[index]
+        if first and state.version > 0 and len(replicas) > 1:
+            self._check_restarted(topic, part, state)
+        if state.leader == self.config.node_id and state.leader_epoch <= part.stale_epoch:
+            # a leadership from before this broker (re)started, or from before its log was
+            # cut: led only in a newer epoch (``new_leader_epoch``), never in this one
+            self._unfollow(part)
+            if part.is_leader:
+                part.make_follower(state.leader_epoch)
+                self._leadership_changed(part)
+            return
         if state.leader == self.config.node_id:
             if part.is_leader and part.leader_epoch == state.leader_epoch:
                 part.set_replicas(replicas, state.isr)
@@ -188,6 +199,80 @@ class ReplicaManager:
             log.info("following broker %d for %s-%d in epoch %d", state.leader, part.topic, part.index, state.leader_epoch)
         else:
             log.warning("%s-%d has no leader (epoch %d)", part.topic, part.index, state.leader_epoch)
+
+    def _check_restarted(self, topic: Topic, part: Partition, state: PartitionState) -> None:
+        """The first state this process applies to a replicated partition that the store
+        knew before (a restart, or a topic created elsewhere).  A replica whose log lost
+        records (recovery cut a torn tail, or its log ends below the high watermark it had
+        checkpointed: its files were lost) leaves the ISR, and the leadership, until it has
+        caught up again, when another in-sync replica has what it lost.  A leader that
+        keeps its place starts a new leader epoch before it accepts any write: a leader
+        restarted within its session (power loss, ``kill -9``) must not append again in the
+        epoch whose tail it may have lost, or followers could keep a divergent suffix."""
+        me = self.config.node_id
+        lost = bool(part.log.cuts) or part.log_end_offset < self.checkpointed_hw.get((part.topic, part.index), 0)
+        others = [r for r in state.isr if r != me]
+        if lost and me in state.isr and others:
+            part.stale_epoch = max(part.stale_epoch, state.leader_epoch)
+            log.warning(
+                "%s-%d: this replica lost records in a crash (log end %d); it leaves the ISR until it has caught up",
+                part.topic, part.index, part.log_end_offset,
+            )
+            self._in_background(self._withdraw_until_done(topic, part, state))
+        elif state.leader == me:
+            self.new_leader_epoch(part, "this broker restarted")
+
+    async def _withdraw_until_done(self, topic: Topic, part: Partition, state: PartitionState) -> None:
+        while part.state_version == state.version and self.topics.get(part.topic) is topic and not part.closing:
+            try:
+                await self._withdraw_from(part.topic, part.index, state)
+                return  # done, or the state changed: the watch brings it
+            except MetadataUnavailable as exc:
+                log.warning("%s-%d: cannot leave the ISR yet: %s", part.topic, part.index, exc)
+                await asyncio.sleep(0.5)
+
+    def new_leader_epoch(self, part: Partition, why: str) -> None:
+        """Stop leading ``part`` in its current epoch now, and have the metadata store start
+        a new epoch with this broker as leader and the same ISR (compare-and-swap on the
+        version of the state applied); leadership resumes when that state is applied, and
+        the new epoch is stamped at the log end before any write (``make_leader``).
+
+        For every cut of a leader's own log and every restart of a leader: appending again
+        in an epoch whose tail followers may have copied would let them keep a divergent
+        suffix (they find where their last epoch ends on the leader, KIP-101).  ``acks=all``
+        writes waiting fail with ``LeadershipLost`` (maybe stored).  If the state changed
+        meanwhile (another leader elected) the swap fails and that state applies.  Retried
+        while the store is unreachable.  Event loop; no-op for a partition not led here in
+        the state applied."""
+        topic = self.topics.get(part.topic)
+        state = topic.states[part.index] if topic is not None else None
+        if state is None or state.leader != self.config.node_id or part.stale_epoch >= state.leader_epoch:
+            return
+        part.stale_epoch = state.leader_epoch
+        log.warning("%s-%d: %s: a new leader epoch after %d", part.topic, part.index, why, state.leader_epoch)
+        if part.is_leader:
+            part.make_follower(part.leader_epoch)
+            self._leadership_changed(part)
+        self._in_background(self._bump_epoch(topic, part, state))
+
+    async def _bump_epoch(self, topic: Topic, part: Partition, state: PartitionState) -> None:
+        new = PartitionState(self.config.node_id, state.leader_epoch + 1, list(state.isr))
+        while part.state_version == state.version and self.topics.get(part.topic) is topic and not part.closing:
+            try:
+                await self.metadata.cas_partition_state(part.topic, part.index, state.version, new)
+                return  # swapped, or someone else changed the state: the watch brings it
+            except (UnknownTopic, UnknownPartition):
+                return
+            except MetadataUnavailable as exc:
+                log.warning("%s-%d: cannot start a new leader epoch yet: %s", part.topic, part.index, exc)
+                await asyncio.sleep(0.5)
+
+    def _in_background(self, coro) -> None:
+        """Run a partition-state change beside the watch (cancelled by ``close``)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+        task.add_done_callback(_log_failure)
 
     def _fetcher(self, leader: int) -> ReplicaFetcher:
         f = self.fetchers.get(leader)
@@ -406,3 +491,8 @@ class ReplicaManager:
                 for i, why in offline
             )
         return m.ElectLeadersResponse(partitions=out, moves=moves), ()
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("partition state change failed", exc_info=task.exception())
