@@ -7,10 +7,15 @@ flight carrying every partition followed there.  For each partition, in each lea
    epoch ends in the leader's log, and cut this log's tail beyond it (a tail written by a
    deposed leader that never reached the high watermark).  A log with no epochs has
    nothing to cut.
-2. **Fetch** from the log end: the leader records the offset as this replica's log end
-   (everything below it is copied), answers with batches up to its own log end, and its
+2. **Fetch** from the log end, saying the epoch of the last batch this log holds: the
+   leader checks that this log's last epoch ends there in its own log too (KIP-320; else
+   it answers ``diverging`` with where that epoch ends, and this replica cuts its log
+   there: step 1 again, without the round trip), records the offset as this replica's
+   log end (everything below it is copied), answers with batches up to its own log end, and its
    high watermark, which this replica takes (never above its own log end).  Batches are
-   appended with the leader's offsets and epochs (``Partition.append_as_follower``).
+   appended with the leader's offsets and epochs (``Partition.append_as_follower``),
+   tagged with the epoch they were fetched in: the writer drops them if the partition
+   moved to another epoch meanwhile (its truncation decision may be made already).
 
 A partition whose appends fail on this broker's disk reports the error in the very next
 fetch (``storage_error``; the data that answer brings is not written), so the leader drops
@@ -42,6 +47,7 @@ from sluice.errors import (
     SluiceError,
     StorageError,
     UnknownTopic,
+    UnsupportedVersion,
     error_for_code,
 )
 from sluice.protocol import messages as m
@@ -75,6 +81,7 @@ class ReplicaFetcher:
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
         self._failing = False  # the last attempt failed (logged once per streak)
+        self._v1 = False  # the leader knows replica fetches of version 1 only
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"replica fetcher {leader}")
 
     # ------------------------------------------------------------------ membership
@@ -178,24 +185,31 @@ class ReplicaFetcher:
             if r.error:
                 self._refused(f, error_for_code(r.error, r.message))
                 continue
-            part = f.part
-            leo = part.log_end_offset
-            if r.leader_epoch == UNDEFINED_EPOCH:
-                cut = min(part.high_watermark, leo)  # the leader knows none of our epochs
-            else:
-                _, own_end = part.log.epochs.end_offset_for_epoch(r.leader_epoch, leo)
-                cut = min(r.end_offset, own_end if own_end >= 0 else r.end_offset, leo)
-            if cut < leo:
-                log.warning(
-                    "%s-%d: truncating %d..%d (leader %d has epoch %d up to %d)",
-                    part.topic, part.index, cut, leo, self.leader, r.leader_epoch, r.end_offset,
-                )
-                try:
-                    await part.truncate_to(cut)
-                except StorageError as exc:
-                    self._storage_failed(f, exc)
-                    continue
-            f.truncated = True
+            if await self._cut(f, r.leader_epoch, r.end_offset):
+                f.truncated = True
+
+    async def _cut(self, f: _Followed, epoch: int, end_offset: int) -> bool:
+        """Cut ``f``'s log where it stops being the leader's: the leader has ``epoch`` (the
+        largest at or below ours that it knows) up to ``end_offset``.  False when the disk
+        refused (reported in the next fetch)."""
+        part = f.part
+        leo = part.log_end_offset
+        if epoch == UNDEFINED_EPOCH:
+            cut = min(part.high_watermark, leo)  # the leader knows none of our epochs
+        else:
+            _, own_end = part.log.epochs.end_offset_for_epoch(epoch, leo)
+            cut = min(end_offset, own_end if own_end >= 0 else end_offset, leo)
+        if cut < leo:
+            log.warning(
+                "%s-%d: truncating %d..%d (leader %d has epoch %d up to %d)",
+                part.topic, part.index, cut, leo, self.leader, epoch, end_offset,
+            )
+            try:
+                await part.truncate_to(cut)
+            except StorageError as exc:
+                self._storage_failed(f, exc)
+                return False
+        return True
 
     async def _fetch(self, conn: Connection) -> None:
         ready = [f for f in self._ready() if f.truncated]
@@ -210,18 +224,31 @@ class ReplicaFetcher:
             self._changed.clear()
             return
         self._changed.clear()
-        req = m.ReplicaFetchRequest(
-            replica_id=self.broker.config.node_id,
-            partitions=[
+        if self._v1:  # a leader of an older version
+            partitions = [
                 m.ReplicaFetchPartition(
                     topic=f.part.topic, partition=f.part.index, leader_epoch=f.epoch,
-                    offset=f.part.log_end_offset, max_bytes=PARTITION_MAX_BYTES,
-                    storage_error=f.storage_error,
+                    offset=f.part.log_end_offset, max_bytes=PARTITION_MAX_BYTES, storage_error=f.storage_error,
                 )
                 for f in (*ready, *reports)
-            ],
-            max_wait_ms=FETCH_WAIT_MS, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
-        )
+            ]
+            req = m.ReplicaFetchRequest(
+                replica_id=self.broker.config.node_id, partitions=partitions,
+                max_wait_ms=FETCH_WAIT_MS, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
+            )
+        else:
+            req = m.ReplicaFetchRequestV2(
+                replica_id=self.broker.config.node_id,
+                partitions=[
+                    m.ReplicaFetchPartitionV2(
+                        topic=f.part.topic, partition=f.part.index, leader_epoch=f.epoch,
+                        offset=f.part.log_end_offset, max_bytes=PARTITION_MAX_BYTES,
+                        storage_error=f.storage_error, last_fetched_epoch=f.part.log.epochs.latest_epoch,
+                    )
+                    for f in (*ready, *reports)
+                ],
+                max_wait_ms=FETCH_WAIT_MS, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
+            )
         fetch = asyncio.ensure_future(conn.request(req, timeout=FETCH_WAIT_MS / 1000 + 10))
         changed = asyncio.ensure_future(self._changed.wait())
         try:
@@ -234,7 +261,14 @@ class ReplicaFetcher:
                 fetch.add_done_callback(_retrieve)
         if not answered:
             return
-        resp, data = fetch.result()
+        try:
+            resp, data = fetch.result()
+        except UnsupportedVersion:
+            if self._v1:
+                raise
+            log.info("broker %d answers replica fetches of version 1 only", self.leader)
+            self._v1 = True
+            return
         pos = 0
         appends = []
         for f, r in zip((*ready, *reports), resp.partitions, strict=True):
@@ -250,15 +284,30 @@ class ReplicaFetcher:
             if r.error:
                 self._refused(f, error_for_code(r.error, r.message))
                 continue
+            if getattr(r, "diverging", False):
+                appends.append(self._diverged(f, r))
+                continue
             appends.append(self._append(f, chunk, r))
         if appends:
             await asyncio.gather(*appends)
+
+    async def _diverged(self, f: _Followed, r: m.ReplicaFetchResultV2) -> None:
+        """The leader found that this log's last epoch does not end where the leader's
+        log has it (KIP-320): cut it there, then fetch again."""
+        part = f.part
+        log.warning(
+            "%s-%d: the log diverges from leader %d's (last epoch %d, log end %d)",
+            part.topic, part.index, self.leader, part.log.epochs.latest_epoch, part.log_end_offset,
+        )
+        before = part.log_end_offset
+        if await self._cut(f, r.diverging_epoch, r.diverging_end_offset) and part.log_end_offset >= before:
+            f.resume_at = time.monotonic() + RETRY_S * 3  # nothing to cut here: do not spin
 
     async def _append(self, f: _Followed, chunk: memoryview, r: m.ReplicaFetchResult) -> None:
         part = f.part
         if len(chunk):
             try:
-                await part.append_as_follower(chunk)
+                await part.append_as_follower(chunk, f.epoch)
             except StorageError as exc:
                 self._storage_failed(f, exc)
                 return

@@ -60,6 +60,7 @@ from sluice.errors import (
     BrokerBusy,
     BrokerShuttingDown,
     CorruptRecord,
+    FencedLeaderEpoch,
     InvalidRecord,
     LeadershipLost,
     NotEnoughReplicas,
@@ -99,6 +100,7 @@ class _Append:
     acks_all: bool = False  # the future completes when the high watermark passes the batches
     replica: bool = False  # a follower's copy: offsets, epochs and timestamps are the leader's
     deadline: float | None = None  # loop time an acks=all wait gives up at (RequestTimedOut)
+    fetched_in: int | None = None  # a follower's copy: the leader epoch it was fetched in
     # set by the writer when some batches are duplicates: per batch of the request, in
     # order, its Duplicate or None (new; ``spans`` then holds only the new ones)
     dups: list[Duplicate | None] | None = None
@@ -245,9 +247,14 @@ class Partition(Leadership, Reading, Compacting):
             self._enqueue(_Append(data, spans, fut, size, acks_all, deadline=deadline))
         return fut
 
-    def append_as_follower(self, data: bytearray | memoryview) -> asyncio.Future:
+    def append_as_follower(self, data: bytearray | memoryview, fetched_in: int | None = None) -> asyncio.Future:
         """Queue batches copied from the leader's log, kept as they are: base offsets,
         leader epochs and timestamps are the leader's.  The future gives AppendResult.
+
+        ``fetched_in``: the leader epoch the batches were fetched in.  If the partition is
+        in another epoch when the writer takes them, they are dropped (the future fails
+        with ``FencedLeaderEpoch``): the new epoch's truncation may have been decided on a
+        log without them, and they must not land after it.
 
         Checked here: every batch's header and CRC, offsets increasing between batches,
         epochs never decreasing; a partial last batch (a fetch's size cap cut it) is left
@@ -277,7 +284,7 @@ class Partition(Leadership, Reading, Compacting):
         if not self._admit(size):
             fut.set_exception(BrokerBusy(f"{self.topic}-{self.index}: writer queue full; retry"))
         else:
-            self._enqueue(_Append(memoryview(data)[:size], batches, fut, size, replica=True))
+            self._enqueue(_Append(memoryview(data)[:size], batches, fut, size, replica=True, fetched_in=fetched_in))
         return fut
 
     def _admit(self, size: int) -> bool:
@@ -604,12 +611,18 @@ class Partition(Leadership, Reading, Compacting):
                 req.future.set_exception(err)
 
     def _follows(self, group: list[_Append], offset: int) -> list[_Append]:
-        """The follower requests of ``group`` that continue the log at ``offset`` (or after
-        a gap a compacted leader's log has there) with no lower epoch; the others fail with
-        nothing written."""
+        """The follower requests of ``group`` fetched in the current epoch that continue the
+        log at ``offset`` (or after a gap a compacted leader's log has there) with no lower
+        epoch; the others fail with nothing written."""
         kept, epoch = [], self.log.epochs.latest_epoch
         for req in group:
             first = req.spans[0]
+            if req.fetched_in is not None and req.fetched_in != self.leader_epoch:
+                req.future.set_exception(FencedLeaderEpoch(
+                    f"replica batches of {self.topic}-{self.index} fetched in epoch {req.fetched_in} "
+                    f"are stale: the partition is in epoch {self.leader_epoch} now"
+                ))
+                continue
             if first.base_offset < offset or first.leader_epoch < epoch:
                 req.future.set_exception(InvalidRecord(
                     f"replica batches at offset {first.base_offset} (epoch {first.leader_epoch}) "

@@ -383,6 +383,8 @@ class ReplicaManager:
         the log end, once ``min_bytes`` are there or ``max_wait_ms`` passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
+        v2 = isinstance(req, m.ReplicaFetchRequestV2)
+        result_type = m.ReplicaFetchResultV2 if v2 else m.ReplicaFetchResult
         first = True
         while True:
             results, blobs, size, parts = [], [], 0, []
@@ -390,6 +392,15 @@ class ReplicaManager:
                 part = None
                 try:
                     part = self._led(rp.topic, rp.partition, rp.leader_epoch)
+                    diverging = _diverging(part, rp) if v2 else None
+                    if diverging is not None:
+                        epoch, end = diverging
+                        results.append(result_type(
+                            topic=rp.topic, partition=rp.partition, high_watermark=part.high_watermark,
+                            log_start_offset=part.log_start_offset, log_end_offset=part.log_end_offset,
+                            diverging=True, diverging_epoch=epoch, diverging_end_offset=end,
+                        ))
+                        continue
                     if first:
                         self._follower_reported(part, req.replica_id, rp)
                     parts.append(part)
@@ -397,13 +408,13 @@ class ReplicaManager:
                         rp.offset, max(min(rp.max_bytes, req.max_bytes - size), 1), part.log_end_offset
                     )
                 except BrokerError as exc:
-                    results.append(m.ReplicaFetchResult(
+                    results.append(result_type(
                         topic=rp.topic, partition=rp.partition, **error_fields(exc),
                         # out of range: where the follower can start again
                         log_start_offset=part.log_start_offset if part is not None else -1,
                     ))
                     continue
-                results.append(m.ReplicaFetchResult(
+                results.append(result_type(
                     topic=rp.topic, partition=rp.partition, high_watermark=part.high_watermark,
                     log_start_offset=part.log_start_offset, log_end_offset=part.log_end_offset,
                     size=len(res.data),
@@ -413,10 +424,12 @@ class ReplicaManager:
                     size += len(res.data)
             first = False
             remaining = deadline - loop.time()
-            failed = any(r.error for r in results)
+            failed = any(r.error or getattr(r, "diverging", False) for r in results)
             # (not answered at once while the broker stops: the server closes followers'
             # connections once the clients' writes are done, server/app.py)
             if size >= req.min_bytes or remaining <= 0 or failed or not parts:
+                if v2:
+                    return m.ReplicaFetchResponseV2(partitions=results), blobs
                 return m.ReplicaFetchResponse(partitions=results), blobs
             await until_woken(
                 [p.add_replica_waiter for p in parts], [p.remove_replica_waiter for p in parts], remaining
@@ -491,6 +504,21 @@ class ReplicaManager:
                 for i, why in offline
             )
         return m.ElectLeadersResponse(partitions=out, moves=moves), ()
+
+
+def _diverging(part: Partition, rp: m.ReplicaFetchPartitionV2) -> tuple[int, int] | None:
+    """KIP-320's check of a follower's fetch: None when the follower's log, whose last
+    batch is of ``rp.last_fetched_epoch``, can be the leader's up to ``rp.offset`` (the
+    leader has that epoch, and it does not end below the offset); else the leader's
+    (largest epoch at or below it, where that epoch ends) for the follower to cut at.  A
+    follower whose log diverges must not be counted as having copied it."""
+    last = rp.last_fetched_epoch
+    if last < 0:
+        return None
+    epoch, end = part.end_offset_for_epoch(last)
+    if epoch == last and end >= rp.offset:
+        return None
+    return epoch, end
 
 
 def _log_failure(task: asyncio.Task) -> None:

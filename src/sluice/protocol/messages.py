@@ -495,6 +495,35 @@ class ReplicaFetchResponse(Response):
     partitions: list[ReplicaFetchResult] = []
 
 
+class ReplicaFetchPartitionV2(ReplicaFetchPartition):
+    """Version 2 (Kafka's KIP-320): the follower also says the leader epoch of the last
+    batch in its log, so the leader checks that the follower's log below ``offset`` is its
+    own before counting it as copied."""
+
+    last_fetched_epoch: int = -1  # -1: an empty log (nothing to check)
+
+
+class ReplicaFetchRequestV2(ReplicaFetchRequest):
+    partitions: list[ReplicaFetchPartitionV2]
+
+
+class ReplicaFetchResultV2(ReplicaFetchResult):
+    """``diverging``: the follower's log does not end in its last epoch where the leader's
+    log has that epoch, so what it holds below ``offset`` is not all the leader's.
+    ``diverging_epoch`` is the largest epoch the leader has at or below the follower's and
+    ``diverging_end_offset`` where it ends in the leader's log (-1, -1: the leader knows
+    none of its epochs).  The follower cuts its log there and fetches again; no data comes
+    with it, and the leader has not counted the fetch as copied."""
+
+    diverging: bool = False
+    diverging_epoch: int = -1
+    diverging_end_offset: int = -1
+
+
+class ReplicaFetchResponseV2(ReplicaFetchResponse):
+    partitions: list[ReplicaFetchResultV2] = []
+
+
 class EpochQuery(Struct):
     topic: str
     partition: int
@@ -681,7 +710,9 @@ APIS: dict[Api, dict[int, tuple[type[Struct], type[Response]]]] = {
     Api.DELETE_GROUPS: {1: (DeleteGroupsRequest, DeleteGroupsResponse)},
     Api.ALTER_TOPIC_CONFIGS: {1: (AlterTopicConfigsRequest, AlterTopicConfigsResponse)},
     Api.CREATE_PARTITIONS: {1: (CreatePartitionsRequest, CreatePartitionsResponse)},
-    Api.REPLICA_FETCH: {1: (ReplicaFetchRequest, ReplicaFetchResponse)},
+    Api.REPLICA_FETCH: {
+        1: (ReplicaFetchRequest, ReplicaFetchResponse), 2: (ReplicaFetchRequestV2, ReplicaFetchResponseV2),
+    },
     Api.OFFSETS_FOR_LEADER_EPOCH: {1: (OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse)},
     Api.ELECT_LEADERS: {1: (ElectLeadersRequest, ElectLeadersResponse)},
     Api.INIT_PRODUCER_ID: {1: (InitProducerIdRequest, InitProducerIdResponse)},

@@ -44,7 +44,9 @@ class LeaderEpochCache:
 
         An epoch at or below the latest one is no change (the batches of a run after its
         first).  Returns True when an entry was added.  A start offset below the latest
-        entry's would make the cache lie: ``ValueError``.
+        entry's would make the cache lie: ``ValueError``.  One equal to it replaces the
+        latest entry: that epoch holds no batch (a leader stamps its epoch at the log end
+        when elected, before any write, and may be followed by another without writing).
         """
         if epoch < 0 or (self.epochs and epoch <= self.epochs[-1]):
             return False
@@ -53,6 +55,9 @@ class LeaderEpochCache:
                 f"epoch {epoch} cannot start at {start_offset}, below epoch "
                 f"{self.epochs[-1]}'s start {self.starts[-1]}"
             )
+        if self.starts and start_offset == self.starts[-1]:
+            self.epochs[-1] = epoch
+            return True
         self.epochs.append(epoch)
         self.starts.append(start_offset)
         return True
