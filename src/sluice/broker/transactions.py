@@ -47,6 +47,7 @@ import zlib
 from dataclasses import dataclass
 
 from sluice.broker.peer import current_connection
+from sluice.broker.wait import until_woken
 from sluice.client.transaction import leader_connection
 from sluice.client.transport import Cluster
 from sluice.errors import (
@@ -320,6 +321,9 @@ class PartitionTransactions:
         if done is None and offset not in self.open:
             done = await self._lookup(offset)
         if done is not None:
+            if not turn.done():
+                turn.set_result(None)  # appends nothing: the ends after it need not wait
+            await self._replicated(done[1])
             return self._answer(offset, commit, *done, True)
         loop = asyncio.get_running_loop()
         plog = self.part.log
@@ -346,6 +350,19 @@ class PartitionTransactions:
         self._ended(offset, state, result.base_offset)
         log.debug("%s %s at offset %d", half_id, state.replace("_", " "), result.base_offset)
         return state, result.base_offset, False
+
+    async def _replicated(self, at: int) -> None:
+        """Return once the high watermark passes the end batch at offset ``at`` (as a
+        duplicate produce is answered only once its original is).  A new leader may hold
+        an end copied from the old one above its high watermark: it is not settled until
+        the ISR has it (a failover could still cut it), so "already ended" waits for that.
+        ``NotLeader`` when leadership moves meanwhile; the caller's deadline bounds it."""
+        part = self.part
+        while True:
+            self._check_leader()
+            if part.high_watermark > at:
+                return
+            await until_woken([part.add_waiter], [part.remove_waiter], 1.0)
 
     async def _lookup(self, offset: int) -> tuple[str, int] | None:
         """The fate of a half not in memory (ended long ago, or not a half at all):
