@@ -202,7 +202,8 @@ class ReplicaManager:
 
     def _check_restarted(self, topic: Topic, part: Partition, state: PartitionState) -> None:
         """The first state this process applies to a replicated partition that the store
-        knew before (a restart, or a topic created elsewhere).  A replica whose log lost
+        knew before: a restart if this broker held the partition already (it has records,
+        or checkpointed a high watermark for it).  A replica whose log lost
         records (recovery cut a torn tail, or its log ends below the high watermark it had
         checkpointed: its files were lost) leaves the ISR, and the leadership, until it has
         caught up again, when another in-sync replica has what it lost.  A leader that
@@ -210,7 +211,10 @@ class ReplicaManager:
         restarted within its session (power loss, ``kill -9``) must not append again in the
         epoch whose tail it may have lost, or followers could keep a divergent suffix."""
         me = self.config.node_id
-        lost = bool(part.log.cuts) or part.log_end_offset < self.checkpointed_hw.get((part.topic, part.index), 0)
+        checkpointed = self.checkpointed_hw.get((part.topic, part.index))
+        lost = bool(part.log.cuts) or part.log_end_offset < (checkpointed or 0)
+        if not (lost or checkpointed is not None or part.log_end_offset > 0):
+            return  # new here (a topic just created elsewhere): nothing from before to fence
         others = [r for r in state.isr if r != me]
         if lost and me in state.isr and others:
             part.stale_epoch = max(part.stale_epoch, state.leader_epoch)
