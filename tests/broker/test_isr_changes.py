@@ -98,3 +98,29 @@ async def test_a_new_leader_stamps_its_epoch_before_any_write(open_partition):
     part.make_leader(4)
     part.make_follower(5)  # led in 4 without writing: its stamp is not in the log, it goes
     assert part.log.epochs.entries() == [(0, 0), (2, 3)]
+
+
+async def test_a_leader_that_cut_its_log_leads_on_only_in_a_new_epoch(broker: Broker):
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    assert resp.topics[0].error == 0, resp.topics[0].message
+    topic = broker.topics["t"]
+    part = topic.partitions[0]
+
+    async def until(condition) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    await until(lambda: part.state_version is not None and part.state_version > 0)  # the store's state applied
+    epoch = part.leader_epoch
+    await part.append(*request([b"a"]))
+    part.new_epoch_needed("a failed fsync cut the log")
+    assert not part.is_leader  # no write in the old epoch from now on
+    with pytest.raises(Exception, match="does not lead"):
+        await part.append(*request([b"b"]))
+    await until(lambda: part.is_leader)
+    assert part.leader_epoch == epoch + 1 and topic.states[0].leader_epoch == epoch + 1
+    assert (await part.append(*request([b"c"]))).base_offset == 1
+    assert part.log.epochs.entries()[-1] == (epoch + 1, 1)

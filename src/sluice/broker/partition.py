@@ -160,6 +160,10 @@ class Partition(Leadership, Reading, Compacting):
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
         self.seen_version = -1  # the newest version of the store's state applied here
         self.stale_epoch = -1  # never lead in this epoch or an older one (a restart, a cut log)
+        # On the leader, call with a reason when it cut its own log (a failed fsync of a
+        # group followers may have copied): it stops leading in this epoch at once and the
+        # broker has the store start a new one (ReplicaManager.new_leader_epoch).  Event loop.
+        self.new_epoch_needed: Callable[[str], None] = lambda why: None
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
         self._replica_waiters: list[Callable[[], None]] = []  # replica fetches waiting for appends
         # the log end as far as the writer has finished with it (written, and fsynced with

@@ -76,7 +76,10 @@ class ReplicaManager:
             except (UnknownTopic, UnknownPartition):
                 continue  # deleted meanwhile
 
-    async def _withdraw_from(self, topic: str, index: int, st: PartitionState) -> bool:
+    async def _withdraw_from(
+        self, topic: str, index: int, st: PartitionState,
+        why: str = "this broker's data directory is new, so its replica is empty",
+    ) -> bool:
         """Take this node out of ``st`` (leader and ISR); False when the state changed
         meanwhile (read it again)."""
         me = self.config.node_id
@@ -89,8 +92,7 @@ class ReplicaManager:
         ):
             return False
         log.warning(
-            "%s-%d: this broker's data directory is new, so its replica is empty: it left the %s%s",
-            topic, index, "leadership and the ISR" if led else "ISR",
+            "%s-%d: %s: it left the %s%s", topic, index, why, "leadership and the ISR" if led else "ISR",
             "" if isr else " (no in-sync replica is left: the partition stays offline unless "
             "unclean.leader.election.enable=true)",
         )
@@ -180,6 +182,7 @@ class ReplicaManager:
                 )
                 return
             self._unfollow(part)
+            part.new_epoch_needed = lambda why, part=part: self.new_leader_epoch(part, why)
             part.make_leader(state.leader_epoch, replicas, state.isr)
             self._leadership_changed(part)
             log.info(
@@ -218,10 +221,6 @@ class ReplicaManager:
         others = [r for r in state.isr if r != me]
         if lost and me in state.isr and others:
             part.stale_epoch = max(part.stale_epoch, state.leader_epoch)
-            log.warning(
-                "%s-%d: this replica lost records in a crash (log end %d); it leaves the ISR until it has caught up",
-                part.topic, part.index, part.log_end_offset,
-            )
             self._in_background(self._withdraw_until_done(topic, part, state))
         elif state.leader == me:
             self.new_leader_epoch(part, "this broker restarted")
@@ -229,8 +228,9 @@ class ReplicaManager:
     async def _withdraw_until_done(self, topic: Topic, part: Partition, state: PartitionState) -> None:
         while part.state_version == state.version and self.topics.get(part.topic) is topic and not part.closing:
             try:
-                await self._withdraw_from(part.topic, part.index, state)
-                return  # done, or the state changed: the watch brings it
+                why = f"this replica lost records in a crash (its log ends at {part.log_end_offset})"
+                await self._withdraw_from(part.topic, part.index, state, why)
+                return  # done, or the state changed: the watch brings it; it rejoins once caught up
             except MetadataUnavailable as exc:
                 log.warning("%s-%d: cannot leave the ISR yet: %s", part.topic, part.index, exc)
                 await asyncio.sleep(0.5)
