@@ -58,7 +58,19 @@ async def test_a_leader_restarted_within_its_session_leads_in_a_new_epoch(three_
     assert f"a new leader epoch after {epoch}" in cluster.brokers[leader].log() or now != leader
 
 
-async def test_a_replica_that_lost_its_files_leaves_the_isr_until_caught_up(three_brokers):
+def _lose_files(part_dir) -> None:
+    shutil.rmtree(part_dir)
+
+
+def _tear_tail(part_dir) -> None:
+    """A torn write at the end of the newest segment: recovery cuts it."""
+    newest = max(part_dir.glob("*.log"))
+    with open(newest, "ab") as f:
+        f.write(b"\x00\x00\x00\x00\x00\x00\x00\x64\x00\x00\x01\x00" + b"\xff" * 40)
+
+
+@pytest.mark.parametrize("damage", [_lose_files, _tear_tail], ids=["lost-files", "torn-tail"])
+async def test_a_replica_that_lost_records_leaves_the_isr_until_caught_up(three_brokers, damage):
     cluster = await three_brokers.start(extra_args=SESSION)
     leader, replicas = await _setup(cluster)
     follower = next(r for r in replicas if r != leader)
@@ -69,7 +81,7 @@ async def test_a_replica_that_lost_its_files_leaves_the_isr_until_caught_up(thre
         lambda: read_offsets(checkpoint).get((TOPIC, 0), 0) >= 100, 20, "the follower's high watermark checkpointed"
     )
     cluster.brokers[follower].kill()
-    shutil.rmtree(cluster.brokers[follower].data_dir / "logs" / f"{TOPIC}-0")
+    damage(cluster.brokers[follower].data_dir / "logs" / f"{TOPIC}-0")
     freeze(cluster.brokers[leader].proc.pid, group=True)  # nothing to catch up from
     try:
         await cluster.start_broker(follower)
