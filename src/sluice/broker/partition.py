@@ -20,7 +20,9 @@ after its fsync with ``flush.messages=1``) and each in-sync follower's, as its r
 fetches report it (``follower_fetched``).  A partition with no followers (one replica)
 moves it with its own log end.  ``acks=all`` is refused at once (``NOT_ENOUGH_REPLICAS``)
 when the ISR is smaller than ``min.insync.replicas`` or an in-sync follower is more than
-``replica.lag.max.bytes`` behind (seed ``000``: answer at once, never pile up).  Nothing
+``replica.lag.max.bytes`` behind (seed ``000``: answer at once, never pile up); and checked
+again when the high watermark passes the write: an ISR that shrank below the minimum
+meanwhile answers ``NOT_ENOUGH_REPLICAS_AFTER_APPEND`` (maybe stored), never success.  Nothing
 piles up: bytes queued for the writer (``write.queue.max.bytes``) and waits in the
 purgatory are bounded per partition, and a write past a bound is refused at once
 (``BROKER_BUSY``).

@@ -12,10 +12,18 @@
 - **The ISR** is changed by the partition's leader, always by compare-and-swap on the
   state's version: a follower that has not caught up for ``replica_lag_time_max_ms``, or
   that reports a storage error, leaves; one that caught up (at the high watermark and the
-  current epoch's start) and that the topic record still lists rejoins.  A failed swap means someone else (the controller)
+  current epoch's start) and that the topic record still lists rejoins (counted in the high
+  watermark from the moment the bigger ISR is sent to the store: maximal ISR).  A failed
+  swap means someone else (the controller)
   changed the state: it is read again and applied, so a deposed leader learns it was
   deposed.  With the store unreachable the ISR cannot change: ``acks=all`` writes then
   wait until their deadline, never longer.
+- **Epochs.**  Every leadership term is a new leader epoch, stamped at the log end before
+  any write; a leader restarted within its session, or one that cut its own log, has the
+  store start a new epoch before it writes again (``new_leader_epoch``); a replica that
+  lost records in a crash leaves the ISR at start (``_check_restarted``).  Replica fetches
+  of version 2 carry the epoch of the follower's last batch, and a follower whose log
+  diverges from the leader's is told where to cut and is not counted as having copied.
 - **Fencing.**  Replica requests carry the sender's leader epoch; an older one is refused
   (``FENCED_LEADER_EPOCH``), a newer one too (``UNKNOWN_LEADER_EPOCH``: this broker has
   not seen the new state yet).  A deposed leader cannot acknowledge: its high watermark
