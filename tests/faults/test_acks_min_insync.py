@@ -109,7 +109,7 @@ async def test_timed_out_acks_all_writes_give_back_their_purgatory_slots(three_b
         freeze(cluster.brokers[follower].proc.pid, group=True)
         try:
             outcomes = []
-            for i in range(6):  # three times the bound, one after the other
+            for i in range(8):  # four times the bound, one after the other
                 fut = await producer.send(TOPIC, b"late-%d" % i, partition=0)
                 try:
                     await asyncio.wait_for(fut, 30)
@@ -118,6 +118,9 @@ async def test_timed_out_acks_all_writes_give_back_their_purgatory_slots(three_b
                     outcomes.append(exc.name)
         finally:
             os.killpg(cluster.brokers[follower].proc.pid, signal.SIGCONT)
-        assert outcomes == ["REQUEST_TIMED_OUT"] * 6, outcomes
+        # each timed out (on the broker, or, the client's clock being first, in the client),
+        # and none was refused for slots held by writes that had timed out already
+        assert set(outcomes) <= {"REQUEST_TIMED_OUT", "DELIVERY_TIMEOUT"}, outcomes
+        assert outcomes.count("REQUEST_TIMED_OUT") >= 5, outcomes
     finally:
         await producer.close()
