@@ -49,6 +49,7 @@ async def test_acks_all_is_never_acknowledged_by_an_isr_below_min_insync_replica
         await (await patient.send(TOPIC, b"warm-up", partition=0))  # both know the leader
         await (await once.send(TOPIC, b"warm-up-2", partition=0))
         freeze(cluster.brokers[follower].proc.pid, group=True)
+        frozen_at = asyncio.get_running_loop().time()
         try:
             waiting = await patient.send(TOPIC, b"patient", partition=0)
             failed = await once.send(TOPIC, b"once", partition=0)
@@ -57,6 +58,7 @@ async def test_acks_all_is_never_acknowledged_by_an_isr_below_min_insync_replica
             with pytest.raises((NotEnoughReplicasAfterAppend, NotEnoughReplicas)) as info:
                 await asyncio.wait_for(failed, 30)
             assert isinstance(info.value, NotEnoughReplicasAfterAppend), info.value
+            print(f"RF {rf}: NOT_ENOUGH_REPLICAS_AFTER_APPEND {asyncio.get_running_loop().time() - frozen_at:.2f} s after SIGSTOP")
             assert info.value.maybe_stored is True and info.value.retriable
 
             async def shrunk():
