@@ -162,6 +162,8 @@ class Partition(Leadership, Reading, Compacting):
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
         self.seen_version = -1  # the newest version of the store's state applied here
         self.stale_epoch = -1  # never lead in this epoch or an older one (a restart, a cut log)
+        self.withdrawing = False  # restarted with records lost: to leave the ISR until caught up
+        self.fenced_version = -1  # the state version whose swap (new epoch, or leaving) was started
         # On the leader, call with a reason when it cut its own log (a failed fsync of a
         # group followers may have copied): it stops leading in this epoch at once and the
         # broker has the store start a new one (ReplicaManager.new_leader_epoch).  Event loop.

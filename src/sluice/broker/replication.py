@@ -170,7 +170,8 @@ class ReplicaManager:
         part.seen_version = max(part.seen_version, state.version)
         replicas = topic.record.assignment[index]
         if first and state.version > 0 and len(replicas) > 1:
-            self._check_restarted(topic, part, state)
+            self._check_restarted(part, state)
+        self._fence(topic, part, state)
         if state.leader == self.config.node_id and state.leader_epoch <= part.stale_epoch:
             # a leadership from before this broker (re)started, or from before its log was
             # cut: led only in a newer epoch (``new_leader_epoch``), never in this one
@@ -211,27 +212,46 @@ class ReplicaManager:
         else:
             log.warning("%s-%d has no leader (epoch %d)", part.topic, part.index, state.leader_epoch)
 
-    def _check_restarted(self, topic: Topic, part: Partition, state: PartitionState) -> None:
+    def _check_restarted(self, part: Partition, state: PartitionState) -> None:
         """The first state this process applies to a replicated partition that the store
         knew before: a restart if this broker held the partition already (it has records,
-        or checkpointed a high watermark for it).  A replica whose log lost
-        records (recovery cut a torn tail, or its log ends below the high watermark it had
+        or checkpointed a high watermark for it).  A replica whose log lost records
+        (recovery cut a torn tail, or its log ends below the high watermark it had
         checkpointed: its files were lost) leaves the ISR, and the leadership, until it has
         caught up again, when another in-sync replica has what it lost.  A leader that
         keeps its place starts a new leader epoch before it accepts any write: a leader
         restarted within its session (power loss, ``kill -9``) must not append again in the
-        epoch whose tail it may have lost, or followers could keep a divergent suffix."""
+        epoch whose tail it may have lost, or followers could keep a divergent suffix.
+        (``_fence`` does both.)"""
         me = self.config.node_id
         checkpointed = self.checkpointed_hw.get((part.topic, part.index))
         lost = bool(part.log.cuts) or part.log_end_offset < (checkpointed or 0)
         if not (lost or checkpointed is not None or part.log_end_offset > 0):
             return  # new here (a topic just created elsewhere): nothing from before to fence
-        others = [r for r in state.isr if r != me]
-        if lost and me in state.isr and others:
+        if lost and me in state.isr and any(r != me for r in state.isr):
+            part.withdrawing = True
             part.stale_epoch = max(part.stale_epoch, state.leader_epoch)
-            self._in_background(self._withdraw_until_done(topic, part, state))
         elif state.leader == me:
-            self.new_leader_epoch(part, "this broker restarted")
+            part.stale_epoch = max(part.stale_epoch, state.leader_epoch)
+            log.warning("%s-%d: this broker restarted: a new leader epoch after %d", part.topic, part.index,
+                        state.leader_epoch)
+
+    def _fence(self, topic: Topic, part: Partition, state: PartitionState) -> None:
+        """Keep ``part`` from leading, or from staying in the ISR, where it must not
+        (``_check_restarted``, ``new_leader_epoch``): for each state applied that still
+        names it so, one swap is started (once per state version) — leaving the ISR, or a
+        new leader epoch; a state that no longer names it ends the withdrawal."""
+        me = self.config.node_id
+        if part.withdrawing and me not in state.isr and state.leader != me:
+            part.withdrawing = False  # out of the ISR: it rejoins once caught up
+        if part.fenced_version == state.version:
+            return  # its swap is under way
+        if part.withdrawing:
+            part.fenced_version = state.version
+            self._in_background(self._withdraw_until_done(topic, part, state))
+        elif state.leader == me and state.leader_epoch <= part.stale_epoch:
+            part.fenced_version = state.version
+            self._in_background(self._bump_epoch(topic, part, state))
 
     async def _withdraw_until_done(self, topic: Topic, part: Partition, state: PartitionState) -> None:
         while part.state_version == state.version and self.topics.get(part.topic) is topic and not part.closing:
@@ -253,7 +273,8 @@ class ReplicaManager:
         in an epoch whose tail followers may have copied would let them keep a divergent
         suffix (they find where their last epoch ends on the leader, KIP-101).  ``acks=all``
         writes waiting fail with ``LeadershipLost`` (maybe stored).  If the state changed
-        meanwhile (another leader elected) the swap fails and that state applies.  Retried
+        meanwhile (another leader elected) the swap fails and that state applies; a state
+        that still names this broker in the old epoch starts the swap again.  Retried
         while the store is unreachable.  Event loop; no-op for a partition not led here in
         the state applied."""
         topic = self.topics.get(part.topic)
@@ -265,7 +286,7 @@ class ReplicaManager:
         if part.is_leader:
             part.make_follower(part.leader_epoch)
             self._leadership_changed(part)
-        self._in_background(self._bump_epoch(topic, part, state))
+        self._fence(topic, part, state)
 
     async def _bump_epoch(self, topic: Topic, part: Partition, state: PartitionState) -> None:
         new = PartitionState(self.config.node_id, state.leader_epoch + 1, list(state.isr))
