@@ -50,6 +50,7 @@ from sluice.broker.delays import DelayedDelivery
 from sluice.broker.fetch import FetchHandlers
 from sluice.broker.group_migration import migrate_legacy_groups
 from sluice.broker.groups import GroupHandlers
+from sluice.broker.liveness import PeerLiveness
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
@@ -129,6 +130,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.groups: GroupCoordinator | None = None
         self.host, self.port = config.host, config.port
         self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
+        # ends the registration of a peer whose process is gone (broker/liveness.py)
+        self.liveness = PeerLiveness(self.metadata, config.node_id) if config.cluster else None
         self.controller_id = -1
         # the last time (monotonic) the metadata store answered, and why it does not now;
         # None: it does
@@ -248,6 +251,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
                 async for regs in self.metadata.watch_brokers():
                     self.live_brokers = {b.node_id: b for b in regs}
                     self._controller_changed.set()
+                    if self.liveness is not None:
+                        self.liveness.update(self.live_brokers)
                 return
             except asyncio.CancelledError:
                 raise
@@ -352,6 +357,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.liveness is not None:
+            await self.liveness.close()
         for f in self.fetchers.values():
             f.stop()
         await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))

@@ -496,6 +496,24 @@ class EtcdStore(MetadataStore):
         regs = (self._decode(kv.key, kv.value, BrokerRegistration) for kv in got)
         return sorted(regs, key=lambda r: r.node_id)
 
+    async def registration_token(self, node_id: int) -> int | None:
+        key = self._key("brokers", node_id)
+        got = await self._call(f"read the registration of node {node_id}", lambda c: c.get(key))
+        return None if got is None or not got.lease else got.lease
+
+    async def end_registration(self, node_id: int, token: int) -> bool:
+        """Revoke the session lease ``token``: the registration and controller key it holds
+        go at once (a broker registered again holds its key under a new lease)."""
+        try:
+            await self._call(
+                f"end the registration of node {node_id}", lambda c: c.revoke_lease(token)
+            )
+        except MetadataUnavailable as exc:
+            if "lease not found" in str(exc):
+                return False  # expired or revoked already
+            raise
+        return True
+
     async def watch_brokers(self) -> AsyncIterator[list[BrokerRegistration]]:
         live: dict[bytes, BrokerRegistration] = {}
         async for diff in self._follow(self._key("brokers", "")):

@@ -1,0 +1,160 @@
+"""Failover with the defaults a user starts a cluster with: etcd as it comes (no tuned
+election timeout), three brokers with no timing flags, one ``acks=all`` producer with its
+defaults.
+
+A leader killed with SIGKILL leaves a port that refuses connections: its peers notice at
+once (broker/liveness.py) and end its registration without waiting for its session
+(6 s) to lapse, so the next ``acks=all`` acknowledgement comes within ``FAILOVER_S``.
+
+Run by hand with ``-s`` the tests print each figure (``failover took ...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from brokers import BrokerProcess
+from etcd import EtcdProcess
+from sluice.client import Admin, Producer
+from sluice.client.transport import Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+NODES = (1, 2, 3)
+TOPIC = "payments"
+# the goal is 1 s (measured: see docs/design.md); 2 s leaves margin for a loaded machine,
+# and is far below the 6 s session timeout a failover waited for before
+FAILOVER_S = 2.0
+
+
+class DefaultCluster:
+    """etcd with its defaults and three brokers started with ``--cluster`` and ``--node-id``
+    only; ``close()`` kills them all."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.etcd = EtcdProcess(tmp_path / "etcd", tmp_path / "etcd.log", tuned=False)
+        self.brokers = {
+            n: BrokerProcess(tmp_path / f"data{n}", tmp_path / f"broker{n}.log") for n in NODES
+        }
+
+    async def start(self) -> DefaultCluster:
+        await asyncio.to_thread(self.etcd.start)
+        for n, b in self.brokers.items():
+            b.extra_args = ["--cluster", f"etcd://127.0.0.1:{self.etcd.client_port}", "--node-id", str(n)]
+        await asyncio.gather(*(asyncio.to_thread(b.start) for b in self.brokers.values()))
+        await self.wait(lambda m: len(m.brokers) == len(NODES), "three live brokers")
+        return self
+
+    def close(self) -> None:
+        for b in self.brokers.values():
+            b.kill()
+        self.etcd.kill()
+
+    def bootstrap(self, without: int = -1) -> str:
+        return ",".join(b.bootstrap for n, b in self.brokers.items() if n != without)
+
+    async def metadata(self, without: int = -1):
+        cluster = Cluster(self.bootstrap(without), connect_timeout=2)
+        try:
+            return await asyncio.wait_for(cluster.refresh([TOPIC]), 5)
+        finally:
+            await cluster.close()
+
+    async def wait(self, predicate, what: str, timeout: float = 30, without: int = -1):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                meta = await self.metadata(without)
+                if predicate(meta):
+                    return meta
+            except Exception:  # noqa: BLE001 - not yet
+                pass
+            assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
+            await asyncio.sleep(0.1)
+
+
+def _in_sync(meta) -> bool:
+    parts = [p for t in meta.topics if t.name == TOPIC for p in t.partitions]
+    return bool(parts) and all(p.leader in NODES and sorted(p.isr) == list(NODES) for p in parts)
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    c = DefaultCluster(tmp_path)
+    try:
+        yield await c.start()
+    finally:
+        c.close()
+
+
+async def _produce(producer: Producer, partition: int, acks: list[float], stop: asyncio.Event) -> None:
+    """Send to ``partition`` one record at a time; note when each is acknowledged."""
+    i = 0
+    while not stop.is_set():
+        fut = await producer.send(TOPIC, b"v%d" % i, partition=partition)
+        await fut
+        acks.append(time.monotonic())
+        i += 1
+        await asyncio.sleep(0.005)
+
+
+async def _failover(cluster: DefaultCluster, victim_is_controller: bool) -> float:
+    """Kill the leader of a partition (the controller too, or not) while a producer sends
+    to it; return the seconds from the kill to the first acknowledgement of a send made
+    after it."""
+    async with Admin(cluster.bootstrap()) as admin:
+        await admin.create_topic(TOPIC, 3, {"min.insync.replicas": "2"}, replication_factor=3)
+    meta = await cluster.wait(_in_sync, "every replica in sync")
+    [topic] = [t for t in meta.topics if t.name == TOPIC]
+    if victim_is_controller:
+        victim = meta.controller_id
+    else:
+        victim = next(p.leader for p in topic.partitions if p.leader != meta.controller_id)
+    partition = next(p.partition for p in topic.partitions if p.leader == victim)
+    acks: list[float] = []
+    stop = asyncio.Event()
+    producer = Producer(cluster.bootstrap())
+    await producer.start()
+    sender = asyncio.create_task(_produce(producer, partition, acks, stop))
+    try:
+        deadline = time.monotonic() + 20
+        while len(acks) < 50:
+            assert not sender.done() and time.monotonic() < deadline, "no steady acknowledgements before the kill"
+            await asyncio.sleep(0.05)
+        killed_at = time.monotonic()
+        await asyncio.to_thread(cluster.brokers[victim].kill)
+        after = len(acks)
+        deadline = killed_at + 20
+        while len(acks) <= after + 1 and time.monotonic() < deadline and not sender.done():
+            await asyncio.sleep(0.01)
+        assert len(acks) > after + 1, "no acknowledgement within 20 s of the kill"
+        # the first ack counted is of a send made after the kill (the one in flight at the
+        # kill may have been answered by the old leader just before it died)
+        took = acks[after + 1] - killed_at
+    finally:
+        stop.set()
+        await asyncio.wait([sender], timeout=10)
+        await producer.close()
+        sender.cancel()
+    new = await cluster.wait(
+        lambda m: next(p.leader for t in m.topics if t.name == TOPIC for p in t.partitions
+                       if p.partition == partition) not in (-1, victim),
+        "a new leader", without=victim,
+    )
+    print(f"failover took {took:.3f} s (broker {victim} killed, controller: {victim_is_controller}; "
+          f"new controller {new.controller_id})")
+    return took
+
+
+async def test_sigkill_of_a_leader_fails_over_within_2s(cluster):
+    took = await _failover(cluster, victim_is_controller=False)
+    assert took <= FAILOVER_S, f"the next acks=all acknowledgement came {took:.2f} s after the kill"
+
+
+async def test_sigkill_of_the_controller_leading_fails_over_within_2s(cluster):
+    took = await _failover(cluster, victim_is_controller=True)
+    assert took <= FAILOVER_S, f"the next acks=all acknowledgement came {took:.2f} s after the kill"
