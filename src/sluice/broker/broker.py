@@ -50,6 +50,7 @@ from sluice.broker.delays import DelayedDelivery
 from sluice.broker.fetch import FetchHandlers
 from sluice.broker.group_migration import migrate_legacy_groups
 from sluice.broker.groups import GroupHandlers
+from sluice.broker.handoff import hand_off
 from sluice.broker.liveness import PeerLiveness
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
@@ -389,9 +390,15 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         do fetches that come later; no partition state applied from now on makes this
         broker a leader, and it creates no topic (it would be gone before serving them)."""
         self._draining = True
+        self.metadata.leaving()  # a session lost from now on is not replaced
         for topic in self.topics.values():
             for p in topic.partitions.values():
                 p.wake_fetches()
+
+    async def hand_off_leadership(self) -> int:
+        """Shutdown: hand each partition led here to a live in-sync follower that fetches
+        (broker/handoff.py); returns how many moved.  Call after ``drain``."""
+        return await hand_off(self, self._become)
 
     async def _retention_loop(self) -> None:
         while True:

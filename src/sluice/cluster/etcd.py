@@ -171,6 +171,7 @@ class EtcdStore(MetadataStore):
         self._leadership: Leadership | None = None
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self._leaving = False  # the broker is stopping: a lost session is not replaced
 
     def __repr__(self) -> str:
         return f"EtcdStore({self._where()})"
@@ -287,6 +288,9 @@ class EtcdStore(MetadataStore):
         self._session = await self._new_session()
         self._spawn(self._keep_alive())
 
+    def leaving(self) -> None:
+        self._leaving = True
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -324,6 +328,9 @@ class EtcdStore(MetadataStore):
     async def _renew_or_replace(self, next_try: float, retry: float) -> float:
         """One step of ``_keep_alive``; returns when to try the next renewal."""
         s = self._session
+        if s is None and self._leaving:
+            await asyncio.sleep(retry)
+            return next_try
         if s is None:
             try:
                 s = await self._new_session()

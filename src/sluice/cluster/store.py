@@ -147,6 +147,13 @@ class MetadataStore(abc.ABC):
         store), and ``MetadataUnavailable`` when it cannot be asked.  Brokers call it at
         start and again before they delete data because the metadata say so."""
 
+    def leaving(self) -> None:
+        """The broker is stopping: a session that ends from now on (its peers may end it
+        early, broker/liveness.py) is not replaced, so the broker is not registered again
+        and does not campaign again before ``close``.  Call from the event loop.  (A store
+        without sessions has nothing to do.)"""
+        return None
+
     # ------------------------------------------------------------------ brokers
 
     @abc.abstractmethod
