@@ -118,10 +118,24 @@ async def _produce(producer: Producer, partition: int, acks: list[float], stop: 
         await asyncio.sleep(0.005)
 
 
-async def _failover(cluster: DefaultCluster, victim_is_controller: bool) -> float:
+async def _status_shows_gone(cluster: DefaultCluster, victim: int, since: float) -> float:
+    """Seconds from ``since`` until ``cluster status`` (asked of the other brokers) lists
+    ``victim`` as not alive and the cluster as unhealthy."""
+    async with Admin(cluster.bootstrap(without=victim), request_timeout_ms=2000) as admin:
+        while True:
+            try:
+                status = await admin.cluster_status()
+                if not any(b.alive for b in status.brokers if b.node_id == victim) and not status.healthy:
+                    return time.monotonic() - since
+            except Exception:  # noqa: BLE001 - asked again
+                pass
+            await asyncio.sleep(0.02)
+
+
+async def _failover(cluster: DefaultCluster, victim_is_controller: bool) -> tuple[float, float]:
     """Kill the leader of a partition (the controller too, or not) while a producer sends
     to it; return the seconds from the kill to the first acknowledgement of a send made
-    after it."""
+    after it, and to a ``cluster status`` that shows the broker gone."""
     async with Admin(cluster.bootstrap()) as admin:
         await admin.create_topic(TOPIC, 3, {"min.insync.replicas": "2"}, replication_factor=3)
     meta = await cluster.wait(_in_sync, "every replica in sync")
@@ -136,6 +150,7 @@ async def _failover(cluster: DefaultCluster, victim_is_controller: bool) -> floa
     producer = Producer(cluster.bootstrap())
     await producer.start()
     sender = asyncio.create_task(_produce(producer, partition, acks, stop))
+    status: asyncio.Task | None = None
     try:
         deadline = time.monotonic() + 20
         while len(acks) < 50:
@@ -143,6 +158,7 @@ async def _failover(cluster: DefaultCluster, victim_is_controller: bool) -> floa
             await asyncio.sleep(0.05)
         killed_at = time.monotonic()
         await asyncio.to_thread(cluster.brokers[victim].kill)
+        status = asyncio.create_task(_status_shows_gone(cluster, victim, killed_at))
         after = len(acks)
         deadline = killed_at + 20
         while len(acks) <= after + 1 and time.monotonic() < deadline and not sender.done():
@@ -151,29 +167,34 @@ async def _failover(cluster: DefaultCluster, victim_is_controller: bool) -> floa
         # the first ack counted is of a send made after the kill (the one in flight at the
         # kill may have been answered by the old leader just before it died)
         took = acks[after + 1] - killed_at
+        shown = await asyncio.wait_for(status, 20)
     finally:
         stop.set()
         await asyncio.wait([sender], timeout=10)
         await producer.close()
         sender.cancel()
+        if status is not None:
+            status.cancel()
     new = await cluster.wait(
         lambda m: next(p.leader for t in m.topics if t.name == TOPIC for p in t.partitions
                        if p.partition == partition) not in (-1, victim),
         "a new leader", without=victim,
     )
     print(f"failover took {took:.3f} s (broker {victim} killed, controller: {victim_is_controller}; "
-          f"new controller {new.controller_id})")
-    return took
+          f"new controller {new.controller_id}); cluster status showed it gone after {shown:.3f} s")
+    return took, shown
 
 
 async def test_sigkill_of_a_leader_fails_over_within_2s(cluster):
-    took = await _failover(cluster, victim_is_controller=False)
+    took, shown = await _failover(cluster, victim_is_controller=False)
     assert took <= FAILOVER_S, f"the next acks=all acknowledgement came {took:.2f} s after the kill"
+    assert shown <= FAILOVER_S, f"cluster status showed the killed broker alive for {shown:.2f} s"
 
 
 async def test_sigkill_of_the_controller_leading_fails_over_within_2s(cluster):
-    took = await _failover(cluster, victim_is_controller=True)
+    took, shown = await _failover(cluster, victim_is_controller=True)
     assert took <= FAILOVER_S, f"the next acks=all acknowledgement came {took:.2f} s after the kill"
+    assert shown <= FAILOVER_S, f"cluster status showed the killed broker alive for {shown:.2f} s"
 
 
 async def _produce_window(producer: Producer, partition: int, acks: list[float], stop: asyncio.Event) -> None:

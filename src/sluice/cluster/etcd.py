@@ -780,12 +780,14 @@ async def bounded(aw: Awaitable[T], timeout: float) -> T:
     behind when late.  (``asyncio.timeout`` alone cannot bound aetcd, whose watch teardown
     swallows ``CancelledError`` and can block on a full request queue once etcd went away.)"""
     task = asyncio.ensure_future(aw)
+    # its outcome is seen even when nobody reads it: late, or this caller cancelled (as
+    # ``PeerLiveness`` cancels its watchers) just as the call ended
+    task.add_done_callback(_retrieve)
     try:
         done, _ = await asyncio.wait([task], timeout=timeout)
     finally:
         if not task.done():
             task.cancel()
-            task.add_done_callback(_retrieve)
     if not done:
         raise TimeoutError
     return task.result()
