@@ -27,6 +27,14 @@ part otherwise.  PRODUCER_FENCED fails every batch and every later send.  A batc
 delivery deadline passes fails at once, in flight or not; its partition stays in flight
 until the request ends, so no second copy is sent beside it.
 
+**Leaders.**  A request unanswered for ``SLOW_REQUEST_S`` makes the sender ask for
+metadata every ``SLOW_REFRESH_S`` (of other brokers first): a leader that stalled is
+replaced once its session lapses, and its producers must not wait ``request_timeout_ms``
+for it.  Whenever metadata name a new leader for a partition with batches in flight to the
+old one, an idempotent producer gives those up (``_follow_leaders``: maybe stored; a late
+answer is ignored) and resends them to the new leader under the same sequences, which
+answers any it already has as duplicates; a backoff after failures at the old leader ends.
+
 Concurrency: everything here runs on the producer's loop; only the sender task and the
 request tasks it starts call into it.
 """
