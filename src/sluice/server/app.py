@@ -128,6 +128,9 @@ class Server:
         Bounded: with the metadata store out, the controller elects after this broker left."""
         if self.config.cluster is None:
             return
+        if self.broker.store_unreachable is not None:
+            log.warning("leadership not handed off: the metadata store does not answer")
+            return
         try:
             moved = await asyncio.wait_for(self.broker.hand_off_leadership(), HAND_OFF_S)
         except (TimeoutError, SluiceError) as exc:
