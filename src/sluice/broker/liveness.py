@@ -16,8 +16,8 @@ accepts and never answers (SIGSTOP: the kernel still accepts for a stopped proce
 evidence: those brokers are fenced by their sessions, as before.  A broker binds its port
 before it registers and closes its listener only when it stops, so a refusal after a
 working connection means that process stopped listening; the registration ended is the one
-held when that connection was made (a broker restarted meanwhile registered under a new
-session, which is left alone).  A port refused before any connection worked (a broker
+read while that connection was open, the session of that very process (a broker restarted
+meanwhile registered under a new session, which is left alone).  A port refused before any connection worked (a broker
 still recovering its logs, not serving yet) is no evidence either.
 
 Why this cannot give a partition a second leader that acknowledges: see "Fast failover" in
@@ -92,28 +92,39 @@ class PeerLiveness:
     async def _watch(self, reg: BrokerRegistration) -> None:
         while True:
             try:
-                token = await self.store.registration_token(reg.node_id)
-            except MetadataUnavailable:
-                token = None
-            if token is None:  # not registered (yet, or any more), or the store is out
-                await asyncio.sleep(RETRY_S)
-                continue
-            try:
                 conn = await Connection.open(
                     reg.host, reg.port, connect_timeout=CONNECT_TIMEOUT_S, handshake_timeout=CONNECT_TIMEOUT_S
                 )
             except SluiceError:  # not serving (yet): no evidence of anything
                 await asyncio.sleep(RETRY_S)
                 continue
-            log.debug("watching broker %d at %s:%d", reg.node_id, reg.host, reg.port)
             try:
+                token = await self._token(reg, conn)
+                log.debug("watching broker %d at %s:%d", reg.node_id, reg.host, reg.port)
                 await conn.wait_closed()
             finally:
                 conn.close()
             log.debug("connection to broker %d lost; is its port refused?", reg.node_id)
-            if await self._confirmed_gone(reg):
+            if token is not None and await self._confirmed_gone(reg):
                 await self._end(reg, token)
             await asyncio.sleep(RETRY_S)
+
+    async def _token(self, reg: BrokerRegistration, conn: Connection) -> int | None:
+        """The token of ``reg``'s registration, read while ``conn`` to it is open: the
+        session of the very process connected to (a process that registers again, after
+        its session lapsed, keeps the connection but not the token: then its session is
+        what ends it).  None when the connection closed first."""
+        while not conn.closed:
+            try:
+                token = await self.store.registration_token(reg.node_id)
+            except MetadataUnavailable:
+                token = None
+            if token is not None and not conn.closed:
+                return token
+            closed = asyncio.ensure_future(conn.wait_closed())
+            await asyncio.wait([closed], timeout=RETRY_S)  # the store is out, or not registered yet
+            closed.cancel()
+        return None
 
     async def _confirmed_gone(self, reg: BrokerRegistration) -> bool:
         """``REFUSALS`` refused connects in a row, ``CONFIRM_GAP_S`` apart, within
