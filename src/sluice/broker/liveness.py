@@ -13,9 +13,9 @@ elects new leaders for the partitions it led as it would after a lapsed session.
 Only a refused connection counts.  A connect that times out (a host down, a network
 partition), a peer that accepts and then closes (a proxy cut off from it), or one that
 accepts and never answers (SIGSTOP: the kernel still accepts for a stopped process) is no
-evidence: those brokers are fenced by their sessions, as before.  A broker binds its port
-before it registers and closes its listener only when it stops, so a refusal after a
-working connection means that process stopped listening; the registration ended is the one
+evidence: those brokers are fenced by their sessions, as before.  A serving broker closes
+its listener only when it stops, so a refusal after a working connection means that
+process stopped listening; the registration ended is the one
 read while that connection was open, the session of that very process (a broker restarted
 meanwhile registered under a new session, which is left alone).  A port refused before any connection worked (a broker
 still recovering its logs, not serving yet) is no evidence either.
