@@ -2,7 +2,8 @@
 
 ``EtcdProcess`` runs Debian's ``etcd`` (etcd-server 3.4, found on PATH or in /usr/bin) on
 free loopback client and peer ports with its own data directory, with a 500 ms election
-timeout so that it grants leases as short as 1 s.  It can be killed (SIGKILL), started
+timeout so that it grants leases as short as 1 s (``tuned=False``: etcd's own defaults, as
+a user starts it).  It can be killed (SIGKILL), started
 again on the same data, paused (SIGSTOP) and resumed.  Whoever starts one kills it, in a
 ``finally`` or a fixture's teardown.
 """
@@ -33,8 +34,9 @@ def etcd_binary() -> str:
 class EtcdProcess:
     """One etcd member; ``kill``, ``start`` again on the same data, ``pause`` / ``resume``."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, *, tuned: bool = True) -> None:
         self.data_dir, self.log_path = data_dir, log_path
+        self.tuned = tuned
         self.client_port, self.peer_port = free_ports(2)
         self.proc: subprocess.Popen | None = None
 
@@ -50,7 +52,7 @@ class EtcdProcess:
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"test={peer}",
-                "--election-timeout", "500", "--heartbeat-interval", "50",
+                *(["--election-timeout", "500", "--heartbeat-interval", "50"] if self.tuned else []),
             ],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

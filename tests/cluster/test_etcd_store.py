@@ -241,3 +241,25 @@ async def test_reassign_moves_replicas_and_their_states_follow(stores):
     await store.reassign("t", {2: [1, 5]})
     last = (await store.partition_states("t"))[2]
     assert (last.leader, last.leader_epoch, last.isr) == (1, 1, [1])
+
+
+async def test_ending_a_registration_ends_it_and_its_term_at_once_but_not_a_later_one(stores):
+    """``end_registration`` (a broker known dead, broker/liveness.py) removes the broker
+    and its controller term at once; the broker's store, alive after all, registers again
+    under a new session, which the old token cannot end; a store ``leaving`` does not."""
+    a, b, c = await stores(), await stores(), await stores()
+    await a.register_broker(BrokerRegistration(1, "127.0.0.1", 7401))
+    await a.campaign(1)
+    token = await b.registration_token(1)
+    assert token is not None and await b.registration_token(9) is None
+    assert await b.end_registration(1, token)
+    assert await b.brokers() == [] and await b.controller() is None
+    # a's session is gone in etcd: it takes a new one and registers again
+    await eventually(answered(b.brokers, lambda live: [r.node_id for r in live] == [1]), LAPSE_S, "registering again")
+    assert not await b.end_registration(1, token)
+    assert [r.node_id for r in await b.brokers()] == [1]
+    await c.register_broker(BrokerRegistration(2, "127.0.0.1", 7402))
+    c.leaving()
+    assert await b.end_registration(2, await b.registration_token(2))
+    await asyncio.sleep(3 * SESSION_MS / 1000)  # a session ended while leaving is not replaced
+    assert [r.node_id for r in await b.brokers()] == [1]

@@ -50,6 +50,8 @@ from sluice.broker.delays import DelayedDelivery
 from sluice.broker.fetch import FetchHandlers
 from sluice.broker.group_migration import migrate_legacy_groups
 from sluice.broker.groups import GroupHandlers
+from sluice.broker.handoff import hand_off
+from sluice.broker.liveness import PeerLiveness
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
@@ -129,6 +131,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.groups: GroupCoordinator | None = None
         self.host, self.port = config.host, config.port
         self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
+        # ends the registration of a peer whose process is gone (broker/liveness.py)
+        self.liveness = PeerLiveness(self.metadata, config.node_id) if config.cluster else None
         self.controller_id = -1
         # the last time (monotonic) the metadata store answered, and why it does not now;
         # None: it does
@@ -248,6 +252,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
                 async for regs in self.metadata.watch_brokers():
                     self.live_brokers = {b.node_id: b for b in regs}
                     self._controller_changed.set()
+                    if self.liveness is not None:
+                        self.liveness.update(self.live_brokers)
                 return
             except asyncio.CancelledError:
                 raise
@@ -352,6 +358,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.liveness is not None:
+            await self.liveness.close()
         for f in self.fetchers.values():
             f.stop()
         await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
@@ -382,9 +390,15 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         do fetches that come later; no partition state applied from now on makes this
         broker a leader, and it creates no topic (it would be gone before serving them)."""
         self._draining = True
+        self.metadata.leaving()  # a session lost from now on is not replaced
         for topic in self.topics.values():
             for p in topic.partitions.values():
                 p.wake_fetches()
+
+    async def hand_off_leadership(self) -> int:
+        """Shutdown: hand each partition led here to a live in-sync follower that fetches
+        (broker/handoff.py); returns how many moved.  Call after ``drain``."""
+        return await hand_off(self, self._become)
 
     async def _retention_loop(self) -> None:
         while True:

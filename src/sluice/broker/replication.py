@@ -206,7 +206,9 @@ class ReplicaManager:
         if was_leader:
             self._leadership_changed(part)
         self._unfollow(part)
-        if state.leader >= 0:
+        if state.leader >= 0 and self._draining:  # stopping: a fetch would only rejoin an ISR it leaves
+            log.info("not following broker %d for %s-%d: the broker is shutting down", state.leader, part.topic, part.index)
+        elif state.leader >= 0:
             self._fetcher(state.leader).add(part)
             log.info("following broker %d for %s-%d in epoch %d", state.leader, part.topic, part.index, state.leader_epoch)
         else:

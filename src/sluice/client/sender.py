@@ -27,6 +27,14 @@ part otherwise.  PRODUCER_FENCED fails every batch and every later send.  A batc
 delivery deadline passes fails at once, in flight or not; its partition stays in flight
 until the request ends, so no second copy is sent beside it.
 
+**Leaders.**  A request unanswered for ``SLOW_REQUEST_S`` makes the sender ask for
+metadata every ``SLOW_REFRESH_S`` (of other brokers first): a leader that stalled is
+replaced once its session lapses, and its producers must not wait ``request_timeout_ms``
+for it.  Whenever metadata name a new leader for a partition with batches in flight to the
+old one, an idempotent producer gives those up (``_follow_leaders``: maybe stored; a late
+answer is ignored) and resends them to the new leader under the same sequences, which
+answers any it already has as duplicates; a backoff after failures at the old leader ends.
+
 Concurrency: everything here runs on the producer's loop; only the sender task and the
 request tasks it starts call into it.
 """
@@ -52,6 +60,11 @@ log = logging.getLogger("sluice.client.producer")
 TP = tuple[str, int]
 IDENTITY_WARN_EVERY_S = 10.0  # "no producer id yet" warnings, at most one per this
 RETRY_WARN_EVERY_S = 10.0  # "retrying" warnings, at most one per this
+# A request unanswered this long may be held by a leader that stalled and was replaced:
+# metadata is asked (of other brokers first) every SLOW_REFRESH_S while it stays so.
+SLOW_REQUEST_S = 1.0
+SLOW_REFRESH_S = 0.25
+METADATA_TIMEOUT_S = 5.0  # a metadata request of the sender (capped by request_timeout_ms)
 
 
 def backoff_delay(base: float, maximum: float, attempt: int) -> float:
@@ -61,7 +74,25 @@ def backoff_delay(base: float, maximum: float, attempt: int) -> float:
 
 
 class _Unsent(Exception):
-    """A request was not written: a batch of it failed at its deadline before it went out."""
+    """A request was not written: a batch of it failed at its deadline before it went out,
+    or a partition of it was given up to a new leader before it went out."""
+
+
+class _Moved(Exception):
+    """A partition's batches in flight to its old leader were given up: they go to the new
+    one (``Sender._follow_leaders``)."""
+
+
+class _Flight:
+    """One produce request on its way: its node, its batches by partition (a partition
+    given up to a new leader leaves ``batches`` and ``flat``), when it was made."""
+
+    __slots__ = ("node", "batches", "flat", "sent_at", "slow", "moved")
+
+    def __init__(self, node: int, batches: dict[TP, list[Batch]], flat: list[Batch], sent_at: float) -> None:
+        self.node, self.batches, self.flat, self.sent_at = node, batches, flat, sent_at
+        self.slow = False  # its node was told to the cluster as failing (SLOW_REQUEST_S)
+        self.moved = False  # some partition of it was given up
 
 
 def _deadline(batch: Batch) -> float:
@@ -126,6 +157,8 @@ class Sender:
         self._retry_at: dict[TP, float] = {}
         self._failures: dict[TP, int] = {}  # consecutive failed attempts
         self._requests: set[asyncio.Task] = set()
+        self._flights: set[_Flight] = set()  # requests made and not ended
+        self._sent_to: dict[TP, int] = {}  # the node each partition's last request went to
         self._task: asyncio.Task | None = None
         self._refresh_task: asyncio.Task | None = None
         self._init_task: asyncio.Task | None = None
@@ -163,6 +196,7 @@ class Sender:
             wake_at = acc.close_lingered(now, force=self._forced())
             wake_at = self._dispatch(now, wake_at)
             wake_at = self._refresh_when_old(now, wake_at)
+            wake_at = self._watch_slow(now, wake_at)
             self._waiter = loop.create_future()
             handle = None
             if wake_at is not None:
@@ -191,6 +225,59 @@ class Sender:
         if self._refresh_task is None or self._refresh_task.done():
             self._refresh_task = self._loop.create_task(self._refresh())
 
+    def _watch_slow(self, now: float, wake_at: float | None) -> float | None:
+        """While a request has been unanswered for ``SLOW_REQUEST_S``, ask metadata every
+        ``SLOW_REFRESH_S`` (its node asked last): a leader that stalled (SIGSTOP, a hung
+        host) is replaced once its session lapses, and ``_follow_leaders`` then moves its
+        partitions' batches to the new leader instead of waiting ``request_timeout_ms``."""
+        if not self.idempotent or not self._flights:
+            return wake_at
+        due = min(f.sent_at for f in self._flights) + SLOW_REQUEST_S
+        if now < due:
+            return _earliest(wake_at, due)
+        for f in self._flights:
+            if not f.slow and now - f.sent_at >= SLOW_REQUEST_S:
+                f.slow = True
+                self._cluster.node_failed(f.node)  # metadata asked of the others first
+        self.request_refresh()
+        return _earliest(wake_at, now + SLOW_REFRESH_S)
+
+    def _follow_leaders(self) -> None:
+        """Fresh metadata: a partition whose leader moved gives up its requests in flight to
+        the old one and resends their batches to the new one under the same sequences (the
+        broker answers a duplicate with its original offset, so a batch the old leader had
+        replicated is not stored twice), and retries waiting out a backoff after failures
+        at the old leader go at once.  Idempotent producers only: without sequences a
+        batch given up could be stored twice."""
+        if not self.idempotent:
+            return
+        cluster = self._cluster
+        for flight in list(self._flights):
+            for tp in list(flight.batches):
+                leader = cluster.leader(*tp)
+                if leader >= 0 and leader != flight.node:
+                    self._give_up(flight, tp, leader)
+        for tp, node in list(self._sent_to.items()):
+            leader = cluster.leader(*tp)
+            if leader >= 0 and leader != node and tp in self._retry_at:
+                del self._retry_at[tp]
+                self._failures.pop(tp, None)
+
+    def _give_up(self, flight: _Flight, tp: TP, leader: int) -> None:
+        """Take ``tp``'s batches out of ``flight`` (its answer, if any comes, is ignored
+        for them) and queue them again, ahead of later batches, for ``leader``."""
+        bs = flight.batches.pop(tp)
+        gone = set(bs)
+        flight.flat[:] = [b for b in flight.flat if b not in gone]
+        flight.moved = True
+        self._inflight[tp] -= len(bs)
+        for b in bs:
+            b.settle(known=False)  # the old leader may have stored them
+        log.info("%s[%d]: leader moved from broker %d to %d; resending %d batch(es) in flight there",
+                 tp[0], tp[1], flight.node, leader, len(bs))
+        self._retry(tp, bs, _Moved(), counted=False)
+        self.wake()
+
     async def _refresh(self) -> None:
         # At most one refresh per retry_backoff_ms: a partition with no leader (a deleted
         # topic, an election under way) must not turn the sender into a metadata loop.
@@ -199,7 +286,8 @@ class Sender:
             await asyncio.sleep(pause)
         topics = set(self._cluster.topics) | self._acc.topics()
         try:
-            await self._cluster.refresh(sorted(topics))
+            await self._cluster.refresh(sorted(topics), timeout=min(self.request_timeout, METADATA_TIMEOUT_S))
+            self._follow_leaders()
             self._leave_leaderless()
         except errors.SluiceError:
             await asyncio.sleep(self.backoff)  # broker down: pace the next attempt
@@ -353,8 +441,12 @@ class Sender:
                 flat = [b for bs in req_batches.values() for b in bs]
                 request, attachments = self._produce_request(req_batches, flat)
                 written = self._write_now(node, request, attachments, flat)
+                flight = _Flight(node, req_batches, flat, now)
+                self._flights.add(flight)
+                for tp in req_batches:
+                    self._sent_to[tp] = node
                 task = self._loop.create_task(
-                    self._send_request(node, req_batches, flat, request, attachments, written)
+                    self._send_request(flight, request, attachments, written)
                 )
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
@@ -478,16 +570,15 @@ class Sender:
                 b.in_flight = True
         return written
 
-    async def _send_request(
-        self, node: int, batches: dict[TP, list[Batch]], flat: list[Batch], request, attachments,
-        written: asyncio.Future | None,
-    ) -> None:
+    async def _send_request(self, flight: _Flight, request, attachments, written: asyncio.Future | None) -> None:
         """One produce request (``written`` already, or not yet): every batch it holds ends
         acknowledged, failed or requeued, whatever is raised (a bug, a foreign error,
-        cancellation by ``close``)."""
+        cancellation by ``close``).  A partition given up meanwhile (``_give_up``) is no
+        longer in ``flight.batches``, so its answer is ignored here."""
+        node, batches, flat = flight.node, flight.batches, flight.flat
         try:
             try:
-                response = await self._exchange(node, request, attachments, flat, written)
+                response = await self._exchange(flight, request, attachments, written)
             except BaseException as exc:
                 # The broker refusing the whole request (a frame past its cap, say) wrote
                 # none of it; otherwise, written or not, no answer was read.
@@ -519,12 +610,13 @@ class Sender:
             log.exception("produce request to broker %s failed unexpectedly", node)
             self._abandon(batches, exc)
         finally:
+            self._flights.discard(flight)
             self._inflight_nodes[node] -= 1
             for tp, bs in batches.items():
                 self._inflight[tp] -= len(bs)
             self.wake()
 
-    async def _exchange(self, node: int, request, attachments, flat: list[Batch], written):
+    async def _exchange(self, flight: _Flight, request, attachments, written):
         """Send one request, unless ``written`` is the future of its answer already, and
         return its response (None with ``acks="none"``).
 
@@ -536,8 +628,8 @@ class Sender:
         on, and its partition stays in flight until the request ends.
         """
         if written is None:
-            written = self._loop.create_task(self._deliver(node, request, attachments, flat))
-        by_deadline = sorted(flat, key=_deadline)
+            written = self._loop.create_task(self._deliver(flight, request, attachments))
+        by_deadline = sorted(flight.flat, key=_deadline)
         i = 0
         try:
             while True:
@@ -555,9 +647,10 @@ class Sender:
             if not written.done():
                 written.cancel()
 
-    async def _deliver(self, node: int, request, attachments, flat: list[Batch]):
-        """Connect and write (marking ``flat`` in flight only once the bytes go out), then
-        await the answer: ``(response, attachments)``, or None with ``acks="none"``."""
+    async def _deliver(self, flight: _Flight, request, attachments):
+        """Connect and write (marking ``flight.flat`` in flight only once the bytes go out),
+        then await the answer: ``(response, attachments)``, or None with ``acks="none"``."""
+        node, flat = flight.node, flight.flat
         try:
             conn = await self._cluster.connection(node)
             if self.acks == messages.ACKS_NONE:
@@ -565,9 +658,11 @@ class Sender:
             if conn.closed:
                 raise errors.ConnectionClosed(f"connection to broker {node} closed before sending")
             incomplete = self._acc.incomplete
-            if any(b not in incomplete for b in flat):
+            if flight.moved or any(b not in incomplete for b in flat):
                 # one failed at its deadline before a byte went out, told it was not stored:
-                # it must never be written; the others go back to their queues
+                # it must never be written; the others go back to their queues (so do they
+                # when a partition of the request was given up to a new leader meanwhile:
+                # the request's bytes still hold that partition's batches)
                 raise _Unsent()
             for b in flat:
                 b.in_flight = True

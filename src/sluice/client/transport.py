@@ -652,14 +652,17 @@ class Cluster:
 
     # ------------------------------------------------------------------ metadata
 
-    async def refresh(self, topics: Iterable[str] | None = None) -> messages.MetadataResponse:
-        """Fetch metadata for ``topics`` (None: all) and update the cache.
+    async def refresh(
+        self, topics: Iterable[str] | None = None, timeout: float | None = None
+    ) -> messages.MetadataResponse:
+        """Fetch metadata for ``topics`` (None: all) and update the cache; ``timeout``
+        bounds the request (default ``request_timeout``).
 
         Topics the broker reports with an error are dropped from ``topics`` and their error
         kept in ``unknown``.
         """
         wanted = None if topics is None else sorted(set(topics))
-        response, _ = await self.request(messages.MetadataRequest(topics=wanted))
+        response, _ = await self.request(messages.MetadataRequest(topics=wanted), timeout=timeout)
         self._apply(response)
         return response
 

@@ -171,6 +171,7 @@ class EtcdStore(MetadataStore):
         self._leadership: Leadership | None = None
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self._leaving = False  # the broker is stopping: a lost session is not replaced
 
     def __repr__(self) -> str:
         return f"EtcdStore({self._where()})"
@@ -287,6 +288,9 @@ class EtcdStore(MetadataStore):
         self._session = await self._new_session()
         self._spawn(self._keep_alive())
 
+    def leaving(self) -> None:
+        self._leaving = True
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -324,6 +328,9 @@ class EtcdStore(MetadataStore):
     async def _renew_or_replace(self, next_try: float, retry: float) -> float:
         """One step of ``_keep_alive``; returns when to try the next renewal."""
         s = self._session
+        if s is None and self._leaving:
+            await asyncio.sleep(retry)
+            return next_try
         if s is None:
             try:
                 s = await self._new_session()
@@ -495,6 +502,24 @@ class EtcdStore(MetadataStore):
         got = await self._call("list brokers", lambda c: c.get_prefix(prefix))
         regs = (self._decode(kv.key, kv.value, BrokerRegistration) for kv in got)
         return sorted(regs, key=lambda r: r.node_id)
+
+    async def registration_token(self, node_id: int) -> int | None:
+        key = self._key("brokers", node_id)
+        got = await self._call(f"read the registration of node {node_id}", lambda c: c.get(key))
+        return None if got is None or not got.lease else got.lease
+
+    async def end_registration(self, node_id: int, token: int) -> bool:
+        """Revoke the session lease ``token``: the registration and controller key it holds
+        go at once (a broker registered again holds its key under a new lease)."""
+        try:
+            await self._call(
+                f"end the registration of node {node_id}", lambda c: c.revoke_lease(token)
+            )
+        except MetadataUnavailable as exc:
+            if "lease not found" in str(exc):
+                return False  # expired or revoked already
+            raise
+        return True
 
     async def watch_brokers(self) -> AsyncIterator[list[BrokerRegistration]]:
         live: dict[bytes, BrokerRegistration] = {}
@@ -755,12 +780,14 @@ async def bounded(aw: Awaitable[T], timeout: float) -> T:
     behind when late.  (``asyncio.timeout`` alone cannot bound aetcd, whose watch teardown
     swallows ``CancelledError`` and can block on a full request queue once etcd went away.)"""
     task = asyncio.ensure_future(aw)
+    # its outcome is seen even when nobody reads it: late, or this caller cancelled (as
+    # ``PeerLiveness`` cancels its watchers) just as the call ended
+    task.add_done_callback(_retrieve)
     try:
         done, _ = await asyncio.wait([task], timeout=timeout)
     finally:
         if not task.done():
             task.cancel()
-            task.add_done_callback(_retrieve)
     if not done:
         raise TimeoutError
     return task.result()

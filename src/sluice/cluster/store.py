@@ -147,6 +147,13 @@ class MetadataStore(abc.ABC):
         store), and ``MetadataUnavailable`` when it cannot be asked.  Brokers call it at
         start and again before they delete data because the metadata say so."""
 
+    def leaving(self) -> None:
+        """The broker is stopping: a session that ends from now on (its peers may end it
+        early, broker/liveness.py) is not replaced, so the broker is not registered again
+        and does not campaign again before ``close``.  Call from the event loop.  (A store
+        without sessions has nothing to do.)"""
+        return None
+
     # ------------------------------------------------------------------ brokers
 
     @abc.abstractmethod
@@ -168,6 +175,20 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def watch_brokers(self) -> AsyncIterator[list[BrokerRegistration]]:
         """The live registrations (by node id) at once, then again each time they change."""
+
+    async def registration_token(self, node_id: int) -> int | None:
+        """A token naming ``node_id``'s registration as the store holds it now (its session:
+        a broker that restarts registers under a new one), for ``end_registration``; None
+        when it is not registered, or when this store has no sessions to end (embedded)."""
+        return None
+
+    async def end_registration(self, node_id: int, token: int) -> bool:
+        """End the registration ``token`` named now, as if its session had lapsed: its
+        broker leaves the live brokers and, if it was the controller, its term ends.  Only
+        for a broker known to be dead (broker/liveness.py).  A registration made since under
+        another session is untouched.  Returns whether it was still there to end; raises
+        ``MetadataUnavailable``."""
+        return False
 
     # ------------------------------------------------------------------ topics
 

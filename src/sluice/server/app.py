@@ -3,10 +3,12 @@
 ``run(config)`` is what ``sluice serve`` calls.  Start order: lock the data directory, bind
 the port, recover the logs, then accept connections, so a second broker on the same
 directory or port is refused before it reads a byte of data.  Shutdown order: stop
-accepting, take no new leadership, answer waiting fetches at once, refuse new requests
-(but the followers'), let in-flight ones finish (bounded), close the followers'
-connections, then flush and close every partition, so a SIGTERM never loses an acknowledged
-write, leaves indexes saved, and exits at once even with consumers waiting for records.
+accepting, take no new leadership, answer waiting fetches at once, hand each partition led
+here to a live in-sync follower (broker/handoff.py: writes still waiting for replicas here
+fail over to it at once), refuse new requests (but the followers'), let in-flight ones
+finish (bounded), close the followers' connections, then flush and close every partition,
+so a SIGTERM never loses an acknowledged write, leaves indexes saved, and exits at once
+even with consumers waiting for records.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import signal
 
 from sluice.broker.broker import Broker
 from sluice.config import ServerConfig
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, SluiceError
 from sluice.server.connection import Connection
 from sluice.storage.dirlock import DataDirLock
 
 log = logging.getLogger("sluice.server")
 
 SHUTDOWN_GRACE_S = 10.0
+HAND_OFF_S = 3.0  # the longest the leadership hand-off may take (metadata store writes)
 
 
 class Server:
@@ -100,6 +103,7 @@ class Server:
             if self._listener is not None:
                 self._listener.close()
             self.broker.drain()  # long polls answer now, not after their max_wait_ms
+            await self._hand_off()
             # Clients' requests first, while followers still fetch: an acks=all write in
             # flight completes only once they have it (their connections are served on,
             # server/connection.py), and it completes at once then, not after the grace.
@@ -116,6 +120,24 @@ class Server:
             self._lock.release()
             self._stopped.set()  # the process exits even if a close step failed (it is logged)
         log.info("stopped")
+
+    async def _hand_off(self) -> None:
+        """Give the partitions led here to in-sync followers (broker/handoff.py): their
+        ``acks=all`` writes waiting here end at once (retried by producers on the new
+        leader) instead of holding the shutdown for a follower that may never fetch.
+        Bounded: with the metadata store out, the controller elects after this broker left."""
+        if self.config.cluster is None:
+            return
+        if self.broker.store_unreachable is not None:
+            log.warning("leadership not handed off: the metadata store does not answer")
+            return
+        try:
+            moved = await asyncio.wait_for(self.broker.hand_off_leadership(), HAND_OFF_S)
+        except (TimeoutError, SluiceError) as exc:
+            log.warning("leadership not handed off before stopping: %r", exc)
+            return
+        if moved:
+            log.info("handed %d partition leadership(s) to in-sync followers", moved)
 
     def _fatal(self, exc: BaseException) -> None:
         """The broker must stop (``Broker.on_fatal``): stop, then ``serve_forever`` raises."""
