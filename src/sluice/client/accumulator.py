@@ -337,6 +337,8 @@ class Accumulator:
         self.linger = linger
         self.delivery_timeout = delivery_timeout
         self.open: dict[tuple[str, int], Batch] = {}
+        # batches opened per partition so far (the partitioner moves on when one closed)
+        self.opened: dict[tuple[str, int], int] = {}
         self.queues: dict[tuple[str, int], deque[Batch]] = {}
         self.incomplete: dict[Batch, None] = {}  # insertion-ordered set
         self.on_ready: Callable[[], None] = lambda: None
@@ -356,7 +358,9 @@ class Accumulator:
 
     def adopt(self, b: Batch) -> None:
         """Open ``b`` (from ``new_batch``) as its partition's batch."""
-        self.open[(b.topic, b.partition)] = b
+        tp = (b.topic, b.partition)
+        self.open[tp] = b
+        self.opened[tp] = self.opened.get(tp, 0) + 1
         self.incomplete[b] = None
         self.on_ready()
 
