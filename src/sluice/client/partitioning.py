@@ -12,8 +12,14 @@ flush, a bulk send) and would open a new one (``_partition_for``).  So keyless r
 spread evenly over the partitions whatever closes their batches, and a batch still holds
 many records whenever they come faster than the linger.
 
-Which partition is next: the first after the current one, in partition order, that can
-take records; the first pick is random (many producers do not all start on partition 0).
+Which partition is next: of those that can take records, the one this producer has put
+the fewest bytes in (its closed batches, keyed ones too, and its open batch), the first
+after the current one in partition order among equals — so partitions take turns while
+batches are alike, and one that got a small batch (closed by linger) gets the next, and a
+producer's partitions never differ by much more than a batch.  A partition that could not
+take records for a while counts as at most ``batch_size`` behind the fullest, so it catches
+up by a batch, not by all it missed.  The first pick is random among equals (producers do
+not all start on partition 0).
 A partition cannot take records while metadata shows it without a leader, or for
 ``refused_partition_avoid_ms`` after it *refused* a send (``_partition_refused``, told by
 the sender: too few in-sync replicas, no leader, a leader that does not answer or is
@@ -96,18 +102,31 @@ class Partitioning:
         return p
 
     def _pick(self, topic: str, n: int, old: int) -> int:
-        """The partition after ``old`` (a random one when ``old`` is -1) that has a leader
-        and did not refuse records lately; ``old`` itself only when no other can take them;
-        with none that can, the one after ``old``."""
+        """Of the partitions that have a leader and did not refuse records lately, the least
+        loaded (see the module docstring), the first after ``old`` among equals (from a
+        random one when ``old`` is -1); ``old`` itself only when no other can take them;
+        with none that can, the one after ``old``.  O(partitions), once per batch."""
         leaders = self._cluster.leaders(topic, n)
         refused = self._refused_until
         now = time.monotonic() if refused else 0.0
         start = random.randrange(n) if old < 0 else old + 1
+        acc = self._acc
+        done, opened = acc.bytes_closed, acc.open
+        usable = []
         for i in range(n):
             p = (start + i) % n
             if leaders[p] >= 0 and (not refused or refused.get((topic, p), 0.0) <= now):
-                return p
-        return start % n
+                tp = (topic, p)
+                b = opened.get(tp)
+                usable.append((done.get(tp, 0) + (b.size if b is not None else 0), i, p))
+        if not usable:
+            return start % n
+        if len(usable) == 1:
+            return usable[0][2]
+        if old >= 0 and usable[-1][2] == old:
+            usable.pop()  # ``old`` only when alone
+        floor = max(usable)[0] - self.batch_size  # a partition catches up by a batch at most
+        return min((max(load, floor), i, p) for load, i, p in usable)[2]
 
     def _partition_refused(self, topic: str, partition: int, exc: BaseException) -> None:
         """The sender was refused a batch of ``topic[partition]`` by ``exc`` (it retries
