@@ -5,8 +5,8 @@ the key modulo the partition count, or ``partitioner(key, n)`` when given); a ke
 to its topic's *sticky* partition.
 
 **The sticky partition moves on per batch** (Kafka's KIP-480): keyless records fill one
-batch of one partition, and the batch after it goes to the next partition in turn.  The
-partition moves on when its batch fills (``_switch_sticky``, called from the compiled path
+batch of one partition, and the batch after it goes to another partition.  The partition
+moves on when its batch fills (``_switch_sticky``, called from the compiled path
 too) and when a keyless record finds the batch it went to closed (by ``linger_ms``, a
 flush, a bulk send) and would open a new one (``_partition_for``).  So keyless records
 spread evenly over the partitions whatever closes their batches, and a batch still holds
@@ -104,22 +104,27 @@ class Partitioning:
     def _pick(self, topic: str, n: int, old: int) -> int:
         """Of the partitions that have a leader and did not refuse records lately, the least
         loaded (see the module docstring), the first after ``old`` among equals (from a
-        random one when ``old`` is -1); ``old`` itself only when no other can take them;
-        with none that can, the one after ``old``.  O(partitions), once per batch."""
+        random one when ``old`` is -1); ``old`` itself only when no other can take them.
+        With no leader known, any that did not refuse; with none, the one after ``old``.
+        O(partitions), once per batch."""
         leaders = self._cluster.leaders(topic, n)
         refused = self._refused_until
         now = time.monotonic() if refused else 0.0
         start = random.randrange(n) if old < 0 else old + 1
         acc = self._acc
         done, opened = acc.bytes_closed, acc.open
-        usable = []
-        for i in range(n):
-            p = (start + i) % n
-            if leaders[p] >= 0 and (not refused or refused.get((topic, p), 0.0) <= now):
-                tp = (topic, p)
-                b = opened.get(tp)
-                usable.append((done.get(tp, 0) + (b.size if b is not None else 0), i, p))
-        if not usable:
+        # then, with no leader known (metadata marked stale after NOT_LEADER), by refusals
+        for lowest_leader in (0, -1):
+            usable = []
+            for i in range(n):
+                p = (start + i) % n
+                if leaders[p] >= lowest_leader and (not refused or refused.get((topic, p), 0.0) <= now):
+                    tp = (topic, p)
+                    b = opened.get(tp)
+                    usable.append((done.get(tp, 0) + (b.size if b is not None else 0), i, p))
+            if usable:
+                break
+        else:
             return start % n
         if len(usable) == 1:
             return usable[0][2]
