@@ -107,6 +107,8 @@ class Partitioning:
         random one when ``old`` is -1); ``old`` itself only when no other can take them.
         With no leader known, any that did not refuse; with none, the one after ``old``.
         O(partitions), once per batch."""
+        if n == 1:
+            return 0
         leaders = self._cluster.leaders(topic, n)
         refused = self._refused_until
         now = time.monotonic() if refused else 0.0
