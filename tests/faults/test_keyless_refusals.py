@@ -14,6 +14,7 @@ A producer sends keyless records in bursts of 100 (about a batch each), 0.1 s ap
 refusing partition gets at most the one burst sent before its refusal was known, which
 waits out its delivery timeout there (its batch has a sequence of that partition and may
 not move); every later burst goes to the partitions that take writes, and is acknowledged.
+With ``refused_partition_avoid_ms=0`` they are not avoided.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ async def test_keyless_records_avoid_partitions_with_too_few_in_sync_replicas(th
     assert all(isinstance(e, errors.DeliveryTimeout) and "NOT_ENOUGH_REPLICAS" in str(e) for e in failed), failed[:1]
     assert {m.partition for m in acked} == healthy
     assert len(acked) + len(failed) == BURSTS * BURST
+
+    # refused_partition_avoid_ms=0: keyless bursts take their turns on the refusing ones too
+    async with Producer(
+        others, batch_size=16384, delivery_timeout_ms=4000, retry_backoff_max_ms=200, refused_partition_avoid_ms=0
+    ) as producer:
+        acked, failed = await _outcomes(await _bursts(producer, "kr"))
+    assert len(failed) > BURST * BURSTS // 2, len(failed)
 
 
 async def test_keyless_records_avoid_a_partition_whose_leader_does_not_answer(three_brokers):
