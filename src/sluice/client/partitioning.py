@@ -22,8 +22,8 @@ up by a batch, not by all it missed.  The first pick is random among equals (pro
 not all start on partition 0).
 A partition cannot take records while metadata shows it without a leader, or for
 ``refused_partition_avoid_ms`` after it *refused* a send (``_partition_refused``, told by
-the sender: too few in-sync replicas, no leader, a leader that does not answer or is
-stopping, a failing disk).  Each refusal of a retried batch there extends the time, so a
+the sender: too few in-sync replicas, no replica to elect, a leader that does not answer
+or is stopping, a failing disk, a full write queue).  Each refusal of a retried batch there extends the time, so a
 partition is avoided while its batches keep being refused, and tried again by the first
 batch after that.  When no partition can take records, they all may (the records wait for
 one, up to their delivery timeout).
@@ -52,9 +52,10 @@ def default_partitioner(key: bytes, partitions: int) -> int:
 
 
 # The errors by which a partition refuses records for a while: keyless records go elsewhere.
+# Not NOT_LEADER: the partition has (or soon has) another leader, which the metadata refresh
+# it brings about tells; one without is left by ``_leave_leaderless``.
 REFUSALS = (
     errors.NotEnoughReplicas,
-    errors.NotLeader,
     errors.EligibleLeadersNotAvailable,
     errors.ConnectionClosed,
     errors.RequestTimedOut,
