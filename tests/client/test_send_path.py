@@ -299,11 +299,14 @@ def test_a_batch_resolves_record_futures_of_any_group_with_waiters_callbacks_and
     assert sorted(seen, key=str) == [("waited", 13), 11]
 
 @pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
+@pytest.mark.parametrize("flush_every", [0, 37])
 @pytest.mark.parametrize("seed", range(4))
-async def test_compiled_and_python_paths_build_the_same_batches(seed):
+async def test_compiled_and_python_paths_build_the_same_batches(seed, flush_every):
     """The common record takes the compiled path (``Producer._append_common``), the others
     ``_append_now``; records of both kinds mixed, with full batches, sticky and keyed
-    partitions, give byte-identical batches to the Python path alone."""
+    partitions, give byte-identical batches to the Python path alone — also when flushes
+    close batches before they fill (the sticky partition then moves on at the next
+    keyless record)."""
     rng = random.Random(seed)
     sends = [
         (
@@ -324,7 +327,11 @@ async def test_compiled_and_python_paths_build_the_same_batches(seed):
                 p._append_common = _python_path
             await p.send("t", b"first", partition=0, timestamp_ms=1_700_000_000_000)
             await p.flush()
-            futs = [await p.send("t", v, key=k, headers=h, partition=pt, timestamp_ms=ts) for k, v, h, pt, ts in sends]
+            futs = []
+            for i, (k, v, h, pt, ts) in enumerate(sends, 1):
+                futs.append(await p.send("t", v, key=k, headers=h, partition=pt, timestamp_ms=ts))
+                if flush_every and i % flush_every == 0:
+                    await p.flush()
             await p.flush()
             metas = [f.result() for f in futs]
         return metas, broker.logs

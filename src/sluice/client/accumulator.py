@@ -337,6 +337,10 @@ class Accumulator:
         self.linger = linger
         self.delivery_timeout = delivery_timeout
         self.open: dict[tuple[str, int], Batch] = {}
+        # batches opened, and bytes of batches closed, per partition so far (what the
+        # partitioner of keyless records goes by, client/partitioning.py)
+        self.opened: dict[tuple[str, int], int] = {}
+        self.bytes_closed: dict[tuple[str, int], int] = {}
         self.queues: dict[tuple[str, int], deque[Batch]] = {}
         self.incomplete: dict[Batch, None] = {}  # insertion-ordered set
         self.on_ready: Callable[[], None] = lambda: None
@@ -356,7 +360,9 @@ class Accumulator:
 
     def adopt(self, b: Batch) -> None:
         """Open ``b`` (from ``new_batch``) as its partition's batch."""
-        self.open[(b.topic, b.partition)] = b
+        tp = (b.topic, b.partition)
+        self.open[tp] = b
+        self.opened[tp] = self.opened.get(tp, 0) + 1
         self.incomplete[b] = None
         self.on_ready()
 
@@ -364,6 +370,7 @@ class Accumulator:
         tp = (b.topic, b.partition)
         if self.open.get(tp) is b:
             del self.open[tp]
+        self.bytes_closed[tp] = self.bytes_closed.get(tp, 0) + b.size
         q = self.queues.get(tp)
         if q is None:
             q = self.queues[tp] = deque()

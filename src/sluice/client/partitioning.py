@@ -2,16 +2,44 @@
 
 A record with an explicit partition goes there; one with a key, to the key's (CRC-32C of
 the key modulo the partition count, or ``partitioner(key, n)`` when given); a keyless one,
-to its topic's *sticky* partition, which changes when its batch fills (``_switch_sticky``,
-called from the compiled path too) or when it loses its leader.  A new sticky partition is
-picked at random among those with a leader, as Kafka's sticky partitioner does: a keyless
-record never waits out its delivery timeout on a dead broker's partition while others are
-there.
+to its topic's *sticky* partition.
+
+**The sticky partition moves on per batch** (Kafka's KIP-480): keyless records fill one
+batch of one partition, and the batch after it goes to another partition.  The partition
+moves on when its batch fills (``_switch_sticky``, called from the compiled path
+too) and when a keyless record finds the batch it went to closed (by ``linger_ms``, a
+flush, a bulk send) and would open a new one (``_partition_for``).  So keyless records
+spread evenly over the partitions whatever closes their batches, and a batch still holds
+many records whenever they come faster than the linger.
+
+Which partition is next: of those that can take records, the one this producer has put
+the fewest bytes in (its closed batches, keyed ones too, and its open batch), the first
+after the current one in partition order among equals — so partitions take turns while
+batches are alike, and one that got a small batch (closed by linger) gets the next, and a
+producer's partitions never differ by much more than a batch.  A partition that could not
+take records for a while counts as at most ``batch_size`` behind the fullest, so it catches
+up by a batch, not by all it missed.  The first pick is random among equals (producers do
+not all start on partition 0).
+A partition cannot take records while metadata shows it without a leader, or for
+``refused_partition_avoid_ms`` after it *refused* a send (``_partition_refused``, told by
+the sender: too few in-sync replicas, no replica to elect, a leader that does not answer
+or is stopping, a failing disk, a full write queue).  Each refusal of a retried batch there extends the time, so a
+partition is avoided while its batches keep being refused, and tried again by the first
+batch after that.  When no partition can take records, they all may (the records wait for
+one, up to their delivery timeout).
+
+Keyed records and records with a partition are never moved: their batches are retried on
+their partition and fail with its error.  Nor is a batch moved once it was drained: it
+has a sequence of its partition (idempotence), and records of a batch that may have been
+stored must not be stored a second time elsewhere.
+
+Concurrency: event loop only, as the producer.
 """
 
 from __future__ import annotations
 
 import random
+import time
 
 import crc32c as _crc32c
 
@@ -23,7 +51,32 @@ def default_partitioner(key: bytes, partitions: int) -> int:
     return _crc32c.crc32c(key) % partitions
 
 
+# The errors by which a partition refuses records for a while: keyless records go elsewhere.
+# Not NOT_LEADER: the partition has (or soon has) another leader, which the metadata refresh
+# it brings about tells; one without is left by ``_leave_leaderless``.
+REFUSALS = (
+    errors.NotEnoughReplicas,
+    errors.EligibleLeadersNotAvailable,
+    errors.ConnectionClosed,
+    errors.RequestTimedOut,
+    errors.BrokerShuttingDown,
+    errors.StorageError,
+    errors.BrokerBusy,
+)
+
+
 class Partitioning:
+    """The producer's partitioner state (``_init_partitioning``): ``_sticky`` (topic ->
+    sticky partition, read by the compiled path), the batch count each sticky partition had
+    when it was picked, and the partitions avoided until when."""
+
+    def _init_partitioning(self, avoid_refused: float) -> None:
+        self._sticky: dict[str, int] = {}
+        # topic -> batches opened on its sticky partition before it was picked
+        self._sticky_mark: dict[str, int] = {}
+        self._avoid_refused = avoid_refused
+        self._refused_until: dict[tuple[str, int], float] = {}
+
     def _partition_for(self, topic: str, key: bytes | None, n: int) -> int:
         if self.partitioner is not None:
             p = self.partitioner(key, n)
@@ -34,20 +87,70 @@ class Partitioning:
             return _crc32c.crc32c(key) % n
         p = self._sticky.get(topic)
         if p is None or p >= n:
-            p = self._sticky[topic] = self._pick(topic, n, -1)
+            return self._switch_sticky(topic, n, -1)
+        tp = (topic, p)
+        acc = self._acc
+        if tp not in acc.open and acc.opened.get(tp, 0) != self._sticky_mark[topic]:
+            # its batch closed since it was picked: this record opens a batch elsewhere
+            p = self._switch_sticky(topic, n, p)
         return p
 
     def _switch_sticky(self, topic: str, n: int, old: int) -> int:
+        """Move ``topic``'s keyless records on from ``old`` (-1: none yet) to the next
+        partition that can take them; returns it."""
         p = self._sticky[topic] = self._pick(topic, n, old)
+        self._sticky_mark[topic] = self._acc.opened.get((topic, p), 0)
         return p
 
     def _pick(self, topic: str, n: int, old: int) -> int:
-        """A new sticky partition of ``topic``: at random among those with a leader (all
-        when none has), never ``old`` (whose batch just filled, or that lost its leader)
-        unless it is the only one."""
+        """Of the partitions that have a leader and did not refuse records lately, the least
+        loaded (see the module docstring), the first after ``old`` among equals (from a
+        random one when ``old`` is -1); ``old`` itself only when no other can take them.
+        With no leader known, any that did not refuse; with none, the one after ``old``.
+        O(partitions), once per batch."""
+        if n == 1:
+            return 0
         leaders = self._cluster.leaders(topic, n)
-        choice = [i for i in range(n) if i != old and leaders[i] >= 0] or [i for i in range(n) if i != old] or [0]
-        return random.choice(choice)
+        refused = self._refused_until
+        now = time.monotonic() if refused else 0.0
+        start = random.randrange(n) if old < 0 else old + 1
+        acc = self._acc
+        done, opened = acc.bytes_closed, acc.open
+        # then, with no leader known (metadata marked stale after NOT_LEADER), by refusals
+        for lowest_leader in (0, -1):
+            usable = []
+            for i in range(n):
+                p = (start + i) % n
+                if leaders[p] >= lowest_leader and (not refused or refused.get((topic, p), 0.0) <= now):
+                    tp = (topic, p)
+                    b = opened.get(tp)
+                    usable.append((done.get(tp, 0) + (b.size if b is not None else 0), i, p))
+            if usable:
+                break
+        else:
+            return start % n
+        if len(usable) == 1:
+            return usable[0][2]
+        if old >= 0 and usable[-1][2] == old:
+            usable.pop()  # ``old`` only when alone
+        floor = max(usable)[0] - self.batch_size  # a partition catches up by a batch at most
+        return min((max(load, floor), i, p) for load, i, p in usable)[2]
+
+    def _partition_refused(self, topic: str, partition: int, exc: BaseException) -> None:
+        """The sender was refused a batch of ``topic[partition]`` by ``exc`` (it retries
+        it there): keyless records avoid that partition for ``refused_partition_avoid_ms``,
+        leaving it at once when it is their sticky one."""
+        if not self._avoid_refused or not isinstance(exc, REFUSALS):
+            return
+        now = time.monotonic()
+        refused = self._refused_until
+        if len(refused) > 1024:  # forget the expired ones now and then
+            for tp in [tp for tp, until in refused.items() if until <= now]:
+                del refused[tp]
+        refused[(topic, partition)] = now + self._avoid_refused
+        info = self._cluster.topics.get(topic)
+        if self._sticky.get(topic) == partition and info is not None and partition < info.partitions:
+            self._switch_sticky(topic, info.partitions, partition)
 
     def _leave_leaderless(self) -> None:
         """After a metadata refresh: keyless records stop going to a sticky partition that

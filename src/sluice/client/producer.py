@@ -136,6 +136,7 @@ class Producer(Partitioning):
         max_in_flight_per_partition: int | None = None,
         producer_id: int | None = None,
         producer_epoch: int | None = None,
+        refused_partition_avoid_ms: float = 5000,
     ) -> None:
         """``acks``: ``"all"`` (the default, as Kafka's since 3.0): a send is acknowledged
         once every in-sync replica has it (the partition's high watermark passed it);
@@ -156,7 +157,11 @@ class Producer(Partitioning):
         out ids below), ``producer_epoch`` in 0..32767.  A batch of an older epoch of that id
         than one a partition stored fails with ``ProducerFenced``, and so does every later
         send of this producer.  Such a producer never renumbers: after a batch of it failed
-        for good, later sends to that partition fail with ``OutOfOrderSequence``."""
+        for good, later sends to that partition fail with ``OutOfOrderSequence``.
+
+        ``refused_partition_avoid_ms``: how long records without a key or partition avoid a
+        partition that refused a send (too few in-sync replicas, no leader, a leader that
+        does not answer; client/partitioning.py); 0: they never avoid one."""
         if acks not in _ACKS:
             raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")
         if compression not in records.COMPRESSION_CODES:
@@ -178,6 +183,7 @@ class Producer(Partitioning):
         _positive("max_request_size", max_request_size, records.HEADER_SIZE + 1)
         _positive("connect_timeout_ms", connect_timeout_ms, 1)
         _positive("metadata_max_age_ms", metadata_max_age_ms, 1)
+        _positive("refused_partition_avoid_ms", refused_partition_avoid_ms, 0)
         if retry_backoff_max_ms < retry_backoff_ms:
             raise errors.ConfigError("retry_backoff_max_ms must be >= retry_backoff_ms")
         if batch_size > buffer_memory:
@@ -233,7 +239,7 @@ class Producer(Partitioning):
         )
         self._memory = MemoryPool(int(buffer_memory))
         self._acc = Accumulator(self.linger, self.delivery_timeout)
-        self._sticky: dict[str, int] = {}
+        self._init_partitioning(refused_partition_avoid_ms / 1000)
         # topic -> (metadata, partitions, batch byte limit, record bytes per batch)
         self._routes: dict[str, tuple] = {}
         # per topic: sends waiting for metadata or memory, in send order, and the task

@@ -143,6 +143,7 @@ class Sender:
         self._forced = forced
         self._refuse_sends = producer._refuse_sends
         self._leave_leaderless = producer._leave_leaderless
+        self._partition_refused = producer._partition_refused
         identity = producer.producer_identity
         self._explicit = identity is not None
         self._producer_id, self._producer_epoch = identity or (None, None)
@@ -779,6 +780,7 @@ class Sender:
             self.request_refresh()
         if counted:
             self._warn_retrying(tp, exc, now)
+            self._partition_refused(tp[0], tp[1], exc)  # keyless records go elsewhere a while
         incomplete = self._acc.incomplete
         keep = []
         for b in bs:

@@ -8,7 +8,10 @@ from one topic can be written to another as it is, keeping each record's partiti
 the ``partition`` column to let the producer choose, e.g. for a topic with fewer).
 
 Each Spark task sends its rows with its own producer, an Arrow batch at a time, and
-returns only once every record is acknowledged; a failed send fails the task.
+returns only once every record is acknowledged; a failed send fails the task.  Keyless rows
+spread evenly over the topic's partitions: with ``exactlyOnce=false`` through the
+producer's sticky partitioner (a batch per partition in turn, client/partitioning.py),
+exactly once as below.
 
 **Exactly once** (the default; ``exactlyOnce=false`` gives at-least-once): each task's
 producer identity derives from (query id, micro-batch id, partition id) in a stream, or
@@ -17,10 +20,12 @@ A task Spark retries, or the micro-batch a restarted query runs again from its c
 repeats the same identity and — since the rows and their batching are the same — the same
 sequence numbers, and the broker drops every batch it stored already
 (storage/producers.py).  What makes the batching the same: records go to partitions by key
-hash, by the ``partition`` column, or for keyless rows round-robin by position (never a
-random sticky partition), and producer batches close only when full or at the end of each
-Arrow batch (never by linger time).  The input must be deterministic, as Spark's own
-exactly-once sinks need: the same partition of the same micro-batch yields the same rows in
+hash, by the ``partition`` column, or for keyless rows in turn by position — the task's
+i-th keyless row to partition ``(start + i) % partitions``, ``start`` the task's producer
+id, so every partition gets its share of every task however few rows it has (never a
+sticky partition, which moves on with timing) — and producer batches close only when full
+or at the end of each Arrow batch (never by linger time).  The input must be
+deterministic, as Spark's own exactly-once sinks need: the same partition of the same micro-batch yields the same rows in
 the same order (true of Sluice's and file sources).  A rerun of a *batch* write job is a new
 write and sends again.  Open batches hold memory until their Arrow batch ends: a task
 writing to more partitions than ``buffer_memory / batchSize`` (256 by default) waits for
@@ -95,7 +100,6 @@ def check_schema(schema: StructType, opts: WriteOptions) -> None:
 
 
 DERIVED_IDS = 1 << 62  # producer ids from here up are derived by callers (broker/produce.py)
-KEYLESS_RUN = 1000  # keyless rows sent to one partition before the next takes over
 NO_LINGER_CLOSE_MS = 3_600_000  # batches close when full or at an Arrow batch's end
 
 
@@ -107,9 +111,12 @@ def task_producer_id(*parts: object) -> int:
 
 
 class PositionPartitioner:
-    """Key hash (CRC-32C, as the producer's default) for keyed records; for keyless ones,
-    runs of ``KEYLESS_RUN`` records per partition in turn from ``start``: a function of the
-    records' order alone, so a rerun places every record where the first run did."""
+    """Key hash (CRC-32C, as the producer's default) for keyed records; the i-th keyless
+    record to partition ``(start + i) % partitions``: a function of the records' order
+    alone, so a rerun places every record where the first run did, and every partition gets
+    its share of a task's keyless records, within one record.
+
+    Called once per record, in send order (the producer's contract for a partitioner)."""
 
     def __init__(self, start: int) -> None:
         self.start = start
@@ -118,9 +125,9 @@ class PositionPartitioner:
     def __call__(self, key: bytes | None, partitions: int) -> int:
         if key is not None:
             return _crc32c.crc32c(key) % partitions
-        run = self.keyless // KEYLESS_RUN
-        self.keyless += 1
-        return (self.start + run) % partitions
+        i = self.keyless
+        self.keyless = i + 1
+        return (self.start + i) % partitions
 
 
 class _Sender:
@@ -147,10 +154,10 @@ class _Sender:
             from pyspark import TaskContext
 
             context = TaskContext.get()
-            identity = self._identity(context)
+            producer_id = task_producer_id(*self._identity(context))
             config.update(
-                producer_id=task_producer_id(*identity), producer_epoch=0,
-                partitioner=PositionPartitioner(context.partitionId()), linger_ms=NO_LINGER_CLOSE_MS,
+                producer_id=producer_id, producer_epoch=0,
+                partitioner=PositionPartitioner(producer_id), linger_ms=NO_LINGER_CLOSE_MS,
             )
         producer = SyncProducer(self.opts.bootstrap, **config)
         try:
