@@ -19,6 +19,17 @@ def pytest_addoption(parser):
                     help="comma-separated fault names to pick from (default: all of test_nemesis.FAULTS)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A nemesis run longer than the CI one gets time for it beyond the suite's timeout
+    (pyproject.toml: 300 s): its seconds plus room to start, heal and check."""
+    seconds = config.getoption("--nemesis-seconds", default=None)
+    if seconds is None:
+        return
+    for item in items:
+        if item.name == "test_nemesis":
+            item.add_marker(pytest.mark.timeout(seconds + 300))
+
+
 @pytest.fixture
 async def three_brokers(tmp_path):
     cluster = ThreeBrokers(tmp_path)
