@@ -48,13 +48,13 @@ def test_an_unreachable_metadata_store_is_not_healthy():
 def test_status_json_shape():
     shown = cluster.status_json(status(under=[SHRUNK], offline=[OFFLINE]))
     assert json.loads(json.dumps(shown)) == {
-        "brokers": [{"node_id": 1, "address": "h1:7401", "alive": True},
-                    {"node_id": 2, "address": "", "alive": False}],
+        "brokers": [{"node_id": 1, "address": "h1:7401", "alive": True, "answers": True, "no_answer": ""},
+                    {"node_id": 2, "address": "", "alive": False, "answers": False, "no_answer": ""}],
         "controller": 1,
         "under_replicated": [{"topic": "orders", "partition": 0, "leader": 1, "replicas": [1, 2, 3],
-                              "isr": [1, 3], "leader_epoch": 4}],
+                              "isr": [1, 3], "leader_epoch": 4, "replication_factor": 3}],
         "offline": [{"topic": "audit", "partition": 2, "leader": -1, "replicas": [2], "isr": [],
-                     "leader_epoch": 7}],
+                     "leader_epoch": 7, "replication_factor": 1}],
         "store_error": "",
         "healthy": False,
     }
@@ -99,3 +99,40 @@ def test_moves_json_splits_replacements_from_pending_moves_and_failures():
     assert (failed["topic"], failed["partition"], failed["old"], failed["code"]) == ("b", 2, [3, 2], 23)
     assert (failed["error"], failed["message"]) == ("METADATA_UNAVAILABLE", "etcd unreachable")
     assert cluster.moves_json([]) == {"replaced": [], "moving": [], "not_replaced": []}
+
+
+def _metadata(replicas: list[int], factor: int, brokers=(1, 2, 3)) -> m.MetadataResponse:
+    part = m.PartitionMetadata(partition=0, leader=replicas[0], replicas=replicas, isr=replicas, leader_epoch=1)
+    return m.MetadataResponse(
+        brokers=[m.BrokerInfo(node_id=n, host="h", port=7400 + n) for n in brokers], controller_id=1,
+        topics=[m.TopicMetadata(name="__txn_discarded", partitions=[part], internal=True, replication_factor=factor)],
+    )
+
+
+def test_an_internal_topic_short_of_its_replication_factor_is_under_replicated():
+    """``__txn_discarded`` created while broker 2 was down: replicas [1,3] of 3, all in sync."""
+    short = ClusterStatus.from_metadata(_metadata([1, 3], 3))
+    [p] = short.under_replicated
+    assert (p.missing, p.full_factor) == (1, 3)
+    assert not short.healthy and cluster.exit_status(short) == cluster.UNDER_REPLICATED
+    assert cluster.partition_rows(short.under_replicated) == [["__txn_discarded", 0, 1, "1,3 (of 3)", "1,3", 1]]
+    assert cluster.status_json(short)["under_replicated"][0]["replication_factor"] == 3
+    assert ClusterStatus.from_metadata(_metadata([1, 3, 2], 3)).healthy
+    # a cluster of two brokers has none to add: the factor counts up to the brokers it has
+    assert ClusterStatus.from_metadata(_metadata([1, 2], 3, brokers=(1, 2))).healthy
+    # an older broker says no factor (0): replicas are all there is to judge
+    assert ClusterStatus.from_metadata(_metadata([1, 3], 0)).healthy
+
+
+def test_a_live_broker_that_does_not_answer_is_not_healthy():
+    """Registered (its session has not lapsed) but dead or paused: exit status 6."""
+    s = status().with_probes({1: "no answer within 1 s"})
+    assert [b.node_id for b in s.silent] == [1]
+    assert not s.healthy and cluster.exit_status(s) == cluster.NOT_ANSWERING == 6
+    assert cluster.exit_status(status(under=[SHRUNK]).with_probes({1: "x"})) == cluster.NOT_ANSWERING
+    assert cluster.exit_status(status(offline=[OFFLINE]).with_probes({1: "x"})) == cluster.OFFLINE
+    assert cluster.broker_rows(s)[0] == [1, "h1:7401", "NO ANSWER: no answer within 1 s", "controller"]
+    assert cluster.summary(s).startswith("NOT healthy: 1 of 2 brokers alive (1 not answering), controller 1,")
+    assert cluster.status_json(s)["brokers"][0] == {
+        "node_id": 1, "address": "h1:7401", "alive": True, "answers": False, "no_answer": "no answer within 1 s"}
+    assert status().with_probes({}).healthy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.cluster.assignment import replace_lost_replicas, replica_load
+from sluice.cluster.assignment import grow_replicas, replace_lost_replicas, replica_load
 
 
 def test_load_counts_every_replica_of_every_topic():
@@ -84,3 +84,49 @@ def test_only_the_named_topics_move_but_all_count_in_the_load():
 def test_kept_partitions_do_not_move():
     plan = replace_lost_replicas({"t": [[3, 1], [3, 2]]}, {1, 2, 4}, keep={("t", 0)})
     assert plan == {"t": {1: [4, 2]}}
+
+
+def test_a_short_topic_grows_onto_the_least_loaded_live_brokers_old_replicas_first():
+    # __txn_discarded was created while broker 2 was down: [1, 3], meant to have 3
+    plan = grow_replicas({"__txn_discarded": [[1, 3]], "__groups": [[1, 2, 3]] * 3}, {"__txn_discarded": 3}, {1, 2, 3})
+    assert plan == {"__txn_discarded": {0: [1, 3, 2]}}
+
+
+def test_nothing_grows_without_a_live_broker_to_hold_the_replica():
+    assert grow_replicas({"t": [[1, 3]]}, {"t": 3}, {1, 3}) == {}
+    assert grow_replicas({"t": [[1, 3]]}, {"t": 2}, {1, 2, 3}) == {}  # at its factor already
+    assert grow_replicas({"t": [[1, 3]]}, {"t": 3}, {1, 2, 3}, keep={"t"}) == {}
+
+
+def test_every_partition_grows_to_one_factor_as_far_as_the_live_brokers_allow():
+    # one replica each, meant to have 3, brokers 1, 2 and 4 alive (3 is dead): partition 1
+    # holds dead broker 3, so it can reach only 3 with both 2 and 4; both grow to 3
+    plan = grow_replicas({"t": [[1], [3]]}, {"t": 3}, {1, 2, 4})
+    assert plan == {"t": {0: [1, 2, 4], 1: [3, 1, 2]}}
+    # with only brokers 1 and 2 alive, partition 1 ([3]) reaches 3 and partition 0 ([1]) 2:
+    # the factor is one for the topic, so both grow to 2
+    assert grow_replicas({"t": [[1], [3]]}, {"t": 3}, {1, 2}) == {"t": {0: [1, 2], 1: [3, 1]}}
+
+
+def test_added_replicas_count_in_the_load_of_the_next():
+    plan = grow_replicas({"a": [[1], [1]], "b": [[2, 3]]}, {"a": 2}, {1, 2, 3, 4})
+    assert plan == {"a": {0: [1, 4], 1: [1, 2]}}
+
+
+@given(
+    lists=st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=3, unique=True), min_size=1, max_size=6)
+    .filter(lambda ls: len({len(r) for r in ls}) == 1),
+    wanted=st.integers(1, 6),
+    live=st.sets(st.integers(1, 6), min_size=1),
+)
+def test_growth_keeps_each_list_a_prefix_adds_live_distinct_brokers_and_one_factor(lists, wanted, live):
+    plan = grow_replicas({"t": lists}, {"t": wanted}, live)
+    if not plan:
+        return
+    grown = plan["t"]
+    assert sorted(grown) == list(range(len(lists)))
+    factors = {len(r) for r in grown.values()}
+    assert len(factors) == 1 and len(lists[0]) < factors.pop() <= wanted
+    for p, new in grown.items():
+        assert new[: len(lists[p])] == lists[p] and len(set(new)) == len(new)
+        assert set(new[len(lists[p]):]) <= live

@@ -12,7 +12,7 @@ from cluster_helpers import REQUEST_MS, SESSION_MS, answered, eventually, free_p
 
 from sluice.cluster.etcd import EtcdStore, parse_cluster_url
 from sluice.cluster.store import BrokerRegistration, PartitionState, TopicRecord, initial_states
-from sluice.errors import ConfigError, MetadataUnavailable
+from sluice.errors import ConfigError, InvalidRequest, MetadataUnavailable
 
 # a lapsed 1 s lease: etcd checks expiry about every 0.5 s; the rest is slack for a busy machine
 LAPSE_S = 10
@@ -263,3 +263,29 @@ async def test_ending_a_registration_ends_it_and_its_term_at_once_but_not_a_late
     assert await b.end_registration(2, await b.registration_token(2))
     await asyncio.sleep(3 * SESSION_MS / 1000)  # a session ended while leaving is not replaced
     assert [r.node_id for r in await b.brokers()] == [1]
+
+
+async def test_an_internal_topic_grows_up_to_its_intended_replication_factor(stores):
+    """The factor of a topic created short of brokers grows, with every partition's list,
+    up to ``intended_replication_factor`` and no further; the ISR stays (the new replicas
+    join once caught up)."""
+    store = await stores()
+    r = TopicRecord("__t", 2, internal=True, replication_factor=2, intended_replication_factor=3,
+                    assignment=[[1, 3], [3, 1]])
+    await store.create_topic(r, initial_states(r))
+    for bad, factor in (
+        ({0: [1, 3, 2]}, 3),  # not every partition
+        ({0: [1, 3, 2], 1: [1, 3, 2]}, 3),  # partition 1's list does not start with its old one
+        ({0: [1, 3, 2, 4], 1: [3, 1, 2, 4]}, 4),  # past the intended factor
+        ({0: [1], 1: [3]}, 1),  # never shrinks
+    ):
+        with pytest.raises(InvalidRequest):
+            await store.reassign("__t", bad, replication_factor=factor)
+    before = await store.partition_states("__t")
+    await store.reassign("__t", {0: [1, 3, 2], 1: [3, 1, 2]}, replication_factor=3)
+    record = (await store.topics())["__t"]
+    assert (record.replication_factor, record.full_factor) == (3, 3)
+    assert record.assignment == [[1, 3, 2], [3, 1, 2]]
+    after = await store.partition_states("__t")
+    assert [(s.leader, s.leader_epoch, s.isr) for s in after] == [(s.leader, s.leader_epoch, s.isr) for s in before]
+    assert all(a.version > b.version for a, b in zip(after, before, strict=True))  # watchers wake

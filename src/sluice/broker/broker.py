@@ -57,7 +57,7 @@ from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
 from sluice.broker.subscriptions import SubscriptionManager
-from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
+from sluice.broker.topics import INTERNAL_REPLICAS, Topic, TopicAdmin, unknown_topic
 from sluice.broker.transactions import TransactionManager
 from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
@@ -86,8 +86,7 @@ CONTROLLER_POLL_S = 1.0
 STORE_RETRY_S = 0.5  # asking whether the store is still this cluster's, while it does not answer
 STORE_CHECK_S = 5.0  # ... and asking again while it does
 GROUPS_WARN_EVERY_S = 30.0  # "cannot start the group coordinator yet", at most one per this
-INTERNAL_REPLICAS = 3  # a cluster's internal topics get min(3, live brokers) replicas
-INTERNAL_TOPIC_WAIT_S = 10.0  # ... once that many are alive, or after this long
+INTERNAL_TOPIC_WAIT_S = 10.0  # __groups waits for INTERNAL_REPLICAS live brokers, at most this long
 
 
 def _log_failure(task: asyncio.Task) -> None:
@@ -292,7 +291,9 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
 
         In a cluster it waits (False) until ``INTERNAL_REPLICAS`` brokers are alive, or
         ``INTERNAL_TOPIC_WAIT_S`` after this broker started: the first broker of a new
-        cluster would otherwise create it with a single replica."""
+        cluster would otherwise create it with a single replica.  Created with fewer live
+        brokers than its factor, it records the factor and the controller adds replicas as
+        brokers arrive (cluster/strength.py)."""
         record = (await self.metadata.topics()).get(GROUPS_TOPIC)
         if record is None:
             alone = len(self.live_brokers) < INTERNAL_REPLICAS and self.config.cluster is not None

@@ -12,6 +12,10 @@ broker/replication.py).
   lists with ``MetadataStore.reassign``: one atomic change per topic, the dropped replicas
   leave the ISR, the replication factor stays.  Partitions without a live leader keep
   their replicas: a dead one may hold the only copy of their data.
+- **Growing** (the same request, after that): a topic short of its replication factor
+  (an internal topic created while brokers were down: ``TopicRecord.full_factor``) gets
+  replicas on live brokers (cluster/strength.py; the controller does the same on each
+  reconcile pass).
 - **Spreading** (the same request, after that): when live brokers hold uneven numbers
   of replicas (a broker joined), ``spread_replicas`` (cluster/assignment.py) plans moves
   that even them out, and each is recorded as the first of two phases (Kafka's
@@ -41,6 +45,7 @@ from sluice.broker.topics import Topic, error_fields
 from sluice.broker.wait import wait_event
 from sluice.cluster.assignment import replace_lost_replicas, spread_replicas
 from sluice.cluster.store import TopicRecord
+from sluice.cluster.strength import restore_strength
 from sluice.errors import (
     BrokerBusy,
     BrokerError,
@@ -62,8 +67,9 @@ class Reassignment:
 
     async def _replace_lost_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
         """Replace the replicas of brokers not alive in the partitions of ``names`` (known
-        topics) that have a live leader; one ``ReplicaMove`` per partition changed (or
-        whose topic's change failed, with the error)."""
+        topics) that have a live leader, then add the replicas missing from topics short
+        of their replication factor (``_grow_replicas``); one ``ReplicaMove`` per partition
+        changed (or whose topic's change failed, with the error)."""
         live = set(self.live_brokers)
         records = await self.metadata.topics()
         names = [n for n in names if n in records]
@@ -89,7 +95,7 @@ class Reassignment:
                 if not failed:
                     log.info("%s-%d: replicas %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
         self._topics_stale.set()
-        return moves
+        return moves + await self._grow_replicas(names)
 
     @staticmethod
     def _kept_dead_replicas(records, names, keep, plan, live) -> list[m.ReplicaMove]:
@@ -112,6 +118,20 @@ class Reassignment:
                 out.append(m.ReplicaMove(topic=name, partition=p, old=list(replicas), new=list(replicas),
                                          **error_fields(exc)))
         return out
+
+    async def _grow_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
+        """Add replicas on live brokers to the topics of ``names`` short of their replication
+        factor; one ``ReplicaMove`` (old list, grown list) per partition grown (with the
+        error when its topic's change failed)."""
+        moves = []
+        for growth in await restore_strength(self.metadata, set(self.live_brokers), names):
+            failed = error_fields(growth.error) if growth.error is not None else {}
+            moves.extend(
+                m.ReplicaMove(topic=growth.topic, partition=p, old=list(growth.old[p]), new=new, **failed)
+                for p, new in sorted(growth.new.items())
+            )
+        self._topics_stale.set()
+        return moves
 
     async def _spread_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
         """Record the first phase of the moves that even out the replica load of the live

@@ -81,6 +81,7 @@ def error_fields(exc: BrokerError) -> dict:
 # leader's own code only, and brokers rebuild their state from it, so no request may write
 # it (a produce cannot tell a broker from a client) nor change how long it keeps records.
 PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
+INTERNAL_REPLICAS = 3  # a cluster's internal topics' factor (unless --replication-factor says)
 KEEPING_CONFIGS = frozenset({"cleanup.policy", "retention.ms", "retention.bytes"})
 
 
@@ -170,7 +171,7 @@ class TopicAdmin:
                 ))
             topics.append(m.TopicMetadata(
                 name=name, partitions=parts, max_message_bytes=t.config.max_message_bytes,
-                internal=t.internal,
+                internal=t.internal, replication_factor=t.record.full_factor,
             ))
         brokers = [m.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port) for b in self.live_brokers.values()]
         store_error = ""
@@ -238,6 +239,13 @@ class TopicAdmin:
             raise TopicAlreadyExists(f"topic {new.name!r} already exists")
         live = sorted(self.live_brokers)
         factor = new.replication_factor or self.config.default_replication_factor or min(3, len(live))
+        intended = 0
+        if internal and self.config.cluster is not None:
+            # brokers down now are still the cluster's: the topic starts with the live ones
+            # and is brought up to its factor as they return (cluster/strength.py)
+            wanted = new.replication_factor or self.config.default_replication_factor or INTERNAL_REPLICAS
+            factor = min(wanted, len(live))
+            intended = wanted if wanted > factor else 0
         if not 1 <= factor <= len(live):
             raise InvalidReplicationFactor(
                 f"replication factor {factor} for topic {new.name!r}: {len(live)} broker(s) alive "
@@ -255,7 +263,7 @@ class TopicAdmin:
             raise MetadataUnavailable(f"the metadata store is not this broker's cluster's: {new.name!r} is not created")
         record = TopicRecord(
             new.name, new.partitions, dict(new.config), internal=internal,
-            replication_factor=factor, assignment=assignment,
+            replication_factor=factor, assignment=assignment, intended_replication_factor=intended,
         )
         states = initial_states(record)
         loop = asyncio.get_running_loop()
@@ -274,8 +282,9 @@ class TopicAdmin:
         for p in topic.partitions.values():  # lead at once: the store's watch confirms later
             self._become(topic, p.index, states[p.index])
         log.info(
-            "created topic %s with %d partition%s, replication factor %d", new.name, new.partitions,
-            "" if new.partitions == 1 else "s", factor
+            "created topic %s with %d partition%s, replication factor %d%s", new.name, new.partitions,
+            "" if new.partitions == 1 else "s", factor,
+            f" (of {intended}: it grows as brokers return)" if intended else "",
         )
 
     def _replica_load(self) -> dict[int, int]:

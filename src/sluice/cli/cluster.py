@@ -4,9 +4,12 @@ back to the preferred replicas.
 
 ``status`` reads one metadata answer (``client.status.ClusterStatus``): the brokers, alive
 or not, the controller, and the partitions that are under-replicated (fewer in-sync
-replicas than replicas) or offline (no leader), and whether the broker asked can reach the
-metadata store.  Its exit status says the same, for scripts and health checks: ``HEALTHY``
-(0), ``UNDER_REPLICATED`` (3), ``OFFLINE`` (4), ``STORE_UNREACHABLE`` (5).
+replicas than replicas, or fewer replicas than their topic's replication factor) or
+offline (no leader), and whether the broker asked can reach the metadata store; then it
+asks each live broker directly (a short timeout), since a broker that died or is paused
+stays listed until its registration lapses.  Its exit status says the same, for scripts
+and health checks: ``HEALTHY`` (0), ``UNDER_REPLICATED`` (3), ``OFFLINE`` (4),
+``STORE_UNREACHABLE`` (5), ``NOT_ANSWERING`` (6).
 
 ``rebalance`` asks a broker (``ELECT_LEADERS``) to replace the replicas of brokers that are
 not alive and to spread replicas onto live brokers holding fewer (unless
@@ -30,6 +33,7 @@ HEALTHY = 0
 UNDER_REPLICATED = 3  # some partition has fewer in-sync replicas than replicas, none is offline
 OFFLINE = 4  # some partition has no leader: it can be neither written nor read
 STORE_UNREACHABLE = 5  # the broker asked cannot reach the metadata store (etcd): no elections
+NOT_ANSWERING = 6  # a broker listed as alive does not answer (died or paused; still registered)
 
 PARTITION_COLUMNS = ["topic", "partition", "leader", "replicas", "isr", "leader epoch"]
 
@@ -50,26 +54,32 @@ def cluster() -> None:
 
 def exit_status(status: ClusterStatus) -> int:
     """``OFFLINE`` if any partition is offline, else ``STORE_UNREACHABLE`` if the metadata
-    store is, else ``UNDER_REPLICATED`` if any partition is under-replicated, else
-    ``HEALTHY``."""
+    store is, else ``NOT_ANSWERING`` if a broker listed as alive did not answer, else
+    ``UNDER_REPLICATED`` if any partition is under-replicated, else ``HEALTHY``."""
     if status.offline:
         return OFFLINE
     if status.store_error:
         return STORE_UNREACHABLE
+    if status.silent:
+        return NOT_ANSWERING
     return UNDER_REPLICATED if status.under_replicated else HEALTHY
 
 
 def _partition_json(p: PartitionStatus) -> dict:
     return {"topic": p.topic, "partition": p.partition, "leader": p.leader,
-            "replicas": list(p.replicas), "isr": list(p.isr), "leader_epoch": p.leader_epoch}
+            "replicas": list(p.replicas), "isr": list(p.isr), "leader_epoch": p.leader_epoch,
+            "replication_factor": max(p.full_factor, len(p.replicas))}
 
 
 def status_json(status: ClusterStatus) -> dict:
-    """``cluster status --json``: brokers (node_id, address, alive), controller (-1: none),
+    """``cluster status --json``: brokers (node_id, address, alive, answers: false when
+    alive but silent when asked directly, no_answer: why), controller (-1: none),
     under_replicated and offline (partitions: topic, partition, leader, replicas, isr,
-    leader_epoch), store_error (``""``: the metadata store answers), healthy."""
+    leader_epoch, replication_factor: what the topic is meant to have, at most the
+    brokers known), store_error (``""``: the metadata store answers), healthy."""
     return {
-        "brokers": [{"node_id": b.node_id, "address": b.address, "alive": b.alive} for b in status.brokers],
+        "brokers": [{"node_id": b.node_id, "address": b.address, "alive": b.alive,
+                     "answers": b.alive and not b.no_answer, "no_answer": b.no_answer} for b in status.brokers],
         "controller": status.controller,
         "under_replicated": [_partition_json(p) for p in status.under_replicated],
         "offline": [_partition_json(p) for p in status.offline],
@@ -79,18 +89,26 @@ def status_json(status: ClusterStatus) -> dict:
 
 
 def broker_rows(status: ClusterStatus) -> list[list]:
-    """Rows of node id, address (``-`` when not alive), alive and role (``controller``)."""
+    """Rows of node id, address (``-`` when not alive), alive (``NO ANSWER: why`` when
+    listed but silent when asked) and role (``controller``)."""
     return [
-        [b.node_id, b.address or "-", "yes" if b.alive else "NO", "controller" if b.node_id == status.controller else ""]
+        [b.node_id, b.address or "-", _alive(b), "controller" if b.node_id == status.controller else ""]
         for b in status.brokers
     ]
 
 
+def _alive(b) -> str:
+    if not b.alive:
+        return "NO"
+    return f"NO ANSWER: {b.no_answer}" if b.no_answer else "yes"
+
+
 def partition_rows(partitions) -> list[list]:
-    """Rows (``PARTITION_COLUMNS``) of partition statuses; leader -1 shows as ``none``."""
+    """Rows (``PARTITION_COLUMNS``) of partition statuses; leader -1 shows as ``none``;
+    replicas short of the topic's replication factor say so (``1,3 (of 3)``)."""
     return [
-        [p.topic, p.partition, p.leader if p.leader >= 0 else "none", node_list(p.replicas),
-         node_list(p.isr), p.leader_epoch]
+        [p.topic, p.partition, p.leader if p.leader >= 0 else "none",
+         node_list(p.replicas) + (f" (of {p.full_factor})" if p.missing else ""), node_list(p.isr), p.leader_epoch]
         for p in partitions
     ]
 
@@ -101,7 +119,8 @@ def summary(status: ClusterStatus) -> str:
     alive = sum(b.alive for b in status.brokers)
     word = "healthy" if status.healthy else "NOT healthy"
     controller = status.controller if status.controller >= 0 else "none"
-    line = (f"{word}: {alive} of {len(status.brokers)} brokers alive, controller {controller}, "
+    silent = f" ({len(status.silent)} not answering)" if status.silent else ""
+    line = (f"{word}: {alive} of {len(status.brokers)} brokers alive{silent}, controller {controller}, "
             f"{len(status.under_replicated)} under-replicated, {len(status.offline)} offline partitions")
     if status.store_error:
         line += f"\nmetadata store unreachable: {status.store_error}"
@@ -116,13 +135,17 @@ def cluster_status(ctx, as_json: bool) -> None:
     and offline partitions.
 
     A broker is alive when it is registered; one that some partition names as a replica
-    but that is not registered is shown as not alive.  Under-replicated: fewer in-sync
-    replicas (ISR) than replicas.  Offline: no leader.
+    but that is not registered is shown as not alive.  Each live broker is also asked
+    directly (1 s timeout): one that died or is paused stays registered for the session
+    timeout, and is shown as NO ANSWER meanwhile.  Under-replicated: fewer in-sync
+    replicas (ISR) than replicas, or fewer replicas than the topic's replication factor
+    (an internal topic created while brokers were down, until they return).  Offline: no
+    leader.
 
     Exit status: 0 healthy, 3 some partition under-replicated (none offline), 4 some
     partition offline, 5 the broker asked cannot reach the metadata store (etcd: nothing
-    can be elected or changed, and what is shown may be stale); 1 when the cluster cannot
-    be asked, as for every command.
+    can be elected or changed, and what is shown may be stale), 6 a broker listed as
+    alive does not answer; 1 when the cluster cannot be asked, as for every command.
     """
     with _admin(ctx) as admin:
         status = admin.cluster_status()

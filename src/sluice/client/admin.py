@@ -25,7 +25,7 @@ import msgspec
 from sluice import errors
 from sluice.client.status import ClusterStatus
 from sluice.client.subscriber import position
-from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.client.transport import Cluster, Connection, ConnectionFactory
 from sluice.config import MAX_PARTITIONS
 from sluice.protocol import messages
 from sluice.protocol.messages import (
@@ -56,6 +56,7 @@ __all__ = [
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+PROBE_TIMEOUT_MS = 1000  # cluster_status: a live broker that does not answer within this is shown so
 
 
 def _raise_first(results) -> None:
@@ -123,6 +124,7 @@ class Admin:
         connect_timeout_ms: float = 10000,
         connection_factory: ConnectionFactory | None = None,
     ) -> None:
+        self._factory = connection_factory  # also for the probes of cluster_status
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -511,11 +513,40 @@ class Admin:
 
     # ------------------------------------------------------------------ cluster
 
-    async def cluster_status(self) -> ClusterStatus:
+    async def cluster_status(self, probe_timeout_ms: float = PROBE_TIMEOUT_MS) -> ClusterStatus:
         """The live brokers, the controller, and the under-replicated and offline
-        partitions of every topic, from one metadata request (see ``client.status``)."""
+        partitions of every topic, from one metadata request (see ``client.status``); then
+        each broker listed as alive is asked directly, on a connection of its own, within
+        ``probe_timeout_ms`` (0: not asked): one that died or is paused stays listed until
+        its registration lapses, and is shown as not answering (``BrokerStatus.no_answer``)."""
         resp = await self._request(messages.MetadataRequest(topics=None))
-        return ClusterStatus.from_metadata(resp)
+        status = ClusterStatus.from_metadata(resp)
+        if probe_timeout_ms <= 0 or not resp.brokers:
+            return status
+        timeout = probe_timeout_ms / 1000
+        reasons = await asyncio.gather(*(self._probe(b.host, b.port, timeout) for b in resp.brokers))
+        return status.with_probes({b.node_id: why for b, why in zip(resp.brokers, reasons, strict=True) if why})
+
+    async def _probe(self, host: str, port: int, timeout: float) -> str:
+        """Why the broker at ``host:port`` did not answer a metadata request (for no topic)
+        on a new connection within ``timeout`` seconds, connecting included; ``""`` when it
+        did."""
+        conn = None
+        try:
+            async with asyncio.timeout(timeout):
+                if self._factory is not None:
+                    conn = await self._factory(host, port)
+                else:
+                    conn = await Connection.open(host, port, connect_timeout=timeout, handshake_timeout=timeout)
+                await conn.request(messages.MetadataRequest(topics=[]), timeout=timeout)
+        except TimeoutError:
+            return f"no answer within {timeout:g} s"
+        except errors.SluiceError as exc:
+            return str(exc)
+        finally:
+            if conn is not None:
+                conn.close()
+        return ""
 
     async def elect_leaders(self, topics: Iterable[str] | None = None) -> list[ElectionResult]:
         """Give every partition of ``topics`` (None: of all topics) that has no live leader

@@ -10,7 +10,9 @@ partition index so that equal brokers take turns.
 A broker's *load* is the number of partition replicas it holds (``replica_load``); new
 replicas, and replacements of lost ones (``replace_lost_replicas``), go to the least
 loaded; ``spread_replicas`` moves replicas from the most to the least loaded live
-brokers until their loads differ by at most one.  Pure: no I/O.
+brokers until their loads differ by at most one; ``grow_replicas`` adds replicas to the
+partitions of topics short of their replication factor (internal topics created while
+brokers were down).  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -198,4 +200,52 @@ def spread_replicas(
     for name, p in movable:
         if planned[name][p] != list(assignments[name][p]):
             plan.setdefault(name, {})[p] = planned[name][p]
+    return plan
+
+
+def grow_replicas(
+    assignments: Mapping[str, Sequence[Sequence[int]]],
+    wanted: Mapping[str, int],
+    live: Iterable[int],
+    *,
+    keep: Collection[str] = (),
+) -> dict[str, dict[int, list[int]]]:
+    """The grown replica lists of the topics of ``wanted`` (topic -> the replication factor
+    it is meant to have) that have fewer replicas, as far as the ``live`` brokers allow.
+
+    ``assignments`` maps each topic of the cluster to its replica lists: all of them count
+    in the load.  A topic in ``keep`` (a pending move, a partition without a live leader)
+    is not planned.  A topic's factor is one for all its partitions, so it grows to the
+    largest factor up to ``wanted`` that every partition can reach with live brokers it
+    does not hold yet; each partition appends the least loaded of them (ties: the lower
+    node id), every addition counting in the load of the next.  The result maps topic ->
+    partition -> new list (old list first: the preferred leader stays), for every
+    partition of each topic that grows; topics in name order, so the plan is
+    deterministic.
+    """
+    live = sorted(set(live))
+    alive = set(live)
+    held = dict.fromkeys(live, 0)
+    for b, n in replica_load(assignments.values()).items():
+        if b in alive:
+            held[b] = n
+    plan: dict[str, dict[int, list[int]]] = {}
+    for name in sorted(wanted):
+        lists = assignments.get(name)
+        if name in keep or not lists:
+            continue
+        factor = len(lists[0])
+        reachable = min(len(r) + len(alive - set(r)) for r in lists)
+        grown = min(wanted[name], reachable)
+        if grown <= factor or any(len(r) != factor for r in lists):
+            continue
+        out = {}
+        for p, replicas in enumerate(lists):
+            new = list(replicas)
+            while len(new) < grown:
+                b = min((b for b in live if b not in new), key=lambda b: (held[b], b))
+                held[b] += 1
+                new.append(b)
+            out[p] = new
+        plan[name] = out
     return plan

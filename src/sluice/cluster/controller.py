@@ -29,7 +29,9 @@ re-read topic records at least every 2 s), and every ``leader_rebalance_interval
   rebalance``: broker/reassignment.py) completes once every replica the partition keeps
   is in the ISR: a leader that leaves first hands leadership to a kept in-sync live
   replica (CAS, new epoch), then the leaving replicas are dropped (``reassign``).  This
-  runs on every reconcile pass and every ``MOVES_CHECK_S`` while any move is pending.
+  runs on every reconcile pass and every ``MOVES_CHECK_S`` while any move is pending;
+- a topic short of its replication factor (an internal topic created while brokers were
+  down) gets replicas on live brokers (cluster/strength.py), on every reconcile pass.
 
 Each change is a compare-and-swap on the partition state's version, so a deposed
 controller, or a leader changing its ISR at the same moment, cannot overwrite a newer
@@ -44,6 +46,7 @@ import logging
 from collections.abc import Callable
 
 from sluice.cluster.store import Leadership, MetadataStore, PartitionState, TopicRecord
+from sluice.cluster.strength import restore_strength
 from sluice.errors import MetadataUnavailable, UnknownPartition, UnknownTopic
 
 log = logging.getLogger("sluice.controller")
@@ -289,7 +292,8 @@ class Controller:
 
     async def reconcile(self) -> None:
         """Elect leaders for partitions whose leader is gone; drop dead brokers from ISRs;
-        then ``complete_moves``."""
+        then ``complete_moves``; then add replicas to topics short of their replication
+        factor where live brokers can hold them (cluster/strength.py)."""
         live = set(self.live)
         if not live:
             return  # a store outage looks like no brokers at all: change nothing
@@ -314,6 +318,7 @@ class Controller:
                 else:
                     self._reconcile_due.set()  # raced a leader's ISR change: look again
         await self.complete_moves()
+        await restore_strength(self.store, live)
 
     async def complete_moves(self) -> None:
         """Take every pending replica move a step further (``complete_moves``).

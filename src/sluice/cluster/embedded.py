@@ -322,7 +322,7 @@ class EmbeddedStore(MetadataStore):
 
     async def reassign(
         self, topic: str, assignments: Mapping[int, Sequence[int]],
-        moving: Mapping[int, Sequence[int]] | None = None,
+        moving: Mapping[int, Sequence[int]] | None = None, replication_factor: int | None = None,
     ) -> None:
         """One node holds every replica: the only list there is, ``[node_id]``, can be
         written again (its states get new versions); any other is ``InvalidRequest``, and
@@ -333,7 +333,7 @@ class EmbeddedStore(MetadataStore):
             current = s.topics.get(topic)
             if current is None:
                 raise unknown_topic(topic)
-            record = reassigned_record(current, assignments, moving)
+            record = reassigned_record(current, assignments, moving, replication_factor)
             self._check_single_node(record, ())
             rev = s.revision + 1
             states = list(s.states[topic])

@@ -586,7 +586,7 @@ class EtcdStore(MetadataStore):
 
     async def reassign(
         self, topic: str, assignments: Mapping[int, Sequence[int]],
-        moving: Mapping[int, Sequence[int]] | None = None,
+        moving: Mapping[int, Sequence[int]] | None = None, replication_factor: int | None = None,
     ) -> None:
         assignments = {p: list(r) for p, r in assignments.items()}
         key, parts = self._key("topics", topic), self._key("partitions", topic, "")
@@ -601,7 +601,7 @@ class EtcdStore(MetadataStore):
                 raise unknown_topic(topic)
             (value, meta), = found
             current = self._decode(key, value, TopicRecord)
-            record = reassigned_record(current, assignments, moving)
+            record = reassigned_record(current, assignments, moving, replication_factor)
             states = {int(kv.key[len(parts):]): self._state(kv) for _, kv in kvs}
             compare = [t.mod(key) == meta.mod_revision] + [
                 t.mod(self._key("partitions", topic, p)) == states[p].version for p in assignments

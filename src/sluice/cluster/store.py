@@ -62,6 +62,9 @@ class TopicRecord:
     pending move: cluster/assignment.py, ``spread_replicas``) lists the replicas of ``p``
     that leave once the others are all in sync; they are in ``assignment[p]`` meanwhile.
     ``config`` holds only the overrides of the broker's topic defaults.
+    ``intended_replication_factor`` (0: none beyond ``replication_factor``) is the factor an
+    internal topic created while brokers were down is brought up to as brokers become
+    available (cluster/strength.py): its ``replication_factor`` grows, never past it.
     """
 
     name: str
@@ -71,6 +74,13 @@ class TopicRecord:
     replication_factor: int = 1
     assignment: list[list[int]] = field(default_factory=list)
     moving: dict[int, list[int]] = field(default_factory=dict)
+    intended_replication_factor: int = 0
+
+    @property
+    def full_factor(self) -> int:
+        """The replication factor the topic is meant to have (``replication_factor`` unless
+        an internal topic was created short of brokers)."""
+        return max(self.replication_factor, self.intended_replication_factor)
 
     def target(self, partition: int) -> list[int]:
         """The replicas ``partition`` keeps once its pending move (if any) is done."""
@@ -224,7 +234,7 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def reassign(
         self, topic: str, assignments: Mapping[int, Sequence[int]],
-        moving: Mapping[int, Sequence[int]] | None = None,
+        moving: Mapping[int, Sequence[int]] | None = None, replication_factor: int | None = None,
     ) -> None:
         """Replace the replica lists of existing partitions of ``topic`` (partition -> new
         list, preferred leader first), atomically with their states and pending moves.
@@ -237,7 +247,8 @@ class MetadataStore(abc.ABC):
         wake) as ``reassigned_state`` says: replicas no longer listed leave the ISR, and a
         leader no longer listed leaves its partition without one.  A state changed
         concurrently is read again and the change retried, never overwritten.  The
-        replication factor cannot change.  Raises ``UnknownTopic``, ``UnknownPartition``,
+        replication factor changes only when ``replication_factor`` says so, and only up to
+        the topic's ``full_factor`` (``check_reassignment``).  Raises ``UnknownTopic``, ``UnknownPartition``,
         ``InvalidRequest`` (``check_reassignment``).
         """
 
@@ -339,13 +350,35 @@ def check_topic_update(
 
 def check_reassignment(
     current: TopicRecord, assignments: Mapping[int, Sequence[int]],
-    moving: Mapping[int, Sequence[int]] | None = None,
+    moving: Mapping[int, Sequence[int]] | None = None, replication_factor: int | None = None,
 ) -> None:
     """Raise unless each of ``assignments`` names an existing partition of ``current`` and
     lists ``replication_factor`` distinct node ids plus those of its pending move
     (``moving``: a non-empty part of the list, keeping at least one replica, only for
-    partitions of ``assignments``)."""
+    partitions of ``assignments``).
+
+    A ``replication_factor`` other than the current one must be a growth up to
+    ``full_factor``, of a topic with no pending move, naming every partition, each new
+    list starting with its old one (the added replicas copy the partition and join the
+    ISR once caught up; the preferred leader stays)."""
     moving = moving or {}
+    factor = current.replication_factor if replication_factor is None else replication_factor
+    if factor != current.replication_factor:
+        if not current.replication_factor < factor <= current.full_factor:
+            raise InvalidRequest(
+                f"topic {current.name!r}: its replication factor {current.replication_factor} can only grow, "
+                f"up to {current.full_factor}, not become {factor}"
+            )
+        if current.moving or moving:
+            raise InvalidRequest(f"topic {current.name!r}: its replication factor cannot grow during a replica move")
+        if set(assignments) != set(range(current.partitions)) or any(
+            list(replicas[: current.replication_factor]) != current.assignment[p]
+            for p, replicas in assignments.items()
+        ):
+            raise InvalidRequest(
+                f"topic {current.name!r}: growing the replication factor adds replicas to the end of every "
+                f"partition's list"
+            )
     for p in moving:
         if p not in assignments:
             raise InvalidRequest(f"topic {current.name!r} partition {p}: a pending move needs its new replica list")
@@ -354,12 +387,12 @@ def check_reassignment(
             raise unknown_partition(current.name, p, current.partitions)
         drop = list(moving.get(p, ()))
         if (
-            len(replicas) != current.replication_factor + len(drop) or len(set(replicas)) != len(replicas)
+            len(replicas) != factor + len(drop) or len(set(replicas)) != len(replicas)
             or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in replicas)
         ):
             raise InvalidRequest(
                 f"topic {current.name!r} partition {p}: replicas {list(replicas)} are not "
-                f"{current.replication_factor} distinct node ids"
+                f"{factor} distinct node ids"
                 + (f" plus the {len(drop)} leaving" if drop else "")
             )
         if p in moving and (not drop or len(set(drop)) != len(drop) or not set(drop) <= set(replicas)):
@@ -371,16 +404,18 @@ def check_reassignment(
 
 def reassigned_record(
     current: TopicRecord, assignments: Mapping[int, Sequence[int]],
-    moving: Mapping[int, Sequence[int]] | None = None,
+    moving: Mapping[int, Sequence[int]] | None = None, replication_factor: int | None = None,
 ) -> TopicRecord:
-    """``current`` with the replica lists and pending moves of ``reassign`` (checked)."""
-    check_reassignment(current, assignments, moving)
+    """``current`` with the replica lists, pending moves and replication factor of
+    ``reassign`` (checked)."""
+    check_reassignment(current, assignments, moving, replication_factor)
     pending = {p: d for p, d in current.moving.items() if p not in assignments}
     pending.update({p: list(d) for p, d in (moving or {}).items()})
     return replace(
         current,
         assignment=[list(assignments.get(p, r)) for p, r in enumerate(current.assignment)],
         moving=dict(sorted(pending.items())),
+        replication_factor=current.replication_factor if replication_factor is None else replication_factor,
     )
 
 

@@ -132,6 +132,9 @@ class TopicMetadata(Struct):
     partitions: list[PartitionMetadata] = []
     max_message_bytes: int = 0
     internal: bool = False
+    # the replication factor the topic is meant to have (0: not said, an older broker): an
+    # internal topic created while brokers were down has fewer replicas until they return
+    replication_factor: int = 0
 
 
 class MetadataResponse(Response):
