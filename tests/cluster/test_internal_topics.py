@@ -76,7 +76,7 @@ async def test_an_internal_topic_created_while_a_broker_is_down_grows_when_it_re
 
 
 async def test_cluster_status_says_when_a_live_broker_does_not_answer(etcd, cluster_name, broker_factory, cli):
-    # sessions of 20 s: a dead or paused broker stays registered (listed alive) meanwhile
+    # sessions of 20 s: a paused broker stays registered (listed alive) meanwhile
     brokers = [
         broker_factory(extra_args=cluster_args(etcd, cluster_name, n, "--session-timeout-ms", "20000")).start()
         for n in (1, 2, 3)
@@ -106,9 +106,11 @@ async def test_cluster_status_says_when_a_live_broker_does_not_answer(etcd, clus
     print(f"cluster status with a paused controller took {took:.1f} s")
     assert took < 15, f"cluster status took {took:.1f} s with a paused controller"
 
+    # a killed broker is not listed alive for long: its refusing port ends its registration
+    # (broker/liveness.py), well before its 20 s session would
     brokers[killed - 1].kill()
+    await eventually(lambda: _live_are(brokers[paused - 1].bootstrap, sorted({1, 2, 3} - {killed})), 5,
+                     "the killed broker's registration ended")
     code, shown = status(bootstrap_of(brokers))
-    assert await _live_are(brokers[paused - 1].bootstrap, [1, 2, 3])  # still registered
-    assert code == cluster_cli.NOT_ANSWERING
-    assert shown[killed]["alive"] and not shown[killed]["answers"] and shown[killed]["no_answer"]
+    assert killed not in shown or not shown[killed]["alive"]
     assert shown[paused]["answers"]  # resumed
