@@ -73,7 +73,7 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
-from sluice.storage import identity
+from sluice.storage import faults, identity
 from sluice.storage.checkpoint import read_offsets, write_offsets
 from sluice.storage.syncer import Syncer
 
@@ -113,6 +113,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
     def __init__(self, config: ServerConfig, store: MetadataStore | None = None) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
+        faults.arm_from_env(self.data_dir)  # fault tests only (storage/faults.py)
         self.defaults = TopicConfig.parse(config.topic_defaults)
         self.topics: dict[str, Topic] = {}
         self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")

@@ -472,7 +472,7 @@ class Partition(Leadership, Reading, Compacting):
         if early:
             self._notify_replicas()
             try:
-                await self._syncer.fdatasync(segment.fileno)
+                await self._syncer.fdatasync(segment.fileno, segment.path)
             except OSError as exc:
                 # Cut the group again: its fsync failed, so it must not stay as if written.
                 # Followers that copied it find their log past ours and truncate.
@@ -638,7 +638,7 @@ class Partition(Leadership, Reading, Compacting):
         the unsynced bytes (those past ``segment.size``) are cut, as ``_write_blocking``
         does: the kernel may drop them, so they must not stay as if written."""
         try:
-            await self._syncer.fdatasync(segment.fileno)
+            await self._syncer.fdatasync(segment.fileno, segment.path)
         except OSError:
             os.ftruncate(segment.fileno, segment.size)
             raise

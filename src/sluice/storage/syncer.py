@@ -19,6 +19,8 @@ import asyncio
 import os
 from concurrent.futures import Executor
 
+from sluice.storage import faults
+
 try:
     from sluice import _csyncer
 except ImportError:  # not built (no C compiler at install): Python threads do it
@@ -43,10 +45,13 @@ class Syncer:
         """True when syncs run in native threads (after the first one)."""
         return self._native is not None
 
-    def fdatasync(self, fd: int) -> asyncio.Future:
+    def fdatasync(self, fd: int, path: str | os.PathLike = "") -> asyncio.Future:
+        """fdatasync ``fd`` (the file at ``path``, which storage/faults.py's rules match)."""
         if self._closed:
             raise RuntimeError("the syncer is closed")
         loop = asyncio.get_running_loop()
+        if faults.injector is not None:  # a test's rules decide first, in a worker thread
+            return loop.run_in_executor(self._fallback, _checked_fdatasync, fd, path)
         if not self._use_native:
             return loop.run_in_executor(self._fallback, os.fdatasync, fd)
         if self._native is None:
@@ -80,3 +85,8 @@ class Syncer:
         native.close()
         self._completed()
         self._native = None
+
+
+def _checked_fdatasync(fd: int, path: str | os.PathLike) -> None:
+    faults.check("fsync", path)
+    os.fdatasync(fd)
