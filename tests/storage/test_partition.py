@@ -268,12 +268,10 @@ async def test_failed_fsync_cuts_the_group_again(open_partition, monkeypatch):
     await part.append(*request([[b"kept"]]))
     size = os.path.getsize(part.log.active.path)
 
-    def failing_fdatasync(syncer, fd):
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_exception(OSError(errno.EIO, "I/O error"))
-        return fut
+    def failing_fdatasync(fd):
+        raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(Syncer, "fdatasync", failing_fdatasync)
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)  # the writer's thread fsyncs the group
     with pytest.raises(StorageError):
         await part.append(*request([[b"unsynced"]]))
     assert os.path.getsize(part.log.active.path) == size

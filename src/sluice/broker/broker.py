@@ -54,6 +54,7 @@ from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
+from sluice.broker.stepdown import DiskStepDown
 from sluice.broker.subscriptions import SubscriptionManager
 from sluice.broker.topics import Topic, TopicAdmin, unknown_topic
 from sluice.broker.transactions import TransactionManager
@@ -135,6 +136,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         # None: it does
         self.store_unreachable: tuple[float, str] | None = None
         self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
+        self.disk_step_down = DiskStepDown(self)  # leaders whose disk fails hand over (broker/stepdown.py)
         self.cluster_id: str | None = None  # the store's, as the data directory records it
         # called (once) with why the broker must stop (the server stops, then raises it);
         # a broker alone stays up, fenced: it deletes nothing the store no longer lists

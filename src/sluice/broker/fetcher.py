@@ -16,7 +16,8 @@ A partition whose appends fail on this broker's disk reports the error in the ve
 fetch (``storage_error``; the data that answer brings is not written), so the leader drops
 it from the ISR at once instead of waiting for the lag timeout (seed ``000``); the write is
 retried every ``STORAGE_RETRY_S``, each retry's fetch reporting the error again until a
-write works.  Fenced or
+write works.  A write that hangs (a frozen disk) is reported the same way once it has
+run for ``DISK_STALL_S``; the partition is fetched again once it returns.  Fenced or
 stale requests wait for the next partition state, which moves the partition to another
 fetcher or makes it a leader.
 """
@@ -28,7 +29,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sluice.broker.partition import Partition
+from sluice.broker.partition import DISK_STALL_S, Partition
 from sluice.client.transport import Connection
 from sluice.errors import (
     BrokerError,
@@ -65,6 +66,7 @@ class _Followed:
     storage_error: str = ""
     report_due: bool = False  # a new storage error the leader has not been told of yet
     resume_at: float = 0.0  # monotonic: skip the partition until then (but for a report)
+    appending: asyncio.Task | None = None  # a write that stalls (its partition is skipped till it returns)
 
 
 class ReplicaFetcher:
@@ -146,7 +148,7 @@ class ReplicaFetcher:
 
     def _ready(self) -> list[_Followed]:
         now = time.monotonic()
-        return [f for f in self._parts.values() if f.resume_at <= now]
+        return [f for f in self._parts.values() if f.resume_at <= now and f.appending is None]
 
     def _current(self, f: _Followed) -> bool:
         """Whether ``f`` is still followed here in the same epoch (states move on)."""
@@ -245,14 +247,37 @@ class ReplicaFetcher:
             if report_only or not self._current(f):
                 continue
             if r.error == OffsetOutOfRange.code and f.part.log_end_offset < r.log_start_offset:
-                appends.append(self._restart_at(f, r.log_start_offset))
+                appends.append((f, self._restart_at(f, r.log_start_offset)))
                 continue
             if r.error:
                 self._refused(f, error_for_code(r.error, r.message))
                 continue
-            appends.append(self._append(f, chunk, r))
+            appends.append((f, self._append(f, chunk, r)))
         if appends:
-            await asyncio.gather(*appends)
+            await self._appended(appends)
+
+    async def _appended(self, appends: list) -> None:
+        """Wait for this fetch's writes, (followed, coroutine) each.  A write still running
+        after ``DISK_STALL_S`` (a hung or frozen disk) is reported to the leader as a
+        storage error in the very next fetch, as a failed write is, so the leader drops
+        this replica from the ISR at once; the write is left to finish, and its partition
+        is not fetched until it has.  The partitions whose writes returned go on."""
+        tasks = {asyncio.ensure_future(coro): f for f, coro in appends}
+        _, pending = await asyncio.wait(tasks, timeout=DISK_STALL_S)
+        for task in pending:
+            f = tasks[task]
+            f.appending = task
+            self._storage_failed(f, StorageError(
+                f"the disk of {f.part.topic}-{f.part.index} stalls: a replica write has not returned "
+                f"for {DISK_STALL_S} s"
+            ))
+            task.add_done_callback(lambda _, f=f: self._stall_ended(f))
+
+    def _stall_ended(self, f: _Followed) -> None:
+        f.appending = None
+        if not f.storage_error:  # the write went through after all: fetch again at once
+            f.resume_at = 0.0
+        self._changed.set()
 
     async def _append(self, f: _Followed, chunk: memoryview, r: m.ReplicaFetchResult) -> None:
         part = f.part
