@@ -6,19 +6,26 @@ holds rules): fail fast, never stall (seed 000).
   from the ISR at once, not after the lag time;
 - a leader whose disk fails hands its leadership to an in-sync follower within a second;
 - a leader whose fsync fails after followers could copy the group does not cut its tail
-  in the same epoch: it gives the partition up, and the new leader's epoch is above.
+  in the same epoch: it gives the partition up, and the new leader's epoch is above;
+- a follower whose file system is frozen (a real ``fsfreeze`` of a loop-mounted ext4:
+  root only, else skipped) holds its leaders up for at most ``DISK_STALL_S`` and the
+  partitions it does not host not at all.
 
 Every test ends with the producers' history checked against the partitions' logs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 from checker import read_logs
-from replicated import LAG_MS, NODES, Workload, eventually
+from replicated import LAG_MS, NODES, Workload, eventually, ext4_image
 
+from sluice.client import Admin
 from sluice.storage import faults
 
 TOPIC = "events"
@@ -142,3 +149,60 @@ async def test_a_leader_whose_published_fsync_fails_gives_the_partition_up(three
     await _finish(cluster, workload)
     for value, exc in workload.history.failed.items():
         assert exc.maybe_stored, (value, exc)
+
+
+async def test_a_frozen_follower_disk_holds_nothing_up(three_brokers, tmp_path):
+    """A follower's file system is frozen (``fsfreeze``: every write to it hangs) for 4 s,
+    with the session timeout and lag time at their defaults.  Its writes hang off its
+    event loop, so it goes on heartbeating and answering; after ``DISK_STALL_S`` it reports
+    the stalled writes to its leaders, which drop it from their ISRs: producers on the
+    partitions it follows are answered within 1.5 s, and those on partitions it does not
+    host are not held at all.  Thawed, it catches up and rejoins."""
+    disks = {n: tmp_path / f"disk{n}" for n in NODES}
+    with contextlib.ExitStack() as mounts:
+        for n, d in disks.items():
+            mounts.enter_context(ext4_image(tmp_path / f"disk{n}.img", d))
+        frozen: Path | None = None
+        try:
+            cluster = await three_brokers.start(
+                data_dirs={n: d / "data" for n, d in disks.items()},
+                extra_args=["--session-timeout-ms", "6000", "--replica-lag-time-max-ms", "10000"],
+            )
+            [hosted] = await cluster.create_topic(TOPIC, partitions=1)
+            victim = next(n for n in NODES if n != hosted.leader)
+            async with Admin(cluster.bootstrap) as admin:
+                await admin.create_topic("other", 3, {"min.insync.replicas": "1"}, replication_factor=2)
+            others = [p.partition for p in await cluster.partitions("other") if victim not in p.replicas]
+            assert others, "every partition of the other topic is on the victim"
+            followed = await Workload(cluster.bootstrap, TOPIC, [0], name="f").start()
+            elsewhere = await Workload(cluster.bootstrap, "other", others, name="o").start()
+            await followed.progress(300, 20, "before the freeze")
+            await elsewhere.progress(300, 20, "before the freeze")
+
+            loop = asyncio.get_running_loop()
+            subprocess.run(["fsfreeze", "-f", str(disks[victim])], check=True)
+            frozen, at = disks[victim], loop.time()
+            await asyncio.sleep(4)
+            subprocess.run(["fsfreeze", "-u", str(frozen)], check=True)
+            frozen = None
+            thawed = loop.time()
+            # every send made before the thaw is answered by now, in time or late
+            await followed.progress(100, 15, "after the thaw")
+            await elsewhere.progress(100, 15, "after the thaw")
+
+            for name, w, bound in (("followed", followed, 1.5), ("not hosted", elsewhere, 0.5)):
+                during = [lat for t0, lat in w.latencies if t0 + lat >= at and t0 <= thawed]
+                worst = max(during)
+                print(f"{name}: {len(during)} sends answered during the freeze, max latency {worst * 1000:.0f} ms")
+                assert worst <= bound, f"a send to the {name} partitions waited {worst:.3f} s:\n{w.timeline(at)}"
+                assert not w.errors, f"sends to the {name} partitions failed: {w.errors}"
+                early = [lat for t0, lat in w.latencies if at + bound <= t0 + lat <= thawed]
+                assert len(early) >= 50, f"the {name} partitions took {len(early)} sends while frozen"
+            assert "stalls" in cluster.brokers[victim].log()
+            await cluster.fully_replicated(TOPIC)
+            await elsewhere.stop()
+            await _finish(cluster, followed)
+        finally:
+            if frozen is not None:
+                subprocess.run(["fsfreeze", "-u", str(frozen)], check=False)
+            three_brokers.kill_brokers()  # before the file systems are unmounted
