@@ -86,11 +86,16 @@ async def test_a_follower_that_cannot_roll_leaves_the_isr_at_once(three_brokers)
     await _finish(cluster, workload)
 
 
-@pytest.mark.parametrize("rules", [{"write": "EIO"}, {"write": "EROFS", "roll": "EROFS", "fsync": "EROFS"}])
+@pytest.mark.parametrize(
+    "rules", [{"write": "EIO"}, {"write": "EROFS", "roll": "EROFS", "fsync": "EROFS"}, {"write": "hang"}],
+    ids=["EIO", "read-only", "hung"],
+)
 async def test_a_leader_whose_disk_fails_hands_its_leadership_over(three_brokers, rules):
-    """The disk of partition 0's leader fails (I/O errors, or read-only): within a second
-    an in-sync follower leads partition 0 in a new epoch, the old leader out of its ISR,
-    and the producers' sends go on being acknowledged."""
+    """The disk of partition 0's leader fails (I/O errors, read-only, or writes that hang):
+    within a second an in-sync follower leads partition 0 in a new epoch, the old leader
+    out of its ISR, and the producers' sends go on being acknowledged.  Once its disk
+    works again the old leader catches up (a write that hung lands in the old epoch, and
+    is cut away) and rejoins the ISR."""
     cluster = await three_brokers.start()
     parts = await cluster.create_topic(TOPIC, partitions=1)
     victim, epoch = parts[0].leader, parts[0].leader_epoch
@@ -115,6 +120,9 @@ async def test_a_leader_whose_disk_fails_hands_its_leadership_over(three_brokers
     worst = max(_answered_after(workload, at))
     print(f"max latency of sends answered after the fault: {worst * 1000:.0f} ms")
     assert worst <= 2.0
+    inject(cluster, victim)  # the disk works again
+    await cluster.fully_replicated(TOPIC, timeout=15)
+    await workload.progress(100, 10, "with the old leader back in sync")
     await _finish(cluster, workload)
 
 

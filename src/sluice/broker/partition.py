@@ -188,6 +188,7 @@ class Partition(Leadership, Reading, Compacting):
         self._on_disk_failure = on_disk_failure
         # the leader epoch whose writes stopped after a published group's fsync failed (_fence)
         self._fenced_epoch: int | None = None
+        self._writing: list[_Append] | None = None  # the leader group the writer is on
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"writer {topic}-{index}"
         )
@@ -352,6 +353,7 @@ class Partition(Leadership, Reading, Compacting):
             self._maybe_flush(loop)
 
     async def _write_guarded(self, loop: asyncio.AbstractEventLoop, group: list[_Append]) -> None:
+        self._writing = None if group[0].replica else group
         try:
             await self._write_group(loop, group)
         except Exception as exc:  # a bug must not kill the writer: fail this group only
@@ -360,6 +362,26 @@ class Partition(Leadership, Reading, Compacting):
             for req in group:
                 if not req.future.done():
                     req.future.set_exception(err)
+        finally:
+            self._writing = None
+
+    def make_follower(self, leader_epoch: int) -> None:
+        """``Leadership.make_follower``; besides, the leader writes it stops are answered
+        now, not when a disk that hangs returns: the group being written fails as maybe
+        stored (``LeadershipLost``: its write may still land, and be truncated away), the
+        queued ones with ``NotLeader`` (nothing of them is written).  Producers retry on
+        the new leader at once."""
+        super().make_follower(leader_epoch)
+        lost = LeadershipLost(
+            f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch}) while the write was in progress"
+        )
+        for req in self._writing or ():
+            if not req.future.done():
+                req.future.set_exception(lost)
+        refused = NotLeader(f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch})")
+        for req in self._queue:
+            if isinstance(req, _Append) and not req.replica and not req.future.done():
+                req.future.set_exception(refused)
 
     async def _truncate(self, loop: asyncio.AbstractEventLoop, req: _Truncate) -> None:
         """Writer: truncate with no flush, retention pass or append running beside it."""
