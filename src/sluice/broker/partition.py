@@ -3,9 +3,11 @@
 Group commit: every produce request for the partition, from every connection, is queued;
 the writer task takes *all* queued requests at once, assigns their offsets and the leader
 epoch (per-batch header patching, no per-record work), writes them with one ``pwritev`` and
-at most one ``fdatasync``, then answers them all.  Every file call of a group (a segment
-roll, the write, its fsync) runs in a worker thread, never on the event loop: a disk that
-hangs holds the partition's writer, not the broker's fetches, heartbeats and other disks.
+at most one ``fdatasync``, then answers them all.  Every file call of a group runs off the
+event loop: the write and its fsync in one job of the syncer's native threads
+(storage/syncer.py: no GIL to wait for, so the hop costs little), a segment roll in a worker
+thread.  A disk that hangs holds the partition's writer, not the broker's fetches,
+heartbeats and other disks.
 While it works the next group gathers.  Flush
 policy: ``flush.messages == 1`` fsyncs every group before its acks ("always"); otherwise
 acks go out after the write, and a background fsync starts when ``flush.messages``
@@ -49,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -506,10 +507,14 @@ class Partition(Leadership, Reading, Compacting):
         # (``_synced_end``), so no acknowledgement and no consumer sees unsynced bytes.
         early = sync and self.is_leader and not group[0].replica and len(self.isr) > 1
         try:
-            segment = await self._on_disk(loop.run_in_executor(
-                self._write_executor, self._write_blocking, plog.active, rolled is not None, first,
-                buffers, total, sync and not early, snapshot,
-            ))
+            if rolled is None:  # the common case: one native job, no Python thread (storage/syncer.py)
+                segment = plog.active
+                await self._on_disk(self._syncer.append(segment, buffers, total, sync and not early))
+            else:
+                segment = await self._on_disk(loop.run_in_executor(
+                    self._write_executor, self._roll_blocking, rolled, first, buffers, total,
+                    sync and not early, snapshot,
+                ))
         except OSError as exc:
             self._failed(group, exc)
             return
@@ -713,46 +718,34 @@ class Partition(Leadership, Reading, Compacting):
             offset, epoch = req.spans[-1].next_offset, req.spans[-1].leader_epoch
         return kept
 
-    def _write_blocking(
-        self, active: Segment, roll: bool, base: int, buffers: list, total: int, sync: bool,
-        snapshot: bytes | None = None,
+    def _roll_blocking(
+        self, active: Segment, base: int, buffers: list, total: int, sync: bool, snapshot: bytes | None,
     ) -> Segment:
-        """Worker thread: with ``roll``, create the next segment at ``base`` and finish
-        ``active`` (fsync, indexes, recovery point, the producer state at its end); write
-        the group; fsync if asked.  Returns the segment written (the new one after a roll:
-        the caller makes it active, on the event loop).
+        """Worker thread: create the next segment at ``base``, finish ``active`` (fsync,
+        indexes, recovery point, the producer state at its end), then write the group to
+        the new segment and fsync it if asked.  Returns the new segment (the caller makes
+        it active, on the event loop).
 
-        Every file call of a write is here, off the event loop: one that hangs (a frozen
-        file system) holds this partition's writer and a worker thread, not the broker.
-        On a failed write or fsync nothing of the group stays: a write cuts itself back
-        (``Segment.write``), unsynced bytes whose fsync failed are cut (the kernel may have
-        dropped them), and a segment created for the group is removed again.
+        On a failure nothing of the group stays: the new segment is removed again (the
+        next group rolls anew) and ``active`` stays the active segment.
         """
-        segment = active
-        if roll:
-            segment = Segment.create(self.log.directory, base, self.log.config.index_interval_bytes)
+        segment = Segment.create(self.log.directory, base, self.log.config.index_interval_bytes)
         try:
-            if roll:
-                active.flush()
-                active.seal()
-                self.log.write_recovery_point(base)
-                if snapshot is not None:
-                    write_snapshot(self.log.directory, base, snapshot)
+            active.flush()
+            active.seal()
+            self.log.write_recovery_point(base)
+            if snapshot is not None:
+                write_snapshot(self.log.directory, base, snapshot)
             segment.write(buffers, total)
             if sync:
-                try:
-                    segment.flush()
-                except OSError:
-                    os.ftruncate(segment.fileno, segment.size)
-                    raise
+                segment.flush()
         except OSError:
-            if roll:
-                active.sealed = False  # still the active segment: written again
-                segment.close()
-                try:
-                    segment.delete()
-                except OSError:
-                    log.exception("cannot remove %s after a failed roll", segment.path)
+            active.sealed = False  # still the active segment: written again
+            segment.close()
+            try:
+                segment.delete()
+            except OSError:
+                log.exception("cannot remove %s after a failed roll", segment.path)
             raise
         return segment
 
