@@ -16,8 +16,9 @@ A partition whose appends fail on this broker's disk reports the error in the ve
 fetch (``storage_error``; the data that answer brings is not written), so the leader drops
 it from the ISR at once instead of waiting for the lag timeout (seed ``000``); the write is
 retried every ``STORAGE_RETRY_S``, each retry's fetch reporting the error again until a
-write works.  A write that hangs (a frozen disk) is reported the same way once it has
-run for ``DISK_STALL_S``; the partition is fetched again once it returns.  Fenced or
+write works.  A write that hangs (a frozen disk) is reported the same way once its
+partition finds it stalled (broker/partition.py, ``DISK_STALL_S``); the partition is
+fetched again once it returns.  Fenced or
 stale requests wait for the next partition state, which moves the partition to another
 fetcher or makes it a leader.
 """
@@ -29,7 +30,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sluice.broker.partition import DISK_STALL_S, Partition
+from sluice.broker.partition import Partition
 from sluice.client.transport import Connection
 from sluice.errors import (
     BrokerError,
@@ -56,6 +57,7 @@ PARTITION_MAX_BYTES = 4 * 1024 * 1024
 RETRY_S = 0.1  # after a refused or failed request
 STORAGE_RETRY_S = 1.0
 CONNECT_TIMEOUT_S = 2.0
+STALL_POLL_S = 0.05  # how often writes in progress are checked for a stalled disk
 
 
 @dataclass
@@ -257,21 +259,24 @@ class ReplicaFetcher:
             await self._appended(appends)
 
     async def _appended(self, appends: list) -> None:
-        """Wait for this fetch's writes, (followed, coroutine) each.  A write still running
-        after ``DISK_STALL_S`` (a hung or frozen disk) is reported to the leader as a
-        storage error in the very next fetch, as a failed write is, so the leader drops
-        this replica from the ISR at once; the write is left to finish, and its partition
-        is not fetched until it has.  The partitions whose writes returned go on."""
+        """Wait for this fetch's writes, (followed, coroutine) each.  A write whose
+        partition finds it stalled (a hung or frozen disk: ``Partition.stalled``) is
+        reported to the leader as a storage error in the very next fetch, as a failed write
+        is, so the leader drops this replica from the ISR at once; the write is left to
+        finish, and its partition is not fetched until it has.  The partitions whose writes
+        returned go on."""
         tasks = {asyncio.ensure_future(coro): f for f, coro in appends}
-        _, pending = await asyncio.wait(tasks, timeout=DISK_STALL_S)
-        for task in pending:
-            f = tasks[task]
-            f.appending = task
-            self._storage_failed(f, StorageError(
-                f"the disk of {f.part.topic}-{f.part.index} stalls: a replica write has not returned "
-                f"for {DISK_STALL_S} s"
-            ))
-            task.add_done_callback(lambda _, f=f: self._stall_ended(f))
+        pending = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=STALL_POLL_S)
+            for task in [t for t in pending if tasks[t].part.stalled]:
+                pending.discard(task)
+                f = tasks[task]
+                f.appending = task
+                self._storage_failed(f, StorageError(
+                    f"the disk of {f.part.topic}-{f.part.index} stalls: a replica write has not returned"
+                ))
+                task.add_done_callback(lambda _, f=f: self._stall_ended(f))
 
     def _stall_ended(self, f: _Followed) -> None:
         f.appending = None

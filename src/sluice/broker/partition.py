@@ -94,8 +94,10 @@ from sluice.storage.tail import Tail
 
 log = logging.getLogger("sluice.broker")
 
-# A write or fsync of the writer still running after this long means a hung or frozen disk.
+# A write or fsync of the writer still running after this long means a hung or frozen disk,
+# plus the time its bytes take at STALL_BYTES_PER_S (a roll fsyncs a whole segment's tail).
 DISK_STALL_S = 0.5
+STALL_BYTES_PER_S = 100 * 1024 * 1024
 FLUSH_RETRY_S = 1.0  # after a failed background fsync
 
 
@@ -190,6 +192,7 @@ class Partition(Leadership, Reading, Compacting):
         # the leader epoch whose writes stopped after a published group's fsync failed (_fence)
         self._fenced_epoch: int | None = None
         self._writing: list[_Append] | None = None  # the leader group the writer is on
+        self.stalled = False  # a write or fsync of the writer hangs (``_on_disk``)
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"writer {topic}-{index}"
         )
@@ -509,12 +512,12 @@ class Partition(Leadership, Reading, Compacting):
         try:
             if rolled is None:  # the common case: one native job, no Python thread (storage/syncer.py)
                 segment = plog.active
-                await self._on_disk(self._syncer.append(segment, buffers, total, sync and not early))
+                await self._on_disk(self._syncer.append(segment, buffers, total, sync and not early), total)
             else:
                 segment = await self._on_disk(loop.run_in_executor(
                     self._write_executor, self._roll_blocking, rolled, first, buffers, total,
                     sync and not early, snapshot,
-                ))
+                ), total + rolled.size)
         except OSError as exc:
             self._failed(group, exc)
             return
@@ -529,7 +532,7 @@ class Partition(Leadership, Reading, Compacting):
         if early:
             self._notify_replicas()
             try:
-                await self._on_disk(self._syncer.fdatasync(segment.fileno, segment.path))
+                await self._on_disk(self._syncer.fdatasync(segment.fileno, segment.path), total)
             except OSError as exc:
                 self._fence(epoch, group, first, exc)
                 return
@@ -684,20 +687,22 @@ class Partition(Leadership, Reading, Compacting):
         if self.is_leader and self._on_disk_failure is not None and not isinstance(err, DiskFull):
             self._on_disk_failure(self, err)
 
-    async def _on_disk(self, job: asyncio.Future):
-        """Await a disk job of the writer (a write, an fsync).  One still running after
-        ``DISK_STALL_S`` (a hung or frozen disk) is reported as disk trouble once, and
-        still awaited: the event loop and the partitions on other disks go on meanwhile."""
-        timer = asyncio.get_running_loop().call_later(DISK_STALL_S, self._stalled)
+    async def _on_disk(self, job: asyncio.Future, size: int):
+        """Await a disk job of the writer (a write, an fsync) of ``size`` bytes.  One still
+        running after ``DISK_STALL_S`` (plus ``size`` at ``STALL_BYTES_PER_S``: a hung or
+        frozen disk) sets ``stalled`` until it returns and is reported as disk trouble
+        once; it is still awaited: the event loop and the partitions on other disks go on
+        meanwhile."""
+        timer = asyncio.get_running_loop().call_later(DISK_STALL_S + size / STALL_BYTES_PER_S, self._stalled)
         try:
             return await job
         finally:
             timer.cancel()
+            self.stalled = False
 
     def _stalled(self) -> None:
-        err = StorageError(
-            f"the disk of {self.topic}-{self.index} stalls: a write or fsync has not returned for {DISK_STALL_S} s"
-        )
+        self.stalled = True
+        err = StorageError(f"the disk of {self.topic}-{self.index} stalls: a write or fsync has not returned")
         log.error("%s", err)
         self._disk_trouble(err)
 
