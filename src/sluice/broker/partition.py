@@ -98,6 +98,7 @@ log = logging.getLogger("sluice.broker")
 # plus the time its bytes take at STALL_BYTES_PER_S (a roll fsyncs a whole segment's tail).
 DISK_STALL_S = 0.5
 STALL_BYTES_PER_S = 100 * 1024 * 1024
+STALL_RECHECK_S = 0.02
 FLUSH_RETRY_S = 1.0  # after a failed background fsync
 
 
@@ -693,14 +694,24 @@ class Partition(Leadership, Reading, Compacting):
         frozen disk) sets ``stalled`` until it returns and is reported as disk trouble
         once; it is still awaited: the event loop and the partitions on other disks go on
         meanwhile."""
-        timer = asyncio.get_running_loop().call_later(DISK_STALL_S + size / STALL_BYTES_PER_S, self._stalled)
+        loop = asyncio.get_running_loop()
+        timers: list[asyncio.TimerHandle] = []
+        timers.append(loop.call_later(DISK_STALL_S + size / STALL_BYTES_PER_S, self._stall_suspected, job, timers))
         try:
             return await job
         finally:
-            timer.cancel()
+            for timer in timers:
+                timer.cancel()
             self.stalled = False
 
-    def _stalled(self) -> None:
+    def _stall_suspected(self, job: asyncio.Future, timers: list) -> None:
+        # Checked again a moment later: after the process was paused (SIGSTOP), timers may
+        # run before the completions that arrived meanwhile (libuv runs timers first).
+        timers.append(asyncio.get_running_loop().call_later(STALL_RECHECK_S, self._stalled, job))
+
+    def _stalled(self, job: asyncio.Future) -> None:
+        if job.done():
+            return
         self.stalled = True
         err = StorageError(f"the disk of {self.topic}-{self.index} stalls: a write or fsync has not returned")
         log.error("%s", err)
