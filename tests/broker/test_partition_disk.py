@@ -14,6 +14,8 @@ from batches import request
 from sluice.errors import LeadershipLost, NotLeader, StorageError
 from sluice.storage import faults
 
+pytestmark = pytest.mark.timeout(30)  # a write that hangs on the event loop would hang the test
+
 
 @pytest.fixture
 def disk(tmp_path, monkeypatch):
