@@ -7,8 +7,7 @@ at most one ``fdatasync``, then answers them all.  Every file call of a group ru
 event loop: the write and its fsync in one job of the syncer's native threads
 (storage/syncer.py: no GIL to wait for, so the hop costs little), a segment roll in a worker
 thread.  A disk that hangs holds the partition's writer, not the broker's fetches,
-heartbeats and other disks.
-While it works the next group gathers.  Flush
+heartbeats and other disks.  While a group is written the next one gathers.  Flush
 policy: ``flush.messages == 1`` fsyncs every group before its acks ("always"); otherwise
 acks go out after the write, and a background fsync starts when ``flush.messages``
 messages are unflushed or the oldest unflushed write is ``flush.ms`` old (the writer task
