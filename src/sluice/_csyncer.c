@@ -1,4 +1,4 @@
-/* sluice._csyncer: fdatasync in native threads that never hold the GIL.
+/* sluice._csyncer: fdatasync (and appends) in native threads that never hold the GIL.
  *
  * An fsync'd acknowledgement waits for a thread hop there and back.  Through a Python
  * worker thread each hop also waits for the GIL (the event loop holds it while it works),
@@ -9,6 +9,13 @@
  *   Syncer(threads)      start ``threads`` sync threads (1..64)
  *   submit(fd, token)    queue an fdatasync of the file open as ``fd``; the fd is dup()ed at
  *                        once, so the caller may close its own meanwhile
+ *   submit_write(fd, token, buffers, pos, sync)
+ *                        queue a write of ``buffers`` (objects with the buffer protocol,
+ *                        held until ``done`` reports the job) at ``pos`` of ``fd``, all of
+ *                        them (short writes are resumed), then an fdatasync if ``sync``.  All
+ *                        or nothing: on a failed write or fdatasync the file is cut back to
+ *                        ``pos`` before the errno is reported.  A write that hangs (a frozen
+ *                        file system) holds one thread, never the event loop
  *   fileno()             an eventfd, readable once a submitted sync has completed
  *   done()               the (token, errno) pairs completed since the last call (errno 0:
  *                        synced), in completion order; clears the eventfd.  Also after
@@ -28,15 +35,22 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define MAX_THREADS 64
+#define IOV_BATCH 512 /* buffers per pwritev (below IOV_MAX everywhere) */
 
 typedef struct job {
     struct job *next;
     long long token;
     int fd;
     int err;
+    /* a write (submit_write): its buffers, written at pos, then synced if sync */
+    Py_buffer *bufs;
+    Py_ssize_t nbufs;
+    long long pos;
+    int sync;
 } Job;
 
 typedef struct {
@@ -78,6 +92,79 @@ pop(JobList *l)
     return j;
 }
 
+/* Write every buffer of ``j`` at ``j->pos``; 0 or the errno of the failed pwritev. */
+static int
+write_all(Job *j)
+{
+    struct iovec iov[IOV_BATCH];
+    long long pos = j->pos;
+    Py_ssize_t i = 0;
+    size_t skip = 0; /* bytes of bufs[i] written already */
+    for (;;) {
+        while (i < j->nbufs && (size_t)j->bufs[i].len == skip) {
+            i++;
+            skip = 0;
+        }
+        if (i == j->nbufs)
+            return 0;
+        int n = 0;
+        for (Py_ssize_t k = i; k < j->nbufs && n < IOV_BATCH; k++) {
+            size_t off = k == i ? skip : 0;
+            if ((size_t)j->bufs[k].len > off) {
+                iov[n].iov_base = (char *)j->bufs[k].buf + off;
+                iov[n].iov_len = j->bufs[k].len - off;
+                n++;
+            }
+        }
+        ssize_t w = pwritev(j->fd, iov, n, pos);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (w == 0)
+            return EIO; /* no progress on a regular file: do not spin */
+        pos += w;
+        size_t left = (size_t)w;
+        while (left) {
+            size_t avail = j->bufs[i].len - skip;
+            if (left < avail) {
+                skip += left;
+                break;
+            }
+            left -= avail;
+            i++;
+            skip = 0;
+        }
+    }
+}
+
+static void
+work(Job *j)
+{
+    if (!j->bufs && !j->nbufs) {
+        j->err = fdatasync(j->fd) == 0 ? 0 : errno;
+        return;
+    }
+    int err = write_all(j);
+    if (!err && j->sync && fdatasync(j->fd) != 0)
+        err = errno;
+    if (err) /* nothing of the write stays: it failed, or its sync did (the kernel may drop it) */
+        while (ftruncate(j->fd, j->pos) < 0 && errno == EINTR)
+            ;
+    j->err = err;
+}
+
+static void
+free_job(Job *j)
+{
+    /* with the GIL held: releases the buffers of a write */
+    for (Py_ssize_t i = 0; i < j->nbufs; i++)
+        PyBuffer_Release(&j->bufs[i]);
+    free(j->bufs);
+    free(j);
+}
+
 static void *
 run(void *arg)
 {
@@ -90,7 +177,7 @@ run(void *arg)
         pthread_mutex_unlock(&s->lock);
         if (!j)
             return NULL; /* stopping, and nothing left */
-        j->err = fdatasync(j->fd) == 0 ? 0 : errno;
+        work(j);
         close(j->fd);
         pthread_mutex_lock(&s->lock);
         push(&s->done, j);
@@ -173,7 +260,7 @@ Syncer_dealloc(Syncer *s)
     }
     Job *j;
     while ((j = pop(&s->done)) != NULL)
-        free(j);
+        free_job(j);
     if (s->efd >= 0)
         close(s->efd);
     Py_TYPE(s)->tp_free((PyObject *)s);
@@ -196,7 +283,7 @@ Syncer_submit(Syncer *s, PyObject *args)
     long long token;
     if (!PyArg_ParseTuple(args, "iL:submit", &fd, &token) || check_open(s) < 0)
         return NULL;
-    Job *j = malloc(sizeof *j);
+    Job *j = calloc(1, sizeof *j);
     if (!j)
         return PyErr_NoMemory();
     j->token = token;
@@ -205,6 +292,51 @@ Syncer_submit(Syncer *s, PyObject *args)
     if (j->fd < 0) {
         free(j);
         return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    pthread_mutex_lock(&s->lock);
+    push(&s->pending, j);
+    pthread_cond_signal(&s->more);
+    pthread_mutex_unlock(&s->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Syncer_submit_write(Syncer *s, PyObject *args)
+{
+    int fd, sync;
+    long long token, pos;
+    PyObject *buffers;
+    if (!PyArg_ParseTuple(args, "iLOLp:submit_write", &fd, &token, &buffers, &pos, &sync) || check_open(s) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Job *j = calloc(1, sizeof *j);
+    Py_buffer *bufs = calloc(n ? n : 1, sizeof *bufs);
+    if (!j || !bufs) {
+        free(j);
+        free(bufs);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    j->bufs = bufs;
+    for (; j->nbufs < n; j->nbufs++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, j->nbufs), &bufs[j->nbufs], PyBUF_SIMPLE) < 0)
+            break;
+    Py_DECREF(seq);
+    if (j->nbufs < n) {
+        free_job(j);
+        return NULL;
+    }
+    j->token = token;
+    j->pos = pos;
+    j->sync = sync;
+    j->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (j->fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        free_job(j);
+        return NULL;
     }
     pthread_mutex_lock(&s->lock);
     push(&s->pending, j);
@@ -242,7 +374,7 @@ Syncer_done(Syncer *s, PyObject *unused)
                 Py_CLEAR(out);
             Py_XDECREF(pair);
         }
-        free(j);
+        free_job(j);
         j = next;
     }
     return out;
@@ -259,6 +391,8 @@ Syncer_close(Syncer *s, PyObject *unused)
 
 static PyMethodDef Syncer_methods[] = {
     {"submit", (PyCFunction)Syncer_submit, METH_VARARGS, "submit(fd, token): queue an fdatasync of fd"},
+    {"submit_write", (PyCFunction)Syncer_submit_write, METH_VARARGS,
+     "submit_write(fd, token, buffers, pos, sync): queue a write of buffers at pos, then an fdatasync if sync"},
     {"fileno", (PyCFunction)Syncer_fileno, METH_NOARGS, "the eventfd that is readable once a sync completed"},
     {"done", (PyCFunction)Syncer_done, METH_NOARGS, "the (token, errno) pairs completed since the last call"},
     {"close", (PyCFunction)Syncer_close, METH_NOARGS, "finish the queued syncs and stop the threads"},

@@ -18,6 +18,7 @@ from sluice.broker.partition import Partition
 from sluice.config import TopicConfig
 from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
 from sluice.protocol.group_records import Committed
+from sluice.storage import syncer as syncer_module
 from sluice.storage.log import PartitionLog
 from sluice.storage.syncer import Syncer
 
@@ -138,12 +139,11 @@ async def test_delete_takes_the_commits_written_before_it_and_not_those_after(gr
 async def test_a_failed_append_answers_the_error_and_changes_nothing(groups, monkeypatch):
     coord = await groups.coordinator()
     await coord.commit("g", {("t", 0): c(1)})
-    part = groups.parts[0]
 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(part, "_write_blocking", full)
+    monkeypatch.setattr(syncer_module, "_append_blocking", full)  # the partition's Python syncer
     with pytest.raises(errors.DiskFull):
         await coord.commit("g", {("t", 0): c(2), ("t", 1): c(2)})
     with pytest.raises(errors.DiskFull):

@@ -13,7 +13,7 @@ import threading
 import pytest
 from batches import request
 
-from sluice.broker.partition import INLINE_WRITE_BYTES, Partition
+from sluice.broker.partition import Partition
 from sluice.errors import BrokerBusy, LeadershipLost, NotEnoughReplicas, NotLeader
 from sluice.storage.log import NotYetAvailable, OutOfRange
 
@@ -211,7 +211,7 @@ async def test_a_write_in_the_thread_when_leadership_moves_is_not_acknowledged(o
     stall_followers(part, monkeypatch)
     gate = threading.Event()
     part._write_executor.submit(gate.wait)  # the writer's thread is busy until the gate opens
-    big = b"x" * (INLINE_WRITE_BYTES + 1)  # written in the thread
+    big = b"x" * 70_000  # every group is written in the thread
     write = part.append(*request([big]), acks_all=True)
     await until(lambda: not part._queue)  # taken by the writer, waiting for its thread
     part.make_follower(1)

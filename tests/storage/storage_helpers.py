@@ -1,8 +1,8 @@
 """Storage test helpers: build batches, append them the way the partition writer does.
 
 ``append_batches`` follows ``broker.partition.Partition._write_group`` / ``_write_blocking``
-step for step (validate -> prepare_append -> rolled segment flush + seal + recovery
-point -> assign_offsets -> Segment.write -> appended -> the single-replica ISR step
+step for step (validate -> roll_due -> new segment, rolled segment flush + seal + recovery
+point -> roll -> assign_offsets -> Segment.write -> appended -> the single-replica ISR step
 advance_high_watermark), minus the threads, so a PartitionLog test exercises the same
 sequence of calls the broker makes.
 """
@@ -21,6 +21,7 @@ from sluice.protocol.records import (
     validate_batches,
 )
 from sluice.storage.log import PartitionLog
+from sluice.storage.segment import Segment
 
 BIG = 1 << 30  # a max_batch_bytes no test batch reaches
 TOPIC = "t"
@@ -63,12 +64,13 @@ def append_batches(
     spans = validate_batches(data, BIG)
     total = sum(s.size for s in spans)
     count = sum(s.count for s in spans)
-    rolled = plog.prepare_append(total, count, now_ms() if now is None else now)
     segment = plog.active
-    if rolled is not None:
+    if plog.roll_due(total, count, now_ms() if now is None else now):
+        rolled, segment = segment, Segment.create(plog.directory, plog.next_offset, plog.config.index_interval_bytes)
         rolled.flush()
         rolled.seal()
         plog.write_recovery_point(segment.base_offset)
+        plog.roll(segment)
     offset = plog.next_offset
     bases, metas = [], []
     for s in spans:

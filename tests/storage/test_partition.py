@@ -70,7 +70,9 @@ async def open_partition(tmp_path):
     def open_(**raw: str) -> Partition:
         config = TopicConfig.parse(raw)
         plog = PartitionLog.open(tmp_path / "t-0", config.log_config)
-        part = Partition("t", 0, plog, config, write_ex, read_ex)
+        # the Python syncer: its writes and fsyncs are the os calls these tests wrap (the
+        # native one makes the same calls in C: tests/storage/test_syncer.py)
+        part = Partition("t", 0, plog, config, write_ex, read_ex, syncer=Syncer(1, write_ex, native=False))
         opened.append(part)
         return part
 
@@ -78,6 +80,7 @@ async def open_partition(tmp_path):
     for part in opened:
         if not part._closing:  # a test may have closed it already
             await part.close()
+        part._syncer.close()
     write_ex.shutdown(wait=True)
     read_ex.shutdown(wait=True)
 
@@ -268,12 +271,10 @@ async def test_failed_fsync_cuts_the_group_again(open_partition, monkeypatch):
     await part.append(*request([[b"kept"]]))
     size = os.path.getsize(part.log.active.path)
 
-    def failing_fdatasync(syncer, fd):
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_exception(OSError(errno.EIO, "I/O error"))
-        return fut
+    def failing_fdatasync(fd):
+        raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(Syncer, "fdatasync", failing_fdatasync)
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)  # the writer's thread fsyncs the group
     with pytest.raises(StorageError):
         await part.append(*request([[b"unsynced"]]))
     assert os.path.getsize(part.log.active.path) == size

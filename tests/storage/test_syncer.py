@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.storage import syncer as syncer_module
+from sluice.storage.segment import Segment
 from sluice.storage.syncer import Syncer
 
 pytestmark = pytest.mark.timeout(30)
@@ -100,3 +101,44 @@ async def test_close_completes_what_was_submitted(syncer, tmp_path):
     assert results == [None] * 10
     with pytest.raises(RuntimeError):
         syncer.fdatasync(0)
+
+
+def _segment(tmp_path, content: bytes = b"") -> Segment:
+    seg = Segment.create(tmp_path, 0)
+    if content:
+        seg.write([content], len(content))
+        seg.size = len(content)  # as Segment.appended would
+    return seg
+
+
+async def test_an_append_writes_every_buffer_at_the_segment_size(syncer, tmp_path):
+    """Many buffers (more than one pwritev takes: they are written in turns), empty ones and
+    memoryview slices among them, each with or without its fdatasync."""
+    seg = _segment(tmp_path, b"head|")
+    try:
+        data = bytearray(b"".join(b"%05d," % i for i in range(3000)))
+        buffers = [memoryview(data)[i * 6 : i * 6 + 6] for i in range(3000)] + [b"", bytearray(b"end")]
+        total = sum(len(b) for b in buffers)
+        for sync in (False, True):
+            assert await syncer.append(seg, buffers, total, sync) is None
+            seg.size += total
+        assert seg.path.read_bytes() == b"head|" + (bytes(data) + b"end") * 2
+    finally:
+        seg.close()
+
+
+async def test_a_failed_append_leaves_the_file_as_it_was(syncer, tmp_path):
+    """All or nothing: a write the file refuses (opened read-only here: EBADF) fails the
+    future, and the file keeps its size."""
+    seg = _segment(tmp_path, b"kept")
+    seg.close()
+    ro = Segment(tmp_path, 0)
+    ro._file = open(ro.path, "rb", buffering=0)  # noqa: SIM115 - closed below
+    ro.size = 4
+    try:
+        with pytest.raises(OSError) as info:
+            await syncer.append(ro, [b"x" * 100, b"y"], 101, True)
+        assert info.value.errno == errno.EBADF
+    finally:
+        ro.close()
+    assert seg.path.read_bytes() == b"kept"

@@ -56,6 +56,7 @@ from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
 from sluice.broker.reassignment import Reassignment
 from sluice.broker.replication import ReplicaManager
+from sluice.broker.stepdown import DiskStepDown
 from sluice.broker.subscriptions import SubscriptionManager
 from sluice.broker.topics import INTERNAL_REPLICAS, Topic, TopicAdmin, unknown_topic
 from sluice.broker.transactions import TransactionManager
@@ -75,7 +76,7 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
-from sluice.storage import identity
+from sluice.storage import faults, identity
 from sluice.storage.checkpoint import read_offsets, write_offsets
 from sluice.storage.syncer import Syncer
 
@@ -114,6 +115,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
     def __init__(self, config: ServerConfig, store: MetadataStore | None = None) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
+        faults.arm_from_env(self.data_dir)  # fault tests only (storage/faults.py)
         self.defaults = TopicConfig.parse(config.topic_defaults)
         self.topics: dict[str, Topic] = {}
         self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")
@@ -137,6 +139,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         # None: it does
         self.store_unreachable: tuple[float, str] | None = None
         self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
+        self.disk_step_down = DiskStepDown(self)  # leaders whose disk fails hand over (broker/stepdown.py)
         self.cluster_id: str | None = None  # the store's, as the data directory records it
         # called (once) with why the broker must stop (the server stops, then raises it);
         # a broker alone stays up, fenced: it deletes nothing the store no longer lists

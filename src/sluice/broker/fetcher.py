@@ -21,7 +21,9 @@ A partition whose appends fail on this broker's disk reports the error in the ve
 fetch (``storage_error``; the data that answer brings is not written), so the leader drops
 it from the ISR at once instead of waiting for the lag timeout (seed ``000``); the write is
 retried every ``STORAGE_RETRY_S``, each retry's fetch reporting the error again until a
-write works.  Fenced or
+write works.  A write that hangs (a frozen disk) is reported the same way once its
+partition finds it stalled (broker/partition.py, ``DISK_STALL_S``); the partition is
+fetched again once it returns.  Fenced or
 stale requests wait for the next partition state, which moves the partition to another
 fetcher or makes it a leader.
 """
@@ -61,6 +63,7 @@ PARTITION_MAX_BYTES = 4 * 1024 * 1024
 RETRY_S = 0.1  # after a refused or failed request
 STORAGE_RETRY_S = 1.0
 CONNECT_TIMEOUT_S = 2.0
+STALL_POLL_S = 0.05  # how often writes in progress are checked for a stalled disk
 
 
 @dataclass
@@ -71,6 +74,7 @@ class _Followed:
     storage_error: str = ""
     report_due: bool = False  # a new storage error the leader has not been told of yet
     resume_at: float = 0.0  # monotonic: skip the partition until then (but for a report)
+    appending: asyncio.Task | None = None  # a write that stalls (its partition is skipped till it returns)
 
 
 class ReplicaFetcher:
@@ -153,7 +157,7 @@ class ReplicaFetcher:
 
     def _ready(self) -> list[_Followed]:
         now = time.monotonic()
-        return [f for f in self._parts.values() if f.resume_at <= now]
+        return [f for f in self._parts.values() if f.resume_at <= now and f.appending is None]
 
     def _current(self, f: _Followed) -> bool:
         """Whether ``f`` is still followed here in the same epoch (states move on)."""
@@ -279,17 +283,43 @@ class ReplicaFetcher:
             if report_only or not self._current(f):
                 continue
             if r.error == OffsetOutOfRange.code and f.part.log_end_offset < r.log_start_offset:
-                appends.append(self._restart_at(f, r.log_start_offset))
+                appends.append((f, self._restart_at(f, r.log_start_offset)))
                 continue
             if r.error:
                 self._refused(f, error_for_code(r.error, r.message))
                 continue
             if getattr(r, "diverging", False):
-                appends.append(self._diverged(f, r))
+                appends.append((f, self._diverged(f, r)))
                 continue
-            appends.append(self._append(f, chunk, r))
+            appends.append((f, self._append(f, chunk, r)))
         if appends:
-            await asyncio.gather(*appends)
+            await self._appended(appends)
+
+    async def _appended(self, appends: list) -> None:
+        """Wait for this fetch's writes, (followed, coroutine) each.  A write whose
+        partition finds it stalled (a hung or frozen disk: ``Partition.stalled``) is
+        reported to the leader as a storage error in the very next fetch, as a failed write
+        is, so the leader drops this replica from the ISR at once; the write is left to
+        finish, and its partition is not fetched until it has.  The partitions whose writes
+        returned go on."""
+        tasks = {asyncio.ensure_future(coro): f for f, coro in appends}
+        pending = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=STALL_POLL_S)
+            for task in [t for t in pending if tasks[t].part.stalled]:
+                pending.discard(task)
+                f = tasks[task]
+                f.appending = task
+                self._storage_failed(f, StorageError(
+                    f"the disk of {f.part.topic}-{f.part.index} stalls: a replica write has not returned"
+                ))
+                task.add_done_callback(lambda _, f=f: self._stall_ended(f))
+
+    def _stall_ended(self, f: _Followed) -> None:
+        f.appending = None
+        if not f.storage_error:  # the write went through after all: fetch again at once
+            f.resume_at = 0.0
+        self._changed.set()
 
     async def _diverged(self, f: _Followed, r: m.ReplicaFetchResultV2) -> None:
         """The leader found that this log's last epoch does not end where the leader's

@@ -3,10 +3,11 @@
 Group commit: every produce request for the partition, from every connection, is queued;
 the writer task takes *all* queued requests at once, assigns their offsets and the leader
 epoch (per-batch header patching, no per-record work), writes them with one ``pwritev`` and
-at most one ``fdatasync``, then answers them all.  A group of at most ``INLINE_WRITE_BYTES``
-that rolls no segment is written to the page cache on the event loop (cheaper than a thread
-hop) and its fdatasync runs in the syncer's native threads (storage/syncer.py); a larger
-group or a roll is written in a worker thread.  While either works the next group gathers.  Flush
+at most one ``fdatasync``, then answers them all.  Every file call of a group runs off the
+event loop: the write and its fsync in one job of the syncer's native threads
+(storage/syncer.py: no GIL to wait for, so the hop costs little), a segment roll in a worker
+thread.  A disk that hangs holds the partition's writer, not the broker's fetches,
+heartbeats and other disks.  While a group is written the next one gathers.  Flush
 policy: ``flush.messages == 1`` fsyncs every group before its acks ("always"); otherwise
 acks go out after the write, and a background fsync starts when ``flush.messages``
 messages are unflushed or the oldest unflushed write is ``flush.ms`` old (the writer task
@@ -33,6 +34,12 @@ broker/reading.py, the log cleaner's passes over a compacted log in broker/compa
 (parts of ``Partition``).  Retention by time and size does not apply to compacted
 partitions.
 
+Disk trouble fails fast (seed ``000``): a leader whose disk refuses a write or an fsync
+(not a full disk: that waits for space), or whose write has not returned after
+``DISK_STALL_S``, hands its leadership to an in-sync follower (``on_disk_failure``,
+broker/stepdown.py); one whose fsync fails after followers could copy the group stops
+writing in that epoch instead of cutting its tail (``_fence``).
+
 A follower's path (``append_as_follower``) goes through the same writer but keeps the
 leader's offsets, epochs and timestamps; ``truncate_to`` cuts a divergent tail in the
 writer's turn.
@@ -45,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -62,6 +68,7 @@ from sluice.errors import (
     BrokerBusy,
     BrokerShuttingDown,
     CorruptRecord,
+    DiskFull,
     FencedLeaderEpoch,
     InvalidRecord,
     LeadershipLost,
@@ -69,6 +76,7 @@ from sluice.errors import (
     NotLeader,
     OutOfOrderSequence,
     ProducerFenced,
+    StorageError,
     UnknownServerError,
     UnknownTopic,
     storage_error_from_os,
@@ -88,8 +96,11 @@ from sluice.storage.tail import Tail
 
 log = logging.getLogger("sluice.broker")
 
-# Groups up to this size that need no fsync and no roll are written on the event loop.
-INLINE_WRITE_BYTES = 64 * 1024
+# A write or fsync of the writer still running after this long means a hung or frozen disk,
+# plus the time its bytes take at STALL_BYTES_PER_S (a roll fsyncs a whole segment's tail).
+DISK_STALL_S = 0.5
+STALL_BYTES_PER_S = 100 * 1024 * 1024
+STALL_RECHECK_S = 0.02
 FLUSH_RETRY_S = 1.0  # after a failed background fsync
 
 
@@ -139,6 +150,7 @@ class Partition(Leadership, Reading, Compacting):
         leader: bool = True,
         tail_cache_bytes: int = 1024 * 1024,
         syncer: Syncer | None = None,
+        on_disk_failure: Callable[[Partition, StorageError], None] | None = None,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -189,6 +201,12 @@ class Partition(Leadership, Reading, Compacting):
         self._flush_future: asyncio.Future | None = None
         self._retry_flush_at = 0.0
         self._closing = False
+        # called (event loop) when this partition's disk fails or stalls while it leads
+        self._on_disk_failure = on_disk_failure
+        # the leader epoch whose writes stopped after a published group's fsync failed (_fence)
+        self._fenced_epoch: int | None = None
+        self._writing: list[_Append] | None = None  # the leader group the writer is on
+        self.stalled = False  # a write or fsync of the writer hangs (``_on_disk``)
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"writer {topic}-{index}"
         )
@@ -196,6 +214,11 @@ class Partition(Leadership, Reading, Compacting):
             self._log_end_moved()
 
     # ------------------------------------------------------------------ producing
+
+    @property
+    def fenced(self) -> bool:
+        """Leads, but writes no more in this epoch: a published group's fsync failed."""
+        return self.is_leader and self._fenced_epoch == self.leader_epoch
 
     @property
     def closing(self) -> bool:
@@ -228,6 +251,10 @@ class Partition(Leadership, Reading, Compacting):
             fut.set_exception(BrokerShuttingDown("partition is closing"))
         elif not self.is_leader:
             fut.set_exception(NotLeader(f"this broker does not lead {self.topic}-{self.index}"))
+        elif self._fenced_epoch == self.leader_epoch:
+            fut.set_exception(NotLeader(
+                f"this broker gives up {self.topic}-{self.index}: an fsync failed on its disk"
+            ))
         elif acks_all and len(self.isr) < cfg.min_insync_replicas:
             fut.set_exception(NotEnoughReplicas(
                 f"{self.topic}-{self.index} has {len(self.isr)} in-sync replica(s), "
@@ -353,6 +380,7 @@ class Partition(Leadership, Reading, Compacting):
             self._maybe_flush(loop)
 
     async def _write_guarded(self, loop: asyncio.AbstractEventLoop, group: list[_Append]) -> None:
+        self._writing = None if group[0].replica else group
         try:
             await self._write_group(loop, group)
         except Exception as exc:  # a bug must not kill the writer: fail this group only
@@ -361,6 +389,26 @@ class Partition(Leadership, Reading, Compacting):
             for req in group:
                 if not req.future.done():
                     req.future.set_exception(err)
+        finally:
+            self._writing = None
+
+    def make_follower(self, leader_epoch: int) -> None:
+        """``Leadership.make_follower``; besides, the leader writes it stops are answered
+        now, not when a disk that hangs returns: the group being written fails as maybe
+        stored (``LeadershipLost``: its write may still land, and be truncated away), the
+        queued ones with ``NotLeader`` (nothing of them is written).  Producers retry on
+        the new leader at once."""
+        super().make_follower(leader_epoch)
+        lost = LeadershipLost(
+            f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch}) while the write was in progress"
+        )
+        for req in self._writing or ():
+            if not req.future.done():
+                req.future.set_exception(lost)
+        refused = NotLeader(f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch})")
+        for req in self._queue:
+            if isinstance(req, _Append) and not req.replica and not req.future.done():
+                req.future.set_exception(refused)
 
     async def _truncate(self, loop: asyncio.AbstractEventLoop, req: _Truncate) -> None:
         """Writer: truncate with no flush, retention pass or append running beside it."""
@@ -400,12 +448,25 @@ class Partition(Leadership, Reading, Compacting):
             group = self._follows(group, offset)
             if not group:
                 return
-        elif not self.is_leader:  # queued before make_follower: not ours to write any more
+        elif not self.is_leader or self._fenced_epoch == self.leader_epoch:
+            # queued before make_follower or the fence: not ours to write any more
             err = NotLeader(f"{self.topic}-{self.index} has a new leader")
             for req in group:
                 if not req.future.done():
                     req.future.set_exception(err)
             return
+        elif self._fenced_epoch is not None:
+            # leading again in a later epoch: cut what was published but never fsynced
+            # (``_fence``) before anything is written in this epoch
+            cut = _Truncate(min(self._synced_end, plog.log_end_offset), loop.create_future())
+            await self._truncate(loop, cut)
+            if cut.future.exception() is not None:
+                for req in group:
+                    if not req.future.done():
+                        req.future.set_exception(cut.future.exception())
+                return
+            self._fenced_epoch = None
+            first = offset = plog.log_end_offset
         epoch = self.leader_epoch  # stamped on the batches of a leader group
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None
@@ -421,9 +482,8 @@ class Partition(Leadership, Reading, Compacting):
         count = sum(s.count for req in group if not req.replica for s in req.spans)
         if group[0].replica:
             count = group[-1].spans[-1].next_offset - offset
-        rolled = plog.prepare_append(total, count, now_ms)
+        rolled = plog.active if plog.roll_due(total, count, now_ms) else None
         snapshot = plog.producers.encode() if rolled is not None else None  # the state below `first`
-        segment = plog.active
         buffers, metas, ends = [], [], []
         epochs = []
         offsets: list[list[int]] = []
@@ -473,19 +533,19 @@ class Partition(Leadership, Reading, Compacting):
         # (``_synced_end``), so no acknowledgement and no consumer sees unsynced bytes.
         early = sync and self.is_leader and not group[0].replica and len(self.isr) > 1
         try:
-            if rolled is not None or total > INLINE_WRITE_BYTES:
-                await loop.run_in_executor(
-                    self._write_executor, self._write_blocking, rolled, segment, buffers, total,
-                    sync and not early, snapshot, first,
-                )
+            if rolled is None:  # the common case: one native job, no Python thread (storage/syncer.py)
+                segment = plog.active
+                await self._on_disk(self._syncer.append(segment, buffers, total, sync and not early), total)
             else:
-                # A small write to the page cache costs microseconds; a thread hop costs more.
-                self._write_blocking(None, segment, buffers, total, False)
-                if sync and not early:
-                    await self._sync(segment)
+                segment = await self._on_disk(loop.run_in_executor(
+                    self._write_executor, self._roll_blocking, rolled, first, buffers, total,
+                    sync and not early, snapshot,
+                ), total + rolled.size)
         except OSError as exc:
             self._failed(group, exc)
             return
+        if rolled is not None:
+            plog.roll(segment)
         if group[0].replica:
             self._tail.clear()  # a follower serves no consumer, and a leader tail starts fresh
         else:
@@ -495,12 +555,9 @@ class Partition(Leadership, Reading, Compacting):
         if early:
             self._notify_replicas()
             try:
-                await self._syncer.fdatasync(segment.fileno)
+                await self._on_disk(self._syncer.fdatasync(segment.fileno, segment.path), total)
             except OSError as exc:
-                # Cut the group again: its fsync failed, so it must not stay as if written.
-                # Followers that copied it find their log past ours and truncate.
-                self._failed(group, exc)
-                await self._truncate(loop, _Truncate(first, loop.create_future()))
+                self._fence(epoch, group, first, exc)
                 return
         self._synced_end = offset
         if not sync:
@@ -612,11 +669,78 @@ class Partition(Leadership, Reading, Compacting):
                 req.future.set_result(result)
 
     def _failed(self, group: list[_Append], exc: OSError) -> None:
+        """The disk refused a group before it was published (nothing of it stays in the
+        log): its requests fail with the storage error, and a leader whose disk failed
+        (not merely filled) hands its leadership away (``_disk_trouble``)."""
         err = storage_error_from_os(exc, f"append to {self.topic}-{self.index}")
         log.error("%s", err)
         for req in group:
             if not req.future.done():
                 req.future.set_exception(err)
+        if not group[0].replica:
+            self._disk_trouble(err)
+
+    def _fence(self, epoch: int, group: list[_Append], first: int, exc: OSError) -> None:
+        """The fsync of a leader group published to followers before it (offsets ``first``
+        on) failed: its bytes may be lost here while followers hold them.
+
+        Cutting them now would let this leader write other batches at the same offsets in
+        the same epoch, and followers that copied them would keep a divergent suffix.  So
+        the partition is fenced instead: no leader write in ``epoch`` any more (``append``
+        answers ``NotLeader``), the group's requests fail as maybe stored
+        (``LeadershipLost``: a follower that becomes leader may have the batches), and the
+        leadership goes to an in-sync follower in a new epoch (``_disk_trouble``).  Should
+        this broker lead again, in a later epoch, the writer first cuts back to what was
+        fsynced (``_write_group``), so the cut starts that epoch.
+        """
+        err = storage_error_from_os(exc, f"fsync of {self.topic}-{self.index}")
+        log.error("%s; offsets from %d may be lost here: no more writes as leader in epoch %d", err, first, epoch)
+        self._fenced_epoch = epoch
+        lost = LeadershipLost(
+            f"{self.topic}-{self.index}: {err.message}, after followers could copy offsets from {first}: "
+            f"this leader gives up the partition"
+        )
+        for req in group:
+            if not req.future.done():
+                req.future.set_exception(lost)
+        self._disk_trouble(err)
+
+    def _disk_trouble(self, err: StorageError) -> None:
+        """A leader's disk failed or stalls: tell the broker, which hands the leadership to
+        an in-sync follower (broker/stepdown.py).  A full disk is not a failed one: it is
+        reported to producers and waits for space (every replica usually fills alike).  A
+        follower's trouble is reported by its replica fetcher to its leader."""
+        if self.is_leader and self._on_disk_failure is not None and not isinstance(err, DiskFull):
+            self._on_disk_failure(self, err)
+
+    async def _on_disk(self, job: asyncio.Future, size: int):
+        """Await a disk job of the writer (a write, an fsync) of ``size`` bytes.  One still
+        running after ``DISK_STALL_S`` (plus ``size`` at ``STALL_BYTES_PER_S``: a hung or
+        frozen disk) sets ``stalled`` until it returns and is reported as disk trouble
+        once; it is still awaited: the event loop and the partitions on other disks go on
+        meanwhile."""
+        loop = asyncio.get_running_loop()
+        timers: list[asyncio.TimerHandle] = []
+        timers.append(loop.call_later(DISK_STALL_S + size / STALL_BYTES_PER_S, self._stall_suspected, job, timers))
+        try:
+            return await job
+        finally:
+            for timer in timers:
+                timer.cancel()
+            self.stalled = False
+
+    def _stall_suspected(self, job: asyncio.Future, timers: list) -> None:
+        # Checked again a moment later: after the process was paused (SIGSTOP), timers may
+        # run before the completions that arrived meanwhile (libuv runs timers first).
+        timers.append(asyncio.get_running_loop().call_later(STALL_RECHECK_S, self._stalled, job))
+
+    def _stalled(self, job: asyncio.Future) -> None:
+        if job.done():
+            return
+        self.stalled = True
+        err = StorageError(f"the disk of {self.topic}-{self.index} stalls: a write or fsync has not returned")
+        log.error("%s", err)
+        self._disk_trouble(err)
 
     def _follows(self, group: list[_Append], offset: int) -> list[_Append]:
         """The follower requests of ``group`` fetched in the current epoch that continue the
@@ -641,39 +765,36 @@ class Partition(Leadership, Reading, Compacting):
             offset, epoch = req.spans[-1].next_offset, req.spans[-1].leader_epoch
         return kept
 
-    def _write_blocking(
-        self, rolled: Segment | None, segment: Segment, buffers: list, total: int, sync: bool,
-        snapshot: bytes | None = None, snapshot_offset: int = 0,
-    ) -> None:
-        """Worker thread: finish a rolled segment (and snapshot the producer state at its
-        end), write the group, fsync if asked.
+    def _roll_blocking(
+        self, active: Segment, base: int, buffers: list, total: int, sync: bool, snapshot: bytes | None,
+    ) -> Segment:
+        """Worker thread: create the next segment at ``base``, finish ``active`` (fsync,
+        indexes, recovery point, the producer state at its end), then write the group to
+        the new segment and fsync it if asked.  Returns the new segment (the caller makes
+        it active, on the event loop).
 
-        On a failed fsync the group's bytes are cut again: an unsynced write whose fsync
-        failed may be lost by the kernel, so it must not stay visible as if written.
+        On a failure nothing of the group stays: the new segment is removed again (the
+        next group rolls anew) and ``active`` stays the active segment.
         """
-        if rolled is not None:
-            rolled.flush()
-            rolled.seal()
-            self.log.write_recovery_point(segment.base_offset)
-            if snapshot is not None:
-                write_snapshot(self.log.directory, snapshot_offset, snapshot)
-        segment.write(buffers, total)
-        if sync:
-            try:
-                segment.flush()
-            except OSError:
-                os.ftruncate(segment.fileno, segment.size)
-                raise
-
-    async def _sync(self, segment: Segment) -> None:
-        """fdatasync what was just written to ``segment`` (storage/syncer.py).  On failure
-        the unsynced bytes (those past ``segment.size``) are cut, as ``_write_blocking``
-        does: the kernel may drop them, so they must not stay as if written."""
+        segment = Segment.create(self.log.directory, base, self.log.config.index_interval_bytes)
         try:
-            await self._syncer.fdatasync(segment.fileno)
+            active.flush()
+            active.seal()
+            self.log.write_recovery_point(base)
+            if snapshot is not None:
+                write_snapshot(self.log.directory, base, snapshot)
+            segment.write(buffers, total)
+            if sync:
+                segment.flush()
         except OSError:
-            os.ftruncate(segment.fileno, segment.size)
+            active.sealed = False  # still the active segment: written again
+            segment.close()
+            try:
+                segment.delete()
+            except OSError:
+                log.exception("cannot remove %s after a failed roll", segment.path)
             raise
+        return segment
 
     def _maybe_flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start a background fsync when ``flush.messages`` or ``flush.ms`` says so.
@@ -699,7 +820,9 @@ class Partition(Leadership, Reading, Compacting):
         self._flush_future = None
         exc = fut.exception()
         if exc is not None:
-            log.error("%s", storage_error_from_os(exc, f"flush of {self.topic}-{self.index}"))
+            err = storage_error_from_os(exc, f"flush of {self.topic}-{self.index}")
+            log.error("%s", err)
+            self._disk_trouble(err)  # acknowledged writes may be lost on this disk: lead no more
             self._unflushed_since = time.monotonic()  # try again after another flush.ms
             self._retry_flush_at = time.monotonic() + FLUSH_RETRY_S
             self._unflushed += pending

@@ -146,6 +146,7 @@ class TopicAdmin:
                     name, i, plog, config, self.write_executor, self.read_executor,
                     replica_id=self.config.node_id, leader=False,
                     tail_cache_bytes=self.config.tail_cache_bytes, syncer=self.syncer,
+                    on_disk_failure=self.disk_step_down.disk_failed,
                 ))
         except BaseException:
             await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)

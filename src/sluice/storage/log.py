@@ -19,8 +19,8 @@ next batch that survived.
 
 The log does no asyncio itself.  Its owner (broker.partition.Partition) decides which
 thread runs what, following the contracts in segment.py: appends happen through
-``prepare_append`` (event loop) -> ``Segment.write``/``flush`` (worker thread) ->
-``appended`` (event loop).
+``roll_due`` (event loop) -> ``Segment.create`` of a rolled segment, ``Segment.write`` /
+``flush`` (worker thread) -> ``roll`` and ``appended`` (event loop).
 
 Two ends, each an offset with its byte position (``LogPosition``):
 
@@ -263,24 +263,28 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ appending
 
-    def prepare_append(self, total: int, count: int, now_ms: int) -> Segment | None:
-        """Roll if ``total`` more bytes (``count`` offsets) do not fit the active segment, or
-        it is too old.  Offsets relative to a segment's base must stay below 2**31: the
-        indexes store them in 32 bits.
+    def roll_due(self, total: int, count: int, now_ms: int) -> bool:
+        """Whether ``total`` more bytes (``count`` offsets) must go to a new segment: they do
+        not fit the active one, or it is too old.  Offsets relative to a segment's base must
+        stay below 2**31: the indexes store them in 32 bits.  Event loop; no I/O.
 
-        Event loop.  Returns the segment that was rolled away (the caller fsyncs it, saves
-        its indexes and writes the recovery point in a worker thread), or None.
+        The writer then creates the new segment (``Segment.create`` at the log end), fsyncs
+        and seals the active one and writes the recovery point, all in a worker thread, and
+        hands the new segment to ``roll`` on the event loop before ``appended``.
         """
         active = self.active
         if not active.size:
-            return None
+            return False
         too_big = active.size + total > self.config.segment_bytes
         too_old = now_ms - active.created_ms >= self.config.segment_ms
         too_many = self.next_offset + count - active.base_offset >= MAX_RELATIVE_OFFSET
-        if not (too_big or too_old or too_many):
-            return None
-        self._add(Segment.create(self.directory, self.next_offset, self.config.index_interval_bytes))
-        return active
+        return too_big or too_old or too_many
+
+    def roll(self, segment: Segment) -> None:
+        """Make ``segment``, created at the log end, the active segment. Event loop."""
+        if segment.base_offset != self.next_offset:
+            raise ValueError(f"a segment rolled at {segment.base_offset} does not start at the log end {self.next_offset}")
+        self._add(segment)
 
     def appended(
         self, segment: Segment, batches: list, next_offset: int, epochs=()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from sluice.errors import CorruptRecord
 from sluice.protocol.records import HEADER_SIZE, BatchHeader, batch_crc_ok, parse_header
+from sluice.storage import faults
 from sluice.storage.checkpoint import write_atomic
 from sluice.storage.index import OffsetIndex, TimeIndex
 
@@ -96,6 +97,8 @@ class Segment:
     @classmethod
     def create(cls, directory: Path, base_offset: int, index_interval: int = 4096) -> Segment:
         seg = cls(directory, base_offset, index_interval)
+        if faults.injector is not None:
+            faults.injector.check("roll", seg.path)
         seg._file = open(seg.path, "x+b", buffering=0)  # noqa: SIM115 - lives with the segment
         return seg
 
@@ -194,6 +197,8 @@ class Segment:
         ``size`` before the error propagates, so no partial batch stays behind.
         """
         fd, pos, written = self.fileno, self.size, 0
+        if faults.injector is not None:
+            faults.injector.check("write", self.path)
         try:
             while written < total:
                 n = os.pwritev(fd, buffers[:_IOV_MAX], pos + written)
@@ -209,6 +214,8 @@ class Segment:
 
     def flush(self) -> None:
         """fdatasync the log file. Worker thread only."""
+        if faults.injector is not None:
+            faults.injector.check("fsync", self.path)
         os.fdatasync(self.fileno)
 
     def appended(self, batches) -> None:

@@ -1,4 +1,4 @@
-"""Syncer: fdatasync off the event loop, awaited from it.
+"""Syncer: fdatasync and small appends off the event loop, awaited from it.
 
 An acknowledgement under ``flush.messages=1`` waits for an fdatasync, which must not block
 the event loop.  Through a Python worker thread it costs two thread hops that each wait for
@@ -6,6 +6,12 @@ the GIL, held by the loop while it works — on a busy machine as long as the fd
 itself.  ``Syncer`` hands the file descriptor to native threads that run no Python
 (``sluice._csyncer``) and learns of each result through an eventfd the loop polls; where
 that extension is not built, it falls back to the given executor.
+
+The partition writer's appends go the same way (``append``): a write to the page cache costs
+microseconds, but on the event loop a disk that hangs (a frozen file system) would stop the
+loop, with every fetch and heartbeat of the broker; through a Python thread each append
+would wait for the GIL twice.  A native thread writes the buffers (and fdatasyncs them when
+the flush policy says "always") and reports through the same eventfd.
 
 Event loop only.  ``fdatasync(fd)`` returns a future that completes when the data written
 to ``fd`` before the call is durable, or fails with the ``OSError`` of the fdatasync.  The
@@ -18,6 +24,9 @@ from __future__ import annotations
 import asyncio
 import os
 from concurrent.futures import Executor
+
+from sluice.storage import faults
+from sluice.storage.segment import Segment
 
 try:
     from sluice import _csyncer
@@ -43,21 +52,44 @@ class Syncer:
         """True when syncs run in native threads (after the first one)."""
         return self._native is not None
 
-    def fdatasync(self, fd: int) -> asyncio.Future:
+    def fdatasync(self, fd: int, path: str | os.PathLike = "") -> asyncio.Future:
+        """fdatasync ``fd`` (the file at ``path``, which storage/faults.py's rules match)."""
         if self._closed:
             raise RuntimeError("the syncer is closed")
         loop = asyncio.get_running_loop()
+        if faults.injector is not None:  # a test's rules decide first, in a worker thread
+            return loop.run_in_executor(self._fallback, _checked_fdatasync, fd, path)
         if not self._use_native:
             return loop.run_in_executor(self._fallback, os.fdatasync, fd)
+        fut, token = self._submitted(loop)
+        self._native.submit(fd, token)  # OSError (EBADF, EMFILE) raised here
+        self._waiting[token] = fut
+        return fut
+
+    def append(self, segment: Segment, buffers: list, total: int, sync: bool) -> asyncio.Future:
+        """Append ``buffers`` (``total`` bytes) to ``segment`` at its ``size``, then with
+        ``sync`` fdatasync it.  All or nothing, as ``Segment.write``: on a failed write or
+        fdatasync the file is cut back to ``size`` and the future fails with the
+        ``OSError``.  The buffers must not change until the future is done; the segment's
+        ``size`` moves only after it (``Segment.appended``)."""
+        if self._closed:
+            raise RuntimeError("the syncer is closed")
+        loop = asyncio.get_running_loop()
+        if faults.injector is not None or not self._use_native:
+            return loop.run_in_executor(self._fallback, _append_blocking, segment, buffers, total, sync)
+        fut, token = self._submitted(loop)
+        self._native.submit_write(segment.fileno, token, buffers, segment.size, sync)
+        self._waiting[token] = fut
+        return fut
+
+    def _submitted(self, loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future, int]:
+        """A future and a token for the next native job (starting the threads first)."""
         if self._native is None:
             self._native = _csyncer.Syncer(self._threads)
             self._loop = loop
             loop.add_reader(self._native.fileno(), self._completed)
-        fut = loop.create_future()
         self._next_token += 1
-        self._native.submit(fd, self._next_token)  # OSError (EBADF, EMFILE) raised here
-        self._waiting[self._next_token] = fut
-        return fut
+        return loop.create_future(), self._next_token
 
     def _completed(self) -> None:
         for token, err in self._native.done():
@@ -80,3 +112,19 @@ class Syncer:
         native.close()
         self._completed()
         self._native = None
+
+
+def _append_blocking(segment: Segment, buffers: list, total: int, sync: bool) -> None:
+    """``Syncer.append`` in a Python worker thread."""
+    segment.write(buffers, total)
+    if sync:
+        try:
+            segment.flush()
+        except OSError:
+            os.ftruncate(segment.fileno, segment.size)
+            raise
+
+
+def _checked_fdatasync(fd: int, path: str | os.PathLike) -> None:
+    faults.check("fsync", path)
+    os.fdatasync(fd)
