@@ -5,9 +5,9 @@ refuses a write or an fsync (``EIO``, ``EROFS``...) or a write has not returned 
 ``DISK_STALL_S`` (a hung or frozen disk: broker/partition.py).  Keeping the leadership
 would leave the partition unwritable, or stalled, while healthy followers sit idle (seed
 ``000``: fail fast).  So the broker hands it, by compare-and-swap on the partition's state
-in the metadata store, to an in-sync follower that is alive (the one furthest ahead as
-far as this leader knows), in a new leader epoch, and leaves the ISR itself: its copy may
-lack what its disk lost.  Every ISR member has every acknowledged record, so the new
+in the metadata store, to an in-sync follower that is alive and fetching (the one
+furthest ahead: ``handoff.successor``, as at a controlled shutdown), in a new leader
+epoch, and leaves the ISR itself: its copy may lack what its disk lost.  Every ISR member has every acknowledged record, so the new
 leader has them too: this is an ordinary clean election, made by the leader instead of
 the controller, and the version check makes it lose to any change made meanwhile (the
 controller's, an ISR change).  The store's watch then applies the new state here
@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
+from sluice.broker.handoff import successor
 from sluice.cluster.store import PartitionState
 from sluice.errors import MetadataUnavailable, StorageError, UnknownPartition, UnknownTopic
 
@@ -75,14 +77,10 @@ class DiskStepDown:
             if st.leader != me or st.leader_epoch != epoch:
                 return  # moved on already
             isr = [r for r in st.isr if r != me]
-            live = self._broker.live_brokers
-            heirs = sorted(
-                (r for r in isr if r in live),
-                key=lambda r: -(f.log_end if (f := part.followers.get(r)) is not None else -1),
-            )
-            if heirs:
-                new = PartitionState(heirs[0], epoch + 1, isr)
-                what = f"broker {heirs[0]} leads it in epoch {epoch + 1}, ISR {isr}"
+            heir = successor(part, isr, set(self._broker.live_brokers), time.monotonic())
+            if heir is not None:
+                new = PartitionState(heir, epoch + 1, isr)
+                what = f"broker {heir} leads it in epoch {epoch + 1}, ISR {isr}"
             elif part.fenced:
                 new = PartitionState(me, epoch + 1, st.isr)
                 what = f"no other in-sync replica: a new epoch {epoch + 1} of this leader cuts what may be lost"
