@@ -101,7 +101,7 @@ def test_bootstrap_list_from_option_and_environment(broker, cli):
     dead = f"127.0.0.1:{free_port()}"
     listed = f"{dead},{broker.bootstrap}"
     ok(cli("topic", "create", "l", bootstrap=listed))
-    assert ok(cli("topic", "list", bootstrap=listed)) == "l\t1\n"
+    assert ok(cli("topic", "list", "-o", "plain", bootstrap=listed)) == "l\t1\n"
     env = {**os.environ, "SLUICE_BOOTSTRAP": listed}
     res = subprocess.run([sys.executable, "-m", "sluice.cli.main", "cluster", "status"],
                          env=env, capture_output=True, timeout=60)
