@@ -722,6 +722,8 @@ def test_docs_name_no_pypi_install_and_say_times_are_utc():
     text = " ".join(" ".join(p.read_text() for p in pages).replace("**", "").split())
     assert "pip install 'sluice[spark]'" not in text
     assert "pip install -e '.[spark]'" in text  # into the editable install, not over it
+    spark = (DOCS / "guides" / "spark.md").read_text()  # local mode listens on loopback only
+    assert '.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")' in spark
     assert "without a zone is UTC" in text
     assert "PYSPARK_PYTHON" in text
 
