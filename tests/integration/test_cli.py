@@ -694,7 +694,9 @@ def tour_commands(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("commands", [
-    pytest.param(lambda: sh_commands((DOCS / "guides" / "cli.md").read_text()), id="guides/cli.md"),
+    pytest.param(lambda: [c for page in ("cli", "operations") for c in sh_commands((DOCS / "guides" / f"{page}.md")
+                                                                                   .read_text())],
+                 id="guides/cli.md+operations.md"),
     pytest.param(lambda: tour_commands(README.read_text()), id="README tour"),
     pytest.param(lambda: tour_commands((DOCS / "getting-started.md").read_text()), id="getting-started tour"),
 ])
