@@ -131,6 +131,8 @@ def test_delayed_example_runs(broker, tmp_path, cli):
 def test_readme_tour_python_block_runs_twice(broker, tmp_path):
     """README's five-minute tour, from Python: the blocking clients' start() and poll()."""
     [code] = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    started = (ROOT / "docs" / "getting-started.md").read_text()
+    assert re.findall(r"```python\n(.*?)```", started, re.S) == [code]  # the same tour there
     for _ in range(2):
         out = run_block(code, broker.bootstrap, tmp_path).splitlines()
         assert out[0].startswith("stored at 0 "), out
