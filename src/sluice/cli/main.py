@@ -15,9 +15,13 @@ Documented forms (more options are welcome, these must not change)::
     sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark|R3|F1|cluster|P1-1KiB-plain|TX-1KiB|P1-send-100B|P1-send-1KiB|P1-syncsend-100B|per-record [--json]
     sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
-Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
-``error: NAME (code): message`` (``errors.describe``), and exit status 2 for bad usage,
-1 for anything else.  Ctrl-C stops a command with status 130 and no error line.
+Commands that print data follow one output contract (``output.data_options``): a table
+on a terminal, JSON when piped or with ``--json``, ``--output table|json|plain``.  ``-h``
+works everywhere and ``--bootstrap`` may follow the command.  Every failure is one line
+on stderr, ``error: NAME (code): message`` (``errors.describe``), and exit status 2 for
+bad usage (``USAGE_ERRORS``), 1 for anything else.  Ctrl-C stops a command with status
+130 and no error line (``produce`` says how far it got); a reader that closes the pipe
+early ends it quietly with status 0.
 ``cluster status`` alone also exits 3 or 4 for a cluster that answered but is degraded
 (see ``cli/cluster.py``).
 """
