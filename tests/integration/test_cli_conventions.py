@@ -233,3 +233,16 @@ def test_every_data_command_prints_the_same_json_piped_and_with_json(shared_brok
         assert json.loads(ok(cli(*args, *flag, bootstrap=b))).__class__ is json.loads(piped).__class__
     plain = ok(cli(*args, "-o", "plain", bootstrap=b))
     assert not plain.lstrip().startswith(("{", "[")), plain
+
+
+def test_consume_group_into_a_pipe_read_only_after_exit_does_not_hang(broker, cli):
+    """A caller that waits for the command before reading its (small) output: the group
+    commits what was taken, nothing, and the command still ends."""
+    b = broker.bootstrap
+    ok(cli("topic", "create", "late", bootstrap=b))
+    ok(cli("produce", "late", bootstrap=b, input=lines_in("a", "b")))
+    with running(*sluice_cmd(b, "consume", "late", "-g", "L", "--from", "earliest", "-e"),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.wait(40) == 0
+        assert proc.stdout.read() == b"a\nb\n"
+    assert committed(b, "L", "late", 1) in ([0], [None])  # nothing was taken before the end

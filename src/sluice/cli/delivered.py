@@ -22,6 +22,7 @@ import termios
 import time
 
 TP = tuple[str, int]
+WAIT_READ_S = 5.0  # at the end, how long the reader is given to take what is in the pipe
 
 
 def is_pipe(fd: int) -> bool:
@@ -68,11 +69,15 @@ class Delivered:
             first.setdefault(tp, offset)
         return {tp: min(pos, first[tp]) if tp in first else pos for tp, pos in positions.items()}
 
-    def wait_read(self, poll_s: float = 0.02) -> None:
-        """Wait until the reader took everything written, or left."""
+    def wait_read(self, timeout_s: float = WAIT_READ_S, poll_s: float = 0.02) -> None:
+        """Wait until the reader took everything written, or left, for ``timeout_s`` at
+        most: a reader that reads only once the command has exited (``Popen.wait()``
+        before ``read()``) must not hang it.  What it had not taken by then stays
+        uncommitted, to be read again by the group's next run."""
         if not self.pipe:
             return
         watch = select.poll()
         watch.register(self.fd, 0)  # POLLERR / POLLHUP only: the reader closed its end
-        while self.unread_bytes() > 0 and not watch.poll(0):
+        deadline = time.monotonic() + timeout_s
+        while self.unread_bytes() > 0 and not watch.poll(0) and time.monotonic() < deadline:
             time.sleep(poll_s)
