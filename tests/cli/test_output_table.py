@@ -64,7 +64,22 @@ def test_long_cells_wrap_within_the_terminal(monkeypatch, capsys, width):
            "consumer-1-a2b3c4d5@10.0.0.12:53422"]
     lines = shown(monkeypatch, capsys, width, columns, [row])
     assert max(map(len, lines)) <= width
-    if width >= 76:  # the headers and short cells fit: nothing is cut, long cells wrap
+    if width >= 76:  # the headers, short cells and times fit: nothing is cut, long cells wrap
         text = "\n".join(lines)
         assert "…" not in text and all(c.split()[-1] in text for c in columns)
+        assert "2024-01-01T00:00:00.000Z" in text, text  # a time is never wrapped
+    if width >= 100:  # boxed
         assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines[1:] if line.strip()), text
+
+
+@pytest.mark.parametrize("when", ["2026-11-29T07:14:21.123Z", "2026-11-29T07:14:21.123+00:00"])
+def test_a_group_table_keeps_its_times_whole_at_100_columns(monkeypatch, capsys, when):
+    columns = ["topic", "partition", "committed", "log start", "log end", "lag", "last commit", "client"]
+    rows = [["orders", p, 1000 + p, 0, 1010 + p, 10, when, f"127.0.0.1:{40000 + p}"] for p in range(3)]
+    text = "\n".join(shown(monkeypatch, capsys, 100, columns, rows))
+    assert text.count(when) == 3, text
+
+
+def test_times_in_tables_are_utc_with_z():
+    assert output.iso_ms(1_764_400_461_123) == "2025-11-29T07:14:21.123Z"
+    assert output.iso_ms(-1) == "-"

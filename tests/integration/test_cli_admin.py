@@ -49,13 +49,13 @@ def test_group_list_and_describe(broker, cli):
     ok(cli("topic", "create", "orders", "--partitions", "2", bootstrap=b))
     ok(cli("produce", "orders", "--partition", "0", bootstrap=b, input=lines_in(*"abcde")))
     ok(cli("produce", "orders", "--partition", "1", bootstrap=b, input=lines_in(*"xyz")))
-    assert ok(cli("group", "list", bootstrap=b)) == ""
+    assert ok(cli("group", "list", "-o", "plain", bootstrap=b)) == ""
     t0 = int(time.time() * 1000)
     ok(cli("consume", "orders", "--group", "billing", "--partition", "0", "--from", "earliest",
            "--max-messages", "4", bootstrap=b))
     t1 = int(time.time() * 1000)
 
-    [[name, topics, partitions, lag, last]] = rows(ok(cli("group", "list", bootstrap=b)))
+    [[name, topics, partitions, lag, last]] = rows(ok(cli("group", "list", "-o", "plain", bootstrap=b)))
     assert (name, topics, partitions, lag) == ("billing", "orders", "1", "1")
     assert t0 <= round(datetime.fromisoformat(last).timestamp() * 1000) <= t1
     [listing] = json.loads(ok(cli("group", "list", "--json", bootstrap=b)))
@@ -78,7 +78,7 @@ def test_group_reset_offsets_every_target(broker, cli):
     ok(cli("produce", "r", "--partition", "0", bootstrap=b, input=lines_in("new-0", "new-1")))
 
     def reset(*args: str) -> list[list[str]]:
-        return rows(ok(cli("group", "reset-offsets", "g", "--topic", "r", *args, bootstrap=b)))
+        return rows(ok(cli("group", "reset-offsets", "g", "--topic", "r", *args, "-o", "plain", bootstrap=b)))
 
     assert reset("--to-offset", "2") == [["r", "0", "-", "2"], ["r", "1", "-", "0"]]  # clamped
     assert reset("--shift-by", "1", "--partition", "0") == [["r", "0", "2", "3"]]
@@ -89,7 +89,7 @@ def test_group_reset_offsets_every_target(broker, cli):
     ]
     assert reset("--to-latest", "--partition", "0", "--partition", "1") == [["r", "0", "0", "5"], ["r", "1", "0", "0"]]
 
-    dry = cli("group", "reset-offsets", "g", "--topic", "r", "--to-earliest", "--dry-run", bootstrap=b)
+    dry = cli("group", "reset-offsets", "g", "--topic", "r", "--to-earliest", "--dry-run", "-o", "plain", bootstrap=b)
     assert rows(ok(dry)) == [["r", "0", "5", "0"], ["r", "1", "0", "0"]]
     assert b"dry run" in dry.stderr
     committed = [p["committed_offset"] for p in describe(cli, b, "group", "describe", "g")["partitions"]]
@@ -111,7 +111,7 @@ def test_group_delete(broker, cli):
     ok(cli("group", "reset-offsets", "gone", "--topic", "d", "--to-latest", bootstrap=b))
     ok(cli("group", "reset-offsets", "kept", "--topic", "d", "--to-latest", bootstrap=b))
     assert ok(cli("group", "delete", "gone", bootstrap=b)).strip() == "deleted group gone"
-    assert [r[0] for r in rows(ok(cli("group", "list", bootstrap=b)))] == ["kept"]
+    assert [r[0] for r in rows(ok(cli("group", "list", "-o", "plain", bootstrap=b)))] == ["kept"]
     assert_error(cli("group", "describe", "gone", bootstrap=b), "UNKNOWN_GROUP (22)", "gone")
     assert_error(cli("group", "delete", "gone", bootstrap=b), "UNKNOWN_GROUP (22)", "gone")
 
@@ -139,11 +139,11 @@ def test_group_bad_input(shared, cli, args, needles):
     if "t1" not in topics(shared, cli):
         ok(cli("topic", "create", "t1", bootstrap=shared.bootstrap))
     assert_error(cli(*args, bootstrap=shared.bootstrap), *needles)
-    assert ok(cli("group", "list", bootstrap=shared.bootstrap)) == ""  # nothing was created
+    assert ok(cli("group", "list", "-o", "plain", bootstrap=shared.bootstrap)) == ""  # nothing was created
 
 
 def topics(b: BrokerProcess, cli) -> list[str]:
-    return [r[0] for r in rows(ok(cli("topic", "list", bootstrap=b.bootstrap)))]
+    return [r[0] for r in rows(ok(cli("topic", "list", "-o", "plain", bootstrap=b.bootstrap)))]
 
 
 # ---------------------------------------------------------------------- topic alter
@@ -240,7 +240,7 @@ def test_topic_add_partitions(broker, cli):
     ok(cli("topic", "add-partitions", "grow", "--num", "1", "--dry-run", bootstrap=b))
     desc = describe(cli, b, "topic", "describe", "grow")
     assert [(p["partition"], p["high_watermark"]) for p in desc["partitions"]] == [(0, 1), (1, 0), (2, 0), (3, 0), (4, 0)]
-    assert rows(ok(cli("topic", "list", bootstrap=b))) == [["grow", "5"]]
+    assert rows(ok(cli("topic", "list", "-o", "plain", bootstrap=b))) == [["grow", "5"]]
     # the new partitions take messages and serve them
     ok(cli("produce", "grow", "--partition", "4", bootstrap=b, input=lines_in("p4")))
     assert ok(cli("consume", "grow", "--partition", "4", "--from", "earliest", "--max-messages", "1",
@@ -307,5 +307,5 @@ def test_admin_changes_persist_across_a_restart(broker, cli):
     assert topic_before["config"]["retention.ms"] == "60000" and topic_before["config"]["flush.ms"] == "1000"
     assert len(topic_before["partitions"]) == 3
     assert describe(cli, b, "group", "describe", "g") == group_before
-    assert [r[0] for r in rows(ok(cli("group", "list", bootstrap=b)))] == ["g"]
+    assert [r[0] for r in rows(ok(cli("group", "list", "-o", "plain", bootstrap=b)))] == ["g"]
     assert ok(cli("consume", "kept", "--group", "g", "--timeout-ms", "500", bootstrap=b)).splitlines() == ["b", "c"]

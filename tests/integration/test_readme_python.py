@@ -1,4 +1,4 @@
-"""README's Python section, pasted as written (only the broker's address differs): the
+"""The Python guides (docs/guides: python, transactions, subscriptions, delayed), pasted as written (only the broker's address differs): the
 producer/consumer example, the Admin example, the transactional-messages and the
 subscription examples each run twice in a row, after the "Using it" commands have left no
 ``orders`` topic behind; the delayed-message example is delivered when due."""
@@ -13,21 +13,20 @@ import sys
 import time
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+GUIDES = [ROOT / "docs" / "guides" / f"{name}.md" for name in ("python", "transactions", "subscriptions", "delayed")]
 ADDRESS = "127.0.0.1:7400"
 
 
 def python_blocks() -> list[str]:
-    """The ```python blocks of the README's "Python" subsection, in order."""
-    text = README.read_text()
-    start = text.index("### Python")
-    end = text.index("\n### Spark", start)
-    return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
+    """The ```python blocks of the Python guides, in order."""
+    return [b for page in GUIDES for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
 
 
 def block(needle: str) -> str:
     found = [b for b in python_blocks() if needle in b]
-    assert len(found) == 1, f"one README python block with {needle!r}, found {len(found)}"
+    assert len(found) == 1, f"one python block of the guides with {needle!r}, found {len(found)}"
     return found[0]
 
 
@@ -127,3 +126,15 @@ def test_delayed_example_runs(broker, tmp_path, cli):
         assert time.monotonic() < deadline, "the delayed message was never delivered"
         time.sleep(0.5)
         out = cli("consume", "payments", "--from", "earliest", "--exit-at-end", bootstrap=broker.bootstrap)
+
+
+def test_readme_tour_python_block_runs_twice(broker, tmp_path):
+    """README's five-minute tour, from Python: the blocking clients' start() and poll()."""
+    [code] = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    started = (ROOT / "docs" / "getting-started.md").read_text()
+    assert re.findall(r"```python\n(.*?)```", started, re.S) == [code]  # the same tour there
+    for _ in range(2):
+        out = run_block(code, broker.bootstrap, tmp_path).splitlines()
+        assert out[0].startswith("stored at 0 "), out
+        offset = int(out[0].split()[-1])
+        assert f"{offset} b'k' b'hello'" in out[1:], out  # the group read on from where it committed

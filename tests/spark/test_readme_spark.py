@@ -1,4 +1,4 @@
-"""README's Spark example, pasted as written (only the broker's address differs), run twice
+"""The Spark guide's example (docs/guides/spark.md), pasted as written (only the broker's address differs), run twice
 in a new Python process after the README's Python examples would have left ``orders`` (3
 partitions) and ``payments`` behind."""
 
@@ -11,15 +11,13 @@ from pathlib import Path
 
 from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "spark.md"
 ADDRESS = "127.0.0.1:7400"
 
 
 def spark_block() -> str:
-    text = README.read_text()
-    start = text.index("### Spark")
-    found = re.findall(r"```python\n(.*?)```", text[start:text.index("\n## ", start)], re.S)
-    assert len(found) == 1, f"one python block in README's Spark section, found {len(found)}"
+    found = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    assert len(found) == 1, f"one python block in the Spark guide, found {len(found)}"
     return found[0]
 
 

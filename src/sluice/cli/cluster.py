@@ -25,7 +25,7 @@ from __future__ import annotations
 import click
 
 from sluice import errors
-from sluice.cli.output import echo_json, node_list, table, wants_json
+from sluice.cli.output import data_options, echo_json, node_list, table, wants_json
 from sluice.client.status import ClusterStatus, PartitionStatus
 from sluice.protocol.messages import ElectionResult, ReplicaMove
 
@@ -128,7 +128,7 @@ def summary(status: ClusterStatus) -> str:
 
 
 @cluster.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the default when piped).")
+@data_options
 @click.pass_context
 def cluster_status(ctx, as_json: bool) -> None:
     """Show the brokers (alive or not, address), the controller, and the under-replicated
@@ -198,7 +198,7 @@ def moves_json(moves: list[ReplicaMove]) -> dict:
 @cluster.command("rebalance")
 @click.option("--topic", "topics", multiple=True, help="Only this topic's partitions (repeatable; default: all).")
 @click.option("--leaders-only", is_flag=True, help="Only move leaders back; replace no replicas.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the default when piped).")
+@data_options
 @click.pass_context
 def cluster_rebalance(ctx, topics: tuple[str, ...], leaders_only: bool, as_json: bool) -> None:
     """Replace the replicas of brokers that are gone, then move each partition's

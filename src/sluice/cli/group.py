@@ -14,7 +14,7 @@ import dataclasses
 
 import click
 
-from sluice.cli.output import echo_json, iso_ms, or_dash, table, wants_json
+from sluice.cli.output import data_options, echo_json, iso_ms, or_dash, table, wants_json
 from sluice.cli.params import iso_time
 
 
@@ -30,7 +30,7 @@ def group() -> None:
 
 
 @group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@data_options
 @click.pass_context
 def group_list(ctx, as_json: bool) -> None:
     """List groups with committed offsets: topics, partitions, total lag, last commit.
@@ -59,7 +59,7 @@ def _total_lag(lag: int, unknown: int) -> str:
 
 @group.command("describe")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped).")
+@data_options
 @click.pass_context
 def group_describe(ctx, name: str, as_json: bool) -> None:
     """Show committed offset, log start, log end and lag per partition of every topic GROUP
@@ -107,8 +107,8 @@ _TARGETS = ("--to-earliest", "--to-latest", "--to-datetime", "--to-offset", "--s
 
 @group.command("reset-offsets")
 @click.argument("name")
-@click.option("--topic", required=True, help="Topic whose committed offsets move.")
-@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+@click.option("-t", "--topic", required=True, help="Topic whose committed offsets move.")
+@click.option("-p", "--partition", "partitions", type=click.IntRange(min=0), multiple=True,
               help="Only this partition (repeatable; default: every partition).")
 @click.option("--to-earliest", is_flag=True, help="To the log start.")
 @click.option("--to-latest", is_flag=True, help="To the log end (skip everything there now).")
@@ -117,7 +117,7 @@ _TARGETS = ("--to-earliest", "--to-latest", "--to-datetime", "--to-offset", "--s
 @click.option("--to-offset", type=click.IntRange(min=0), help="To this offset (clamped to the log).")
 @click.option("--shift-by", type=int, help="Committed offset plus N (negative: back), clamped to the log.")
 @click.option("--dry-run", is_flag=True, help="Show the new offsets, commit nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@data_options
 @click.pass_context
 def group_reset_offsets(ctx, name, topic, partitions, to_earliest, to_latest, to_datetime, to_offset,
                         shift_by, dry_run, as_json) -> None:

@@ -15,10 +15,14 @@ Documented forms (more options are welcome, these must not change)::
     sluice bench --workload P1-100B|P1-1KiB|P2-1KiB|C1|L1|all|S1|S2|spark|R3|F1|cluster|P1-1KiB-plain|TX-1KiB|P1-send-100B|P1-send-1KiB|P1-syncsend-100B|per-record [--json]
     sluice pipeline archive --topic T|--pattern RE --output DIR --checkpoint DIR [--continuous]
 
-Tables on a terminal, plain lines / JSON when piped.  Every failure is one line on stderr,
-``error: NAME (code): message`` (``errors.describe``), and exit status 2 for bad usage,
-1 for anything else.  Ctrl-C stops a command with status 130 and no error line.
-``cluster status`` alone also exits 3 or 4 for a cluster that answered but is degraded
+Commands that print data follow one output contract (``output.data_options``): a table
+on a terminal, JSON when piped or with ``--json``, ``--output table|json|plain``.  ``-h``
+works everywhere and ``--bootstrap`` may follow the command.  Every failure is one line
+on stderr, ``error: NAME (code): message`` (``errors.describe``), and exit status 2 for
+bad usage (``USAGE_ERRORS``), 1 for anything else.  Ctrl-C stops a command with status
+130 and no error line (``produce`` says how far it got); a reader that closes the pipe
+early ends it quietly with status 0.
+``cluster status`` alone also exits 3 to 6 for a cluster that answered but is degraded
 (see ``cli/cluster.py``).
 """
 
@@ -52,18 +56,33 @@ def _fail(message: str, code: int = 1):
     sys.exit(code)
 
 
+# Refusals of a value the command was given, whichever side checks it: bad usage (status 2).
+USAGE_ERRORS = (errors.UsageError, errors.InvalidTopicName, errors.InvalidPartitions, errors.InvalidConfig,
+                errors.InvalidGroup, errors.InvalidSubscription)
+
+
 def _fail_with(exc: errors.SluiceError):
-    """One line for ``exc``; exit status 2 for a usage error, else 1."""
-    _fail(errors.describe(exc), 2 if isinstance(exc, errors.UsageError) else 1)
+    """One line for ``exc``; exit status 2 for bad usage (``USAGE_ERRORS``), else 1."""
+    _fail(errors.describe(exc), 2 if isinstance(exc, USAGE_ERRORS) else 1)
 
 
 class _Group(click.Group):
     """Turns every SluiceError (and a stray OSError, or text that cannot be encoded) into
     one line and a non-zero exit."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:  # `sluice --help | head -1`: click would exit 1
+            return super().make_context(info_name, args, parent, **extra)
+        except BrokenPipeError:
+            _quiet_stdout()
+            sys.exit(0)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
+            _quiet_stdout()
+            sys.exit(0)
         except errors.SluiceError as exc:
             _fail_with(exc)
         except OSError as exc:
@@ -87,10 +106,13 @@ def _utf8(arg: str) -> bool:
     return True
 
 
-@click.group(cls=_Group)
+HELP = {"help_option_names": ["-h", "--help"]}  # inherited by every command
+
+
+@click.group(cls=_Group, context_settings=HELP)
 @click.option(
-    "--bootstrap", envvar="SLUICE_BOOTSTRAP", type=Bootstrap(), default=DEFAULT_BOOTSTRAP, show_default=True,
-    help="Brokers to start from, HOST[:PORT][,HOST[:PORT]...]: any one that answers is enough, "
+    "-b", "--bootstrap", envvar="SLUICE_BOOTSTRAP", type=Bootstrap(), default=DEFAULT_BOOTSTRAP, show_default=True,
+    help="Brokers to start from, HOST[:PORT] or a comma-separated list of them: any one that answers is enough, "
          "it names the others (port 7400 if left out; env SLUICE_BOOTSTRAP).",
 )
 @click.option(
@@ -102,8 +124,10 @@ def _utf8(arg: str) -> bool:
 def cli(ctx: click.Context, bootstrap: str, log_level: str) -> None:
     """Sluice: a durable message queue.
 
-    Errors are one line on stderr, error: NAME (code): message; the exit status is 2 for
-    bad usage and 1 for other failures.
+    Commands that print data print a table on a terminal and JSON when piped
+    (-o table|json|plain, --json).  Errors are one line on stderr, error: NAME (code):
+    message.  Exit status: 0 done, 1 failed, 2 bad usage, 3-6 cluster status (degraded),
+    130 interrupted (Ctrl-C).  --bootstrap may also follow the command.
     """
     handler = logging.StreamHandler(sys.stderr)
     if ctx.invoked_subcommand in LOGGING_COMMANDS:
@@ -295,10 +319,10 @@ def _check_tag(tag: str) -> None:
 
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
-@click.option("--key", default=None, help="Key of every message.")
+@click.option("-k", "--key", default=None, help="Key of every message.")
 @click.option("--key-separator", type=Escaped(), default=None,
               help="Split each message at the first SEP into key and value (a message without SEP fails).")
-@click.option("--partition", type=PARTITION, default=None, help="Send to this partition.")
+@click.option("-p", "--partition", type=PARTITION, default=None, help="Send to this partition.")
 @click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="all", show_default=True,
               help="all: acknowledged once every in-sync replica has the message; leader: once the "
                    "leader appended it; none: not acknowledged (no offsets shown).")
@@ -326,6 +350,9 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
     sluice produce logs` streams.  Only the delimiter is removed: a message's bytes are
     sent as they are (a \\r before the newline stays).  When the input is a terminal, where
     each message went (partition and offset) is printed on stderr.
+
+    Ctrl-C stops reading, waits for the messages already sent, says on stderr how many
+    were sent and acknowledged, and exits with status 130.
     """
     from sluice.cli.producing import Sender, produce_delayed, read_available, split_messages
     from sluice.client.sync import SyncProducer
@@ -339,6 +366,7 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
     if path == "-" and sys.stdin is None:
         raise errors.UsageError("standard input is closed: pipe the messages in, or give --file")
     fd = os.open(path, os.O_RDONLY) if path != "-" else sys.stdin.fileno()
+    sender = None
     try:
         with _admin(ctx) as admin:
             admin.describe_topic(topic_name)  # UNKNOWN_TOPIC now, not after a metadata wait
@@ -367,6 +395,10 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
                 else:
                     _send_keyed(sender, values, key_separator)
             producer.flush()
+    except KeyboardInterrupt:  # the producer was closed on the way out: every send is settled
+        if sender is not None:
+            _interrupted(sender)
+        sys.exit(130)
     finally:
         if path != "-":
             os.close(fd)
@@ -375,6 +407,16 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
         _fail(failure, sender.exit_status())
     if sys.stderr.isatty() and report is None:
         click.echo(f"sent {sender.sent} message{'s' if sender.sent != 1 else ''} to {topic_name}", err=True)
+
+
+def _interrupted(sender) -> None:
+    """Ctrl-C in ``produce``: how far it got, so that the user knows where to resume."""
+    failed = f", {sender.failed} failed" if sender.failed else ""
+    unsettled = sender.sent - sender.acked - sender.failed
+    lost = f", {unsettled} not acknowledged" if unsettled else ""
+    start = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
+    click.echo(f"{start}interrupted: {sender.sent} message{'s' if sender.sent != 1 else ''} sent, "
+               f"{sender.acked} acknowledged{failed}{lost}", err=True)
 
 
 def _send_keyed(sender, messages: list[bytes], separator: bytes) -> None:
@@ -412,15 +454,15 @@ def _quiet_stdout() -> None:
          "--group, the group's committed offsets, and earliest where it has none; without "
          "--group, latest.",
 )
-@click.option("--group", default=None,
+@click.option("-g", "--group", default=None,
               help="Consumer group: start from its committed offsets and commit as messages are printed; "
                    "the starting positions are committed at once, even if nothing is read (a partition "
                    "that has no leader yet: once it has one).")
-@click.option("--partition", type=PARTITION, default=None, help="Only this partition.")
+@click.option("-p", "--partition", type=PARTITION, default=None, help="Only this partition.")
 @click.option("--sub", "subscription", default=None, metavar="NAME",
               help="Read through subscription NAME (created from --from, default earliest, when missing), "
                    "acking each message once printed.")
-@click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
+@click.option("-n", "--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
 @click.option("--retry-timeout-ms", type=click.IntRange(1, 365 * 24 * 3600 * 1000), default=60_000,
               show_default=True, help="Fail once the brokers have been unreachable this long (not with --sub, "
@@ -431,6 +473,8 @@ def _quiet_stdout() -> None:
                    "waited for (up to 60 s, or --timeout-ms without a message) while the others are read.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per message; keys and values that are not UTF-8 are base64.")
+@click.option("--output", "output_mode", type=click.Choice(["plain", "json"]), default=None,
+              help="plain: the values as text (the default, on a terminal and when piped); json: as --json.")
 @click.option("--raw", is_flag=True,
               help="Write each value byte for byte, then --delimiter (default: text mode, where bytes "
                    "that are not UTF-8 are written as \\xNN escapes).")
@@ -443,12 +487,18 @@ def _quiet_stdout() -> None:
               help="Written after each message in text and raw mode (escapes: \\n \\t \\r \\0 \\xHH).")
 @click.pass_context
 def consume(ctx, topic_name, start, group, partition, subscription, max_messages, timeout_ms, retry_timeout_ms,
-            exit_at_end, as_json, raw, fmt, print_keys, key_separator, delimiter) -> None:
+            exit_at_end, as_json, output_mode, raw, fmt, print_keys, key_separator, delimiter) -> None:
     """Print messages of TOPIC, one per line.
 
     By default (text mode) values are written as UTF-8 text, one per line, and bytes that
     are not UTF-8 become \\xNN escapes; --raw and --format write bytes exactly as stored,
-    --json encodes them (base64 when not UTF-8).
+    --json encodes them (base64 when not UTF-8).  The messages are the data: piped, they
+    stay text unless --json is given.
+
+    Without --from, reading starts at the end (new messages only) or, with --group, at the
+    group's committed offsets; on a terminal this is said on stderr.  With --group, into
+    a pipe, only what the reader took from the pipe is committed, not what still waited
+    in it when the reader left (`| head -1`).
 
     Partitions are read independently: one that cannot be read (no leader, its broker
     down) is warned about on stderr and retried in the background while the messages of
@@ -458,6 +508,11 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
     """
     from sluice.client.sync import SyncConsumer
 
+    if output_mode == "json":
+        _exclusive(ctx, "output_mode", "raw", "fmt")
+        as_json = True
+    elif output_mode == "plain":
+        _exclusive(ctx, "output_mode", "as_json")
     _exclusive(ctx, "as_json", "raw", "fmt")
     for mode in ("as_json", "fmt"):
         for extra in ("print_keys", "key_separator", "delimiter"):
@@ -493,6 +548,8 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
                                 auto_offset_reset="earliest" if group else "latest", enable_auto_commit=False)
         consumer.assign([(topic_name, p) for p in partitions])
         _seek(consumer, start, bounds)
+        if start is None and sys.stderr is not None and sys.stderr.isatty():
+            click.echo(_where_it_starts(topic_name, group), err=True)
         unread = _print_records(consumer, render, group=group, max_messages=max_messages,
                                 timeout_ms=timeout_ms, ends=ends)
     except BrokenPipeError:
@@ -508,6 +565,14 @@ def consume(ctx, topic_name, start, group, partition, subscription, max_messages
             f"{names} could not be read (no leader, or its broker down, for the whole run); "
             "the messages of the other partitions were printed"
         ))
+
+
+def _where_it_starts(topic: str, group: str | None) -> str:
+    """For a person at a terminal who gave no ``--from``: where reading starts."""
+    if group is None:
+        return (f"reading {topic} from its end: new messages only (--from earliest for those "
+                "stored already; Ctrl-C stops)")
+    return f"reading {topic} from group {group}'s committed offsets (earliest where it has none; Ctrl-C stops)"
 
 
 def _seek(consumer, start, bounds: dict[int, tuple[int, int]]) -> None:
@@ -584,10 +649,17 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends: _
     (``ends``) once every position reached its end; partitions whose end is not known (no
     leader) are waited for ``UNREADABLE_WAIT_S`` past the others.  Returns the partitions
     that could not be read at all (none when it stopped at ``max_messages``).
+
+    Into a pipe, a group commits only what the reader took (``delivered.Delivered``): at
+    the end it waits for the reader to take the rest, and when the reader leaves
+    (``BrokenPipeError``) it commits what was taken before re-raising.
     """
     import time
 
+    from sluice.cli.delivered import Delivered
+
     out = output.stdout_bytes()
+    delivered = Delivered(out.fileno()) if group is not None else None
     count = 0
     wait = 0  # the first poll returns at once
     commit_due = group is not None
@@ -597,8 +669,16 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends: _
         records = consumer.getmany(timeout_ms=wait, max_records=(max_messages - count) if max_messages else 10000)
         wait = 500 if timeout_ms is None else max(1, min(500, timeout_ms))
         if records:
-            out.write(b"".join(map(render, records)))
-            out.flush()
+            rendered = [render(r) for r in records]
+            try:
+                out.write(b"".join(rendered))
+                out.flush()
+            except BrokenPipeError:
+                if delivered is not None:
+                    _commit(consumer, delivered)
+                raise
+            if delivered is not None:
+                delivered.wrote(records, [len(b) for b in rendered])
             count += len(records)
             idle_since = time.monotonic()
             commit_due = group is not None
@@ -606,7 +686,7 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends: _
         if positioned:
             commit_due = True
         if commit_due:
-            commit_due = not _commit(consumer)
+            commit_due = not _commit(consumer, delivered) or (delivered is not None and delivered.unread_bytes() > 0)
             if not commit_due:
                 uncommitted -= positioned
         if ends is not None and _reached(consumer, ends, time.monotonic() - started):
@@ -614,15 +694,34 @@ def _print_records(consumer, render, *, group, max_messages, timeout_ms, ends: _
         if not records and timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
             break
     else:
+        _last_commit(consumer, delivered)
         return []
+    _last_commit(consumer, delivered)
     readable = _readable(consumer, ends)
     return [tp for tp in consumer.assignment() if tp not in readable]
 
 
-def _commit(consumer) -> bool:
-    """Commit the consumer's positions; False (to try again later) on a retriable error."""
+def _last_commit(consumer, delivered) -> None:
+    """Into a pipe: once the reader took the rest (or left), commit what it took."""
+    if delivered is not None and delivered.pipe:
+        delivered.wait_read()
+        _commit(consumer, delivered)
+
+
+def _commit(consumer, delivered=None) -> bool:
+    """Commit the consumer's positions (held back to what the reader took, with
+    ``delivered``); False (to try again later) on a retriable error."""
+    offsets = None
+    if delivered is not None and delivered.pipe:
+        positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+        positions = {tp: p for tp, p in positions.items() if p is not None}
+        offsets = delivered.committable(positions)
+        if not offsets:
+            return True
+        if offsets == positions:
+            offsets = None  # all taken: the positions, as without a pipe
     try:
-        consumer.commit()
+        consumer.commit(offsets)
     except errors.SluiceError as exc:
         if not exc.retriable:
             raise
@@ -694,6 +793,29 @@ cli.add_command(txn)
 cli.add_command(sub)
 
 
+def _late_bootstrap(ctx: click.Context, param, value: str | None) -> None:
+    """``--bootstrap`` given after the command: it wins over the one before (and the env)."""
+    if value is not None:
+        ctx.obj["bootstrap"] = value
+
+
+def _accept_bootstrap_after(group: click.Group) -> None:
+    """Give every command that talks to brokers its own ``-b/--bootstrap`` (``serve`` is
+    a broker; ``bench`` has its own, which starts none)."""
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            _accept_bootstrap_after(command)
+        elif name not in ("serve", "bench"):
+            command.params.append(click.Option(
+                ["-b", "--bootstrap", "late_bootstrap"], type=Bootstrap(), default=None, expose_value=False,
+                callback=_late_bootstrap, metavar="HOST:PORT",
+                help="Brokers to start from (as sluice --bootstrap, which it overrides).",
+            ))
+
+
+_accept_bootstrap_after(cli)
+
+
 def _reserve_standard_fds() -> None:
     """Open /dev/null on standard descriptors the command was started without, so that no
     socket or file takes their numbers (the event loop refuses to close descriptors 0-2).
@@ -720,10 +842,16 @@ def main() -> None:
         sys.exit(130)  # Ctrl-C: click already ended the line
     except click.ClickException as exc:
         # one line, like every other error; `--help` shows the usage
-        message = exc.format_message()
-        if isinstance(exc, click.NoSuchOption) and exc.option_name == "--bootstrap":
-            message += " Give it before the command: sluice --bootstrap HOST[:PORT] COMMAND ..."
-        _fail(errors.describe(errors.UsageError(message)), exc.exit_code)
+        _fail(errors.describe(errors.UsageError(exc.format_message())), exc.exit_code)
+    except BrokenPipeError:  # `sluice --help | head -1`
+        _quiet_stdout()
+        sys.exit(0)
+    try:
+        sys.stdout.flush()  # now, not at exit, where a reader that left is a traceback
+    except BrokenPipeError:
+        _quiet_stdout()
+    except (AttributeError, ValueError):  # no stdout, or closed
+        pass
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -1,6 +1,11 @@
-"""Output shared by the ``sluice`` command modules: tables on a terminal, plain lines or
-JSON when piped, protocol structs as plain data, times as ISO-8601; and how ``sluice
-consume`` writes records, one ``Record -> bytes`` function per output mode.
+"""Output shared by the ``sluice`` command modules, and how ``sluice consume`` writes
+records, one ``Record -> bytes`` function per output mode.
+
+The output contract of every command that prints data (``data_options``): ``--output
+table`` (the default on a terminal), ``--output json`` (``--json``; the default when
+piped: one JSON value, or one object per line for streams) and ``--output plain``
+(tab-separated rows, no title: for ``cut`` and ``awk``).  Protocol structs print as plain
+data, times as ISO-8601 UTC.
 
 Consume's modes and what they do to bytes:
 
@@ -20,6 +25,7 @@ Consume's modes and what they do to bytes:
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import re
@@ -31,6 +37,10 @@ import click
 import msgspec
 
 SHORT_CELL = 21  # a cell up to this long (an offset, an address) is never cut in a table
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT[0-9:.]+(Z|[+-]\d\d:\d\d)?")  # nor is a time (iso_ms)
+
+MODES = ("table", "json", "plain")
+_MODE = "sluice.output"  # key of the chosen mode in the click context's meta
 
 
 def is_tty() -> bool:
@@ -47,8 +57,45 @@ def stdout_bytes():
 
 
 def wants_json(flag: bool) -> bool:
-    """JSON when asked for, or when stdout is not a terminal."""
-    return flag or not is_tty()
+    """JSON when asked for, or when stdout is not a terminal and no other mode was chosen."""
+    return flag or (mode() is None and not is_tty())
+
+
+def mode() -> str | None:
+    """The output mode ``data_options`` chose for the running command (None outside one)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_MODE) if ctx is not None else None
+
+
+def resolve_mode(as_json: bool, chosen: str | None) -> str:
+    """``--output`` if given (``--json`` is ``--output json``: the two may not disagree),
+    else a table on a terminal and JSON when piped."""
+    if as_json and chosen not in (None, "json"):
+        raise click.UsageError(f"--json and --output {chosen} cannot be used together")
+    if chosen is not None:
+        return chosen
+    return "json" if as_json or not is_tty() else "table"
+
+
+def data_options(fn):
+    """``--json`` and ``-o/--output table|json|plain`` for a command that prints data.
+
+    The command receives ``as_json`` (whether to print JSON) resolved by ``resolve_mode``;
+    ``table`` prints a table or plain rows as that mode says.  Place it below the other
+    options, above ``click.pass_context``."""
+
+    @functools.wraps(fn)
+    def command(*args, as_json: bool, output_mode: str | None, **kw):
+        chosen = resolve_mode(as_json, output_mode)
+        click.get_current_context().meta[_MODE] = chosen
+        return fn(*args, as_json=chosen == "json", **kw)
+
+    command = click.option(
+        "-o", "--output", "output_mode", type=click.Choice(MODES), default=None,
+        help="table (the default on a terminal), json (the default when piped) or plain "
+             "(tab-separated rows, no title).",
+    )(command)
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON: the same as --output json.")(command)
 
 
 def plain(obj):
@@ -65,14 +112,15 @@ def echo_json(obj) -> None:
 
 
 def table(title: str, columns: list[str], rows: list[list]) -> None:
-    """A table on a terminal; tab-separated lines without the title when piped.
+    """A table in ``table`` mode (outside ``data_options``: on a terminal); tab-separated
+    lines without the title in ``plain`` mode (and when piped).
 
     On a terminal too narrow for it, headers wrap between words (or after a hyphen) and a
     short cell (a number, a name) stays whole: each column is at least as wide as both,
     and the space left goes to the columns with longer cells, which wrap.  When those
     widths do not fit boxed columns, the table drops its box, then its padding, then lets
     short cells wrap too; only when headers fit no way are they cut."""
-    if is_tty():
+    if mode() == "table" or (mode() is None and is_tty()):
         from rich import box
         from rich.console import Console
         from rich.table import Table
@@ -94,7 +142,7 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
             console.print(build(boxed, columns, None))
             return
         header_mins = [max(len(w) for w in _header_words(c)) for c in columns]
-        mins = [max([h] + [len(r[i]) for r in cells if len(r[i]) <= SHORT_CELL]) for i, h in enumerate(header_mins)]
+        mins = [max([h] + [len(r[i]) for r in cells if _short(r[i])]) for i, h in enumerate(header_mins)]
         narrow = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         tight = {**narrow, "padding": 0}
         for style, least in ((boxed, mins), (narrow, mins), (tight, mins), (tight, header_mins)):
@@ -108,6 +156,11 @@ def table(title: str, columns: list[str], rows: list[list]) -> None:
     else:
         for r in rows:
             click.echo("\t".join(str(x) for x in r))
+
+
+def _short(cell: str) -> bool:
+    """A cell a table keeps on one line: a short one, or a time."""
+    return len(cell) <= SHORT_CELL or _TIMESTAMP.fullmatch(cell) is not None
 
 
 def _share(least: list[int], wanted: list[int], room: int) -> list[int]:
@@ -172,10 +225,10 @@ def node_list(nodes) -> str:
 
 
 def iso_ms(ms: int) -> str:
-    """ms since the epoch as UTC ISO-8601 (milliseconds); ``-`` for an unknown (negative) time."""
+    """ms since the epoch as UTC ISO-8601 (milliseconds, ``Z``); ``-`` for an unknown (negative) time."""
     if ms < 0:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --------------------------------------------------------------------------- consumed records

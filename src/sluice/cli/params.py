@@ -199,17 +199,3 @@ def _parse_time(value: str) -> datetime:
     if dt < _MIN_TIME:
         raise _TooEarly(f"time {value!r} is before 1970-01-01T00:00:00Z")
     return dt
-
-
-class Int32(click.ParamType):
-    """An integer that fits the wire's 32 bits; whether it is a valid value otherwise is for
-    the broker to say (so a bad partition count is ``INVALID_PARTITIONS``, as from any
-    client), and help shows the option's own range, not 32 bits'."""
-
-    name = "INTEGER"
-
-    def convert(self, value, param, ctx):
-        n = click.INT.convert(value, param, ctx)
-        if not -(2**31) <= n < 2**31:
-            self.fail(f"{n} does not fit in 32 bits", param, ctx)
-        return n

@@ -22,7 +22,7 @@ def pipeline() -> None:
 
 
 @pipeline.command("archive")
-@click.option("--topic", "topics", multiple=True, help="Topic to archive (repeatable).")
+@click.option("-t", "--topic", "topics", multiple=True, help="Topic to archive (repeatable).")
 @click.option("--pattern", default=None, help="Archive every topic matching this regular expression.")
 @click.option("--output", required=True, help="Folder (or URI) of the Parquet archive.")
 @click.option("--checkpoint", required=True, help="Folder (or URI) of the query's checkpoint.")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from sluice.cli.output import echo_json, iso_ms, stdout_bytes, table, wants_json
+from sluice.cli.output import data_options, echo_json, iso_ms, stdout_bytes, table, wants_json
 from sluice.cli.params import StartPosition
 from sluice.protocol.subscriptions import MODES, SubscriptionConfig, config_differences
 
@@ -92,7 +92,7 @@ def sub_create(ctx, topic, name, start, mode, max_attempts, ack_timeout_ms, back
 
 @sub.command("list")
 @click.argument("topic", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped).")
+@data_options
 @click.pass_context
 def sub_list(ctx, topic, as_json) -> None:
     """Subscriptions of TOPIC (of every topic when none is named)."""
@@ -108,10 +108,16 @@ def sub_list(ctx, topic, as_json) -> None:
 @sub.command("describe")
 @click.argument("topic")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped).")
+@data_options
 @click.pass_context
 def sub_describe(ctx, topic, name, as_json) -> None:
-    """Per partition: cursor, backlog, in flight, retrying, dead-lettered, consumers."""
+    """Per partition: cursor, backlog, in flight, retrying, dead-lettered, consumers.
+
+    Offsets (confirmed, end) count records, and the subscription's own bookkeeping
+    records (cursor and ack records, kept in the topic's partitions) take offsets too: a
+    partition that never got a message can show an end of 3.  The backlog counts
+    messages only.
+    """
     with _admin(ctx) as admin:
         infos = admin.describe_subscription(topic, name)
     if wants_json(as_json):

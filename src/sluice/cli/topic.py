@@ -11,7 +11,7 @@ import click
 
 from sluice.cli import output
 from sluice.cli.output import node_list, or_dash
-from sluice.cli.params import Int32, key_values
+from sluice.cli.params import key_values
 from sluice.config import MAX_PARTITIONS
 from sluice.protocol.messages import TopicDescription
 
@@ -29,9 +29,9 @@ def topic() -> None:
 
 @topic.command("create")
 @click.argument("name")
-@click.option("--partitions", type=Int32(), default=1, show_default=True,
+@click.option("-p", "--partitions", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True,
               help=f"Partitions of the topic, 1-{MAX_PARTITIONS}.")
-@click.option("--replication-factor", type=click.IntRange(min=1), default=None,
+@click.option("-r", "--replication-factor", type=click.IntRange(min=1), default=None,
               help="Replicas of each partition, on as many brokers  [default: the brokers' default].")
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config (repeatable).")
 @click.pass_context
@@ -51,17 +51,21 @@ def topic_create(ctx, name: str, partitions: int, replication_factor: int | None
 
 
 @topic.command("list")
+@output.data_options
 @click.pass_context
-def topic_list(ctx) -> None:
-    """List topics."""
+def topic_list(ctx, as_json: bool) -> None:
+    """List topics: name and partition count (JSON: name and partitions, a number)."""
     with _admin(ctx) as admin:
         topics = admin.list_topics()
+    if as_json:
+        output.echo_json([{"name": t.name, "partitions": len(t.partitions)} for t in topics])
+        return
     output.table("Topics", ["topic", "partitions"], [[t.name, len(t.partitions)] for t in topics])
 
 
 @topic.command("describe")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.data_options
 @click.pass_context
 def topic_describe(ctx, name: str, as_json: bool) -> None:
     """Show a topic's config and, per partition, its leader, replicas, in-sync replicas
@@ -70,6 +74,10 @@ def topic_describe(ctx, name: str, as_json: bool) -> None:
     A leader of -1 means the partition is offline.  Offsets and sizes show "-" where the
     broker that answered is not the partition's leader.  JSON (--json, or when piped) has
     every field of every partition.
+
+    Offsets count records, and a subscription's bookkeeping records (cursor and ack
+    records, kept in the topic's partitions) take offsets too: a partition that never got
+    a message shows a log end above 0 once a subscription has read it.
     """
     with _admin(ctx) as admin:
         desc = admin.describe_topic(name)

@@ -15,7 +15,7 @@ import time
 
 import click
 
-from sluice.cli.output import echo_json, iso_ms, table, wants_json
+from sluice.cli.output import data_options, echo_json, iso_ms, table, wants_json
 from sluice.cli.params import Checked
 from sluice.protocol.transactions import format_id, parse_id
 
@@ -40,7 +40,7 @@ def txn() -> None:
 @click.option("--delayed", is_flag=True,
               help="The pending delayed messages instead, soonest due first: commit delivers one now, rollback "
                    "cancels it.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (the default when piped).")
+@data_options
 @click.pass_context
 def txn_list(ctx, topics: tuple[str, ...], delayed: bool, as_json: bool) -> None:
     """Unresolved half messages, oldest first: id, topic, age, group, checks so far."""

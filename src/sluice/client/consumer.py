@@ -414,6 +414,10 @@ class Consumer(Positions, GroupCommits):
 
     # ------------------------------------------------------------------ fetching
 
+    async def poll(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
+        """The records ready, waiting up to ``timeout_ms`` for some: ``getmany``."""
+        return await self.getmany(timeout_ms, max_records)
+
     async def getmany(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
         """Records ready now or within ``timeout_ms``, at most ``max_records`` of them.
 

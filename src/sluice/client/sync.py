@@ -604,9 +604,18 @@ class SyncConsumer(_SyncBase):
         self._generation += 1
         self._call(Consumer.seek_to_time, timestamp_ms, *tps)
 
+    def start(self) -> None:
+        """Connect to the bootstrap brokers now (the first call that needs them does
+        otherwise), as ``await Consumer.start()``."""
+        self._call(Consumer.start)
+
     def getmany(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
         self._generation += 1
         return self._call(Consumer.getmany, timeout_ms, max_records)
+
+    def poll(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
+        """The records ready, waiting up to ``timeout_ms`` for some: ``getmany``."""
+        return self.getmany(timeout_ms, max_records)
 
     def commit(self, offsets=None) -> None:
         self._call(Consumer.commit, offsets)
