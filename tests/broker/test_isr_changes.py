@@ -5,6 +5,7 @@ than one applied (same epoch, lower version) never shrinks the ISR again."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from batches import request
@@ -124,3 +125,28 @@ async def test_a_leader_that_cut_its_log_leads_on_only_in_a_new_epoch(broker: Br
     assert part.leader_epoch == epoch + 1 and topic.states[0].leader_epoch == epoch + 1
     assert (await part.append(*request([b"c"]))).base_offset == 1
     assert part.log.epochs.entries()[-1] == (epoch + 1, 1)
+
+
+async def test_a_topic_record_change_keeps_a_pending_expansion(broker: Broker):
+    """A replica added to the topic's record (a move, an internal topic growing) while the
+    leader writes an ISR expansion is no state of the store: the joiner still counts in the
+    high watermark, since the expansion may have taken effect."""
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    assert resp.topics[0].error == 0, resp.topics[0].message
+    topic = broker.topics["t"]
+    part = topic.partitions[0]
+    me = broker.config.node_id
+    await asyncio.sleep(0.5)  # the broker's own resync of the topic record is done
+    part.set_replicas([me, 7], [me])  # follower 7, out of the ISR (the record does not list it: set here)
+    part.follower_fetched(7, 0)  # caught up: the leader writes [me, 7] to the store
+    part.expanding([me, 7])
+    waiting = part.append(*request([b"a"]), acks_all=True)
+    await asyncio.sleep(0.1)
+    assert not waiting.done() and part.high_watermark == 0
+    await broker._apply_record(topic, replace(topic.record, assignment=[[me, 7, 8]]))  # 8 added
+    assert set(part.followers) == {7, 8}
+    await asyncio.sleep(0.1)
+    assert not waiting.done() and part.high_watermark == 0, "acknowledged without the joiner"
+    assert part.joining == (7,)
+    part.follower_fetched(7, 1)
+    assert (await asyncio.wait_for(waiting, 5)).base_offset == 0

@@ -82,3 +82,35 @@ async def test_a_deposed_leader_answers_its_hung_writes_at_once(open_partition, 
         assert loop.time() < deadline
         await asyncio.sleep(0.01)
     assert not part.stalled
+
+
+async def test_a_fenced_leaders_cut_does_not_count_a_follower_that_copied_the_cut_tail(open_partition, disk):
+    """A follower copied a group whose fsync then failed on the leader; the leader leads on
+    in a new epoch (no other heir), the follower's first fetch there is at the end of that
+    tail (its epoch ends there: the stamp of the new epoch), and only then does the leader
+    cut the tail at its first write.  The follower's offset from before the cut must not
+    count: it holds other records at the offsets the new write takes."""
+    part = open_partition(**{"flush.messages": "1"})
+    troubled(part)
+    part.make_leader(0, [0, 1], [0, 1])
+    first = part.append(*request([b"a"]), acks_all=True)
+    await asyncio.sleep(0.1)
+    part.follower_fetched(1, 1)
+    assert (await first).base_offset == 0 and part.high_watermark == 1
+    disk(fsync="EIO")
+    with pytest.raises(LeadershipLost):
+        await part.append(*request([b"b", b"c"]))  # published at 1..2, then its fsync failed
+    disk()
+    part.follower_fetched(1, 3)  # the follower had copied "b" and "c"
+    assert part.high_watermark == 1
+    part.make_leader(1, [0, 1], [0, 1])  # the fenced leader's own new epoch, the ISR kept
+    assert part.end_offset_for_epoch(0) == (0, 3)  # so its fetch at 3 (epoch 0) is no divergence
+    part.follower_fetched(1, 3)
+    write = part.append(*request([b"d"]), acks_all=True)  # cuts "b", "c"; "d" goes to 1
+    done, _ = await asyncio.wait([write], timeout=1)
+    assert part.log_end_offset == 2 and part.log.epochs.entries() == [(0, 0), (1, 1)]
+    assert not done, "acknowledged by a follower holding other records at its offset"
+    assert part.high_watermark == 1
+    assert part.end_offset_for_epoch(0) == (0, 1)  # the follower's next fetch at 3 diverges
+    part.follower_fetched(1, 2)  # it cut to 1 and copied "d"
+    assert (await asyncio.wait_for(write, 1)).base_offset == 1

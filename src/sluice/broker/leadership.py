@@ -53,23 +53,25 @@ class Leadership:
 
     # ------------------------------------------------------------------ followers (leader side)
 
-    def set_replicas(self, replicas: list[int], isr: list[int]) -> None:
+    def set_replicas(self, replicas: list[int], isr: list[int], settled: bool = True) -> None:
         """The partition's replicas and ISR as the metadata store has them (leader side:
-        followers not known yet start unheard of)."""
+        followers not known yet start unheard of).  ``settled=False``: no state of the
+        store is applied (only the topic record changed), so an expansion pending stays."""
         self.followers = {
             r: self.followers.get(r, Follower()) for r in replicas if r != self.replica_id
         }
-        self.set_isr(isr)
+        self.set_isr(isr, settled)
 
-    def set_isr(self, isr: list[int]) -> None:
+    def set_isr(self, isr: list[int], settled: bool = True) -> None:
         """Apply the ISR the metadata store holds now (an expansion pending is settled by
-        it: ``expanding``); the high watermark may move."""
+        it: ``expanding``; not with ``settled=False``); the high watermark may move."""
         now = time.monotonic()
         for r in self.isr:
             if r not in isr and (f := self.followers.get(r)) is not None:
                 f.left_isr_at = now
         self.isr = tuple(isr)
-        self.joining = ()
+        if settled:
+            self.joining = ()
         if self.is_leader:
             self._log_end_moved()
 

@@ -467,6 +467,12 @@ class Partition(Leadership, Reading, Compacting):
                 return
             self._fenced_epoch = None
             first = offset = plog.log_end_offset
+            # A follower's offset heard before the cut (it copied the tail: the epoch
+            # stamped at make_leader ended there) is not its copy of this log any more: it
+            # holds other records where this group goes.  It counts again from its next
+            # fetch, which the leader checks against the epochs as cut (KIP-320).
+            for f in self.followers.values():
+                f.log_end = min(f.log_end, offset)
         epoch = self.leader_epoch  # stamped on the batches of a leader group
         now_ms = int(time.time() * 1000)
         append_time = now_ms if cfg.timestamp_type == "LogAppendTime" else None

@@ -200,7 +200,8 @@ class Reassignment:
                 if await self.store_is_ours():  # not another cluster's store
                     await self._drop_replica(topic, part)
             elif part is not None and part.is_leader and set(part.followers) != set(replicas) - {node}:
-                part.set_replicas(replicas, list(part.isr))
+                # not a state of the store: an ISR expansion being written still counts
+                part.set_replicas(replicas, list(part.isr), settled=False)
                 self._isr_check.set()
                 log.info("%s-%d: followers now %s", topic.name, i, sorted(part.followers))
         if reconfigured:
