@@ -11,6 +11,7 @@ import time
 import pytest
 from batches import request
 
+from sluice.broker.fetcher import cut_point
 from sluice.errors import LeadershipLost, NotLeader, StorageError
 from sluice.storage import faults
 
@@ -114,3 +115,22 @@ async def test_a_fenced_leaders_cut_does_not_count_a_follower_that_copied_the_cu
     assert part.end_offset_for_epoch(0) == (0, 1)  # the follower's next fetch at 3 diverges
     part.follower_fetched(1, 2)  # it cut to 1 and copied "d"
     assert (await asyncio.wait_for(write, 1)).base_offset == 1
+
+
+async def test_a_fenced_leader_turned_follower_cuts_the_tail_it_could_not_fsync(open_partition, disk):
+    """The heir copied the group whose fsync failed here, so the leader's epochs give no
+    reason to cut it; its bytes may still be gone from this disk: the follower's cut point
+    stops below them, and they are fetched again."""
+    part = open_partition(**{"flush.messages": "1"})
+    troubled(part)
+    part.make_leader(0, [0, 1], [0, 1])
+    await part.append(*request([b"a"]))
+    disk(fsync="EIO")
+    with pytest.raises(LeadershipLost):
+        await part.append(*request([b"b"]))
+    disk()
+    part.make_follower(1)  # the heir leads in epoch 1, holding "b" at offset 1 in epoch 0
+    assert part.unsynced_from == 1
+    assert cut_point(part, 0, 2) == 1  # epochs alone would keep offset 1
+    await part.truncate_to(cut_point(part, 0, 2))
+    assert part.log_end_offset == 1 and part.unsynced_from is None

@@ -198,11 +198,7 @@ class ReplicaFetcher:
         refused (reported in the next fetch)."""
         part = f.part
         leo = part.log_end_offset
-        if epoch == UNDEFINED_EPOCH:
-            cut = min(part.high_watermark, leo)  # the leader knows none of our epochs
-        else:
-            _, own_end = part.log.epochs.end_offset_for_epoch(epoch, leo)
-            cut = min(end_offset, own_end if own_end >= 0 else end_offset, leo)
+        cut = cut_point(part, epoch, end_offset)
         if cut < leo:
             log.warning(
                 "%s-%d: truncating %d..%d (leader %d has epoch %d up to %d)",
@@ -386,6 +382,22 @@ class ReplicaFetcher:
         elif isinstance(exc, NotLeader | FencedLeaderEpoch):
             log.info("%s-%d: broker %d: %s", f.part.topic, f.part.index, self.leader, exc)
         f.resume_at = time.monotonic() + RETRY_S * 3
+
+
+def cut_point(part: Partition, epoch: int, end_offset: int) -> int:
+    """Where a follower's log stops being its leader's, the leader having ``epoch`` (the
+    largest at or below the follower's latest that it knows) up to ``end_offset``: never
+    above the log end, and never above a tail this broker published as leader but could not
+    fsync (``Partition.unsynced_from``): its bytes may be gone from this disk even where the
+    new leader holds the same batches, so they are fetched again."""
+    leo = part.log_end_offset
+    if epoch == UNDEFINED_EPOCH:
+        cut = min(part.high_watermark, leo)  # the leader knows none of our epochs
+    else:
+        _, own_end = part.log.epochs.end_offset_for_epoch(epoch, leo)
+        cut = min(end_offset, own_end if own_end >= 0 else end_offset, leo)
+    unsynced = part.unsynced_from
+    return cut if unsynced is None else min(cut, unsynced)
 
 
 def _retrieve(fut: asyncio.Future) -> None:

@@ -221,6 +221,13 @@ class Partition(Leadership, Reading, Compacting):
         return self.is_leader and self._fenced_epoch == self.leader_epoch
 
     @property
+    def unsynced_from(self) -> int | None:
+        """Where a tail that this broker published as leader but could not fsync starts
+        (``_fence``), until it is cut; None when there is none.  Kept when the partition
+        becomes a follower: its fetcher cuts there before fetching (broker/fetcher.py)."""
+        return None if self._fenced_epoch is None else min(self._synced_end, self.log.log_end_offset)
+
+    @property
     def closing(self) -> bool:
         """Closed or being closed (a shutdown, its topic deleted): it takes no appends."""
         return self._closing
@@ -429,6 +436,8 @@ class Partition(Leadership, Reading, Compacting):
             return
         finally:
             self._truncating = False
+        if self._fenced_epoch is not None and req.offset <= self._synced_end:
+            self._fenced_epoch = None  # the tail whose fsync failed is gone
         if not req.future.done():
             req.future.set_result(None)
         self._notify()
@@ -464,6 +473,7 @@ class Partition(Leadership, Reading, Compacting):
                 for req in group:
                     if not req.future.done():
                         req.future.set_exception(cut.future.exception())
+                self._disk_trouble(cut.future.exception())  # hand over once an heir can lead
                 return
             self._fenced_epoch = None
             first = offset = plog.log_end_offset
