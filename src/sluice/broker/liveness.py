@@ -80,7 +80,17 @@ class PeerLiveness:
         for node, reg in live.items():
             if node != self.node_id and node not in self._watchers:
                 task = loop.create_task(self._watch(reg), name=f"liveness of broker {node}")
+                task.add_done_callback(lambda t, node=node: self._ended(node, t))
                 self._watchers[node] = (reg, task)
+
+    def _ended(self, node: int, task: asyncio.Task) -> None:
+        """A watcher that failed is logged and forgotten, so that the next ``update``
+        starts it again (its peer's session still fences it meanwhile)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("watching broker %d failed", node, exc_info=task.exception())
+        if self._watchers.get(node, (None, None))[1] is task:
+            del self._watchers[node]
 
     async def close(self) -> None:
         tasks = [task for _, task in self._watchers.values()]

@@ -53,10 +53,11 @@ class DiskStepDown:
             return
         self._running[key] = part.leader_epoch
         task = asyncio.ensure_future(self._hand_over(part, part.leader_epoch, err))
-        task.add_done_callback(lambda t, key=key: self._done(key, t))
+        task.add_done_callback(lambda t, key=key, epoch=part.leader_epoch: self._done(key, epoch, t))
 
-    def _done(self, key: tuple[str, int], task: asyncio.Task) -> None:
-        self._running.pop(key, None)
+    def _done(self, key: tuple[str, int], epoch: int, task: asyncio.Task) -> None:
+        if self._running.get(key) == epoch:  # not a later epoch's hand-over, started meanwhile
+            del self._running[key]
         if not task.cancelled() and task.exception() is not None:
             log.error("handing over %s-%d failed", *key, exc_info=task.exception())
 
