@@ -323,6 +323,7 @@ async def test_nemesis(tmp_path, request, monkeypatch):
         nemesis.started = time.monotonic()
         while time.monotonic() - nemesis.started < seconds:
             name = rng.choice(names)
+            nemesis.note(f"{name}: started")  # named even when it never heals
             nemesis.note(f"{name}: {await FAULTS[name](nemesis)}")
             await nemesis.recovered()
             nemesis.note("recovered")
