@@ -134,3 +134,34 @@ async def test_a_fenced_leader_turned_follower_cuts_the_tail_it_could_not_fsync(
     assert cut_point(part, 0, 2) == 1  # epochs alone would keep offset 1
     await part.truncate_to(cut_point(part, 0, 2))
     assert part.log_end_offset == 1 and part.unsynced_from is None
+
+
+async def test_a_copy_that_lands_after_the_partition_took_the_lead_stays_below_its_epoch(open_partition, disk):
+    """A follower is made leader (epoch 1) while a copy it fetched in epoch 0 is still in
+    the disk's hands.  When the copy lands, the new epoch starts after it: the log's epochs
+    say epoch 0 ends where the copy ends.  (Stamped at the log end of the moment, epoch 1
+    would start below a batch of epoch 0: a follower holding the same copy would be told
+    its epoch 0 ends before it, cut it, fetch the same batch again, and never catch up.)"""
+    leader = open_partition("leader")
+    follower = open_partition("follower", leader=False)
+    await leader.append(*request([b"a"]))
+    await leader.append(*request([b"b"]))
+    first = await leader.read(0, 1 << 20, 1)
+    await follower.append_as_follower(first.data, fetched_in=0)
+    assert follower.log_end_offset == 1
+    second = await leader.read(1, 1 << 20, 2)
+    disk(write="hang", only="follower")
+    late = follower.append_as_follower(second.data, fetched_in=0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while not follower.stalled:  # the copy is in the disk's hands
+        assert loop.time() < deadline, "the hung replica write was not found stalled"
+        await asyncio.sleep(0.01)
+    follower.make_leader(1)  # the old leader's disk failed: this replica takes over
+    disk()
+    await asyncio.wait_for(late, 5)
+    assert follower.log_end_offset == 2
+    assert follower.log.epochs.entries() == [(0, 0), (1, 2)]
+    assert follower.log.epochs.end_offset_for_epoch(0, 2) == (0, 2)
+    assert (await follower.append(*request([b"c"]))).base_offset == 2
+    assert follower.log.epochs.entries() == [(0, 0), (1, 2)]

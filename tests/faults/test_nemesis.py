@@ -1,5 +1,5 @@
-"""A seeded nemesis: random process and metadata-store faults under a recorded workload,
-then the history checker (checker.py).
+"""A seeded nemesis: random process, storage and metadata-store faults under a recorded
+workload, then the history checker (checker.py).
 
 Three brokers and etcd (replicated.py ``ThreeBrokers``: sessions of 1 s), a topic of three
 partitions with three replicas, ``min.insync.replicas=2`` and ``flush.messages=1``; two or
@@ -23,14 +23,26 @@ registered by tests/faults/conftest.py, so name this file or directory on the co
 line to use them.
 
 Faults are entries of ``FAULTS`` (name -> coroutine of the ``Nemesis``), each healing
-what it did before it returns; ``--nemesis-faults`` picks some by name.  Storage faults (a
-read-only follower, a frozen follower disk, a leader's disk error) join the table as
-entries of the same shape once the brokers can be armed with a storage fault injector.
+what it did before it returns; ``--nemesis-faults`` picks some by name.  The storage
+faults go through the storage fault injector (storage/faults.py): every broker runs armed
+(``SLUICE_TEST_DISK_FAULTS=armed``; without a rule file that costs nothing) and a fault
+writes rules to the victim's ``disk-faults.json``, then removes them:
+
+- ``read-only-follower``: EROFS on a follower's writes, fsyncs and rolls of one partition;
+- ``frozen-follower-disk``: the same with ``hang`` (each call blocks until the rule goes,
+  as on a frozen file system): the injector's model of ``fsfreeze``, not a real one, which
+  needs root and a loop mount per broker (test_disk_failover.py runs the real one);
+- ``leader-disk-error``: EIO on every write, fsync and roll of a partition's leader.
+
+A storage fault is healed when its victim is back in every ISR of the topic (no restart
+is needed: a broker whose disk works again catches up by itself).  The CI seed's schedule
+starts with storage faults, and the CI run checks that it tried one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -44,10 +56,11 @@ from replicated import NODES, SESSION_MS, ThreeBrokers, Workload, eventually
 from brokers import freeze
 from sluice.client import Consumer
 from sluice.errors import SluiceError
+from sluice.storage import faults as disk_faults
 
 TOPIC = "nemesis"
 PARTITIONS = 3
-CI_SEED = 20261129
+CI_SEED = 20261146  # its first faults: a leader's disk error, a read-only follower
 CI_SECONDS = 25.0
 RECOVERY_S = 60.0  # every broker back and every partition led, after each fault
 SESSION_S = SESSION_MS / 1000
@@ -83,6 +96,42 @@ class Nemesis:
 
     async def restart(self, *nodes: int) -> None:
         await asyncio.gather(*(self.cluster.start_broker(n) for n in nodes))
+
+    def inject(self, node: int, **rules) -> None:
+        """Give broker ``node``'s disk the storage fault ``rules`` (storage/faults.py; the
+        brokers run armed), now; no rules: its disk works again."""
+        path = self.cluster.brokers[node].data_dir / disk_faults.CONTROL_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rules))
+        tmp.replace(path)
+
+    async def follower_of(self, partition: int) -> tuple[int | None, int]:
+        """(the partition's leader or None, a broker that follows it: any other one)."""
+        leader = await self.leader_of(partition)
+        return leader, self.rng.choice([n for n in NODES if n != leader])
+
+    async def disk_fault(self, node: int, rules: dict, low: float, high: float) -> str:
+        """Hold the storage fault ``rules`` on ``node`` for a while, then heal it and wait
+        until ``node`` is back in the ISR of every partition of the topic: a disk that works
+        again needs no restart (a follower fetches again, a leader that handed over catches
+        up as a follower), so a broker that stays out is a failure of the run.  Returns how
+        long it was held and the partitions as they were just before the heal."""
+        self.inject(node, **rules)
+        try:
+            held = await self.hold(low, high)
+            seen = await self.states()
+        finally:
+            self.inject(node)
+        await self.cluster.fully_replicated(TOPIC, timeout=RECOVERY_S)
+        return f"for {held} s (then: {seen})"
+
+    async def states(self) -> str:
+        """Each partition's leader and ISR now, for the log."""
+        try:
+            parts = await self.cluster.partitions(TOPIC)
+        except (TimeoutError, SluiceError, OSError) as exc:
+            return f"metadata unavailable: {exc!r}"
+        return ", ".join(f"p{p.partition} leader {p.leader} ISR {sorted(p.isr)}" for p in parts)
 
     async def recovered(self) -> None:
         """Every broker registered and every partition of the topic led by one of them."""
@@ -142,7 +191,54 @@ async def kill_all(n: Nemesis) -> str:
     return f"SIGKILL every broker, restarted after {down} s"
 
 
+def _partition_dir(partition: int) -> str:
+    """What the paths of the partition's segment files contain (broker/topics.py)."""
+    return f"{os.sep}{TOPIC}-{partition}{os.sep}"
+
+
+async def read_only_follower(n: Nemesis) -> str:
+    """A follower's copy of one partition turns read-only (EROFS on its segment writes,
+    fsyncs and rolls; limited to that partition, so the broker is only a follower here):
+    it reports a storage error and leaves the ISR; healed, it catches up and rejoins."""
+    partition = n.rng.randrange(PARTITIONS)
+    leader, node = await n.follower_of(partition)
+    rules = {"write": "EROFS", "fsync": "EROFS", "roll": "EROFS", "only": _partition_dir(partition)}
+    held = await n.disk_fault(node, rules, 1.0, 4.0)
+    return f"EROFS on broker {node}'s copy of partition {partition} (leader {leader}) {held}, then writable"
+
+
+async def frozen_follower_disk(n: Nemesis) -> str:
+    """A follower's copy of one partition sits on a frozen disk.  Modelled by the storage
+    fault injector's ``hang`` (its writes, fsyncs and rolls block in their threads until
+    the rule is removed, as under ``fsfreeze``), not by a real fsfreeze of a loop mount:
+    that needs root and a mounted image per broker, and test_disk_failover.py already
+    checks the real one.  The follower reports the stall after DISK_STALL_S and leaves the
+    ISR; thawed, its hung writes finish and it catches up."""
+    partition = n.rng.randrange(PARTITIONS)
+    leader, node = await n.follower_of(partition)
+    rules = {"write": "hang", "fsync": "hang", "roll": "hang", "only": _partition_dir(partition)}
+    held = await n.disk_fault(node, rules, 1.0, 4.0)
+    return f"froze broker {node}'s copy of partition {partition} (leader {leader}) {held}, then thawed"
+
+
+async def leader_disk_error(n: Nemesis) -> str:
+    """The whole disk of a partition's leader fails (EIO on every segment write, fsync and
+    roll): it hands the partitions it leads to in-sync followers (a failed fsync of a
+    published group fences its epoch first) and drops out of the ISRs it follows; healed,
+    it catches up as a follower."""
+    partition = n.rng.randrange(PARTITIONS)
+    leader = await n.leader_of(partition)
+    node = leader if leader is not None else n.rng.choice(NODES)
+    held = await n.disk_fault(node, {"write": "EIO", "fsync": "EIO", "roll": "EIO"}, 1.0, 3.0)
+    return f"EIO on broker {node}'s disk (leader of partition {partition}: {leader}) {held}, then healed"
+
+
+STORAGE_FAULTS = ("read-only-follower", "frozen-follower-disk", "leader-disk-error")
+
 FAULTS: dict[str, Callable[[Nemesis], Awaitable[str]]] = {
+    "read-only-follower": read_only_follower,
+    "frozen-follower-disk": frozen_follower_disk,
+    "leader-disk-error": leader_disk_error,
     "sigkill-leader": sigkill_leader,
     "sigkill-any": sigkill_any,
     "sigstop-past-session": sigstop_past_session,
@@ -206,8 +302,9 @@ def _settings(config) -> tuple[int, float, list[str]]:
     return seed, CI_SECONDS if seconds is None else seconds, faults
 
 
-async def test_nemesis(tmp_path, request):
+async def test_nemesis(tmp_path, request, monkeypatch):
     seed, seconds, names = _settings(request.config)
+    monkeypatch.setenv(disk_faults.ENV, disk_faults.ARMED)  # every broker: no rules, no cost
     rng = random.Random(seed)
     producers = rng.choice((2, 3))
     print(f"nemesis seed {seed}, {seconds} s, {producers} producers, faults {names}")
@@ -226,10 +323,14 @@ async def test_nemesis(tmp_path, request):
         nemesis.started = time.monotonic()
         while time.monotonic() - nemesis.started < seconds:
             name = rng.choice(names)
+            nemesis.note(f"{name}: started")  # named even when it never heals
             nemesis.note(f"{name}: {await FAULTS[name](nemesis)}")
             await nemesis.recovered()
             nemesis.note("recovered")
             await nemesis.hold(0.5, 2.0)
+        if seed == CI_SEED and set(names) == set(FAULTS):  # the CI run must try the disks too
+            assert any(f" {f}: " in line for line in nemesis.log for f in STORAGE_FAULTS), \
+                "the CI seed's schedule has no storage fault: pick another CI_SEED"
         await cluster.fully_replicated(TOPIC, timeout=RECOVERY_S)
         nemesis.note("fully replicated")
         await workload.progress(20, 30, "after the faults")

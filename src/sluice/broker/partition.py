@@ -566,7 +566,18 @@ class Partition(Leadership, Reading, Compacting):
             self._tail.clear()  # a follower serves no consumer, and a leader tail starts fresh
         else:
             self._tail.add(segment.base_offset, metas, buffers)
-        plog.appended(segment, metas, offset, epochs)
+        stamped = plog.epochs.latest_epoch
+        if group[0].replica and stamped > epochs[-1][0]:
+            # This replica was made leader while the copy was in the disk's hands, and
+            # ``make_leader`` stamped its epoch at the log end of that moment, below the
+            # copy.  The stamp holds no batch (leader groups queue behind this one): move
+            # it past the copy, as if the copy had landed first, or the copy's epoch would
+            # end before it here, and followers holding it would cut and fetch it forever.
+            plog.epochs.truncate_from_end(first)
+            plog.appended(segment, metas, offset, epochs)
+            plog.epochs.assign(stamped, offset)
+        else:
+            plog.appended(segment, metas, offset, epochs)
         staging.commit(offset)  # only now: the producer state never runs ahead of the log
         if early:
             self._notify_replicas()
