@@ -3,7 +3,7 @@
 partition between 25 % and 42 % of them — the ``Producer`` sending one record per call,
 ``SyncProducer`` from a plain loop, ``sluice produce`` with piped input.
 
-The Spark sink's writers are in tests/spark/test_keyless_spread.py."""
+The Spark sink's writers are in tests/spark/test_sink_keyless_spread.py."""
 
 from __future__ import annotations
 
@@ -67,9 +67,12 @@ def test_sync_producer_spreads_keyless_records(broker):
     assert_even(shares(broker.bootstrap, "spread-sync"))
 
 
-def test_sluice_produce_spreads_keyless_lines(broker):
+@pytest.mark.parametrize("value", [VALUE, b""], ids=["100-byte lines", "seq-like lines"])
+def test_sluice_produce_spreads_keyless_lines(broker, value):
+    """Long lines fill batches; short ones (``seq 1 30000``: 170 KB in all, less than one
+    batch) spread too, a bulk send of at most ``KEYLESS_COUNT`` lines at a time."""
     create(broker.bootstrap, "spread-cli")
-    lines = b"".join(b"%06d-" % i + VALUE + b"\n" for i in range(RECORDS))
+    lines = b"".join(b"%d" % i + value + b"\n" for i in range(1, RECORDS + 1))
     done = subprocess.run(
         [sys.executable, "-m", "sluice.cli.main", "--bootstrap", broker.bootstrap, "produce", "spread-cli"],
         input=lines, capture_output=True, timeout=90,

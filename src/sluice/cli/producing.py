@@ -6,8 +6,9 @@ Nothing waits for more input than is there: ``read_available`` returns whatever 
 complete messages in it go to the producer straight away, and the producer's linger
 (a few ms) batches what comes close together.  A large piped input thus still goes out in
 big bulk sends, and a slow one goes out line by line.  Messages with neither key nor
-partition go out ``KEYLESS_SPAN`` bytes per bulk send, and the producer moves each send on
-to the next partition: a large input spreads over all of them.
+partition go out ``KEYLESS_SPAN`` bytes or ``KEYLESS_COUNT`` messages per bulk send, and the
+producer moves each send on to the next partition: an input spreads over all of them, be
+its lines long or short.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sluice import errors
 READ_SIZE = 1 << 20
 MAX_DELAYED_BATCH = 1000  # messages in one stored batch of ``produce --delay-ms``
 KEYLESS_SPAN = 128 * 1024  # bytes of values per bulk send of keyless messages
+KEYLESS_COUNT = 1000  # messages per bulk send of keyless messages
 
 
 def read_available(fd: int, size: int = READ_SIZE) -> Iterator[bytes]:
@@ -90,7 +92,7 @@ class Sender:
     def send(self, values: list[bytes], keys: list[bytes] | None = None) -> None:
         """Hand ``values`` to the producer (``keys``: one per value, else ``key`` for all)."""
         if keys is None and self.key is None and self.partition is None and not self.headers:
-            for span in spans(values, KEYLESS_SPAN):
+            for span in spans(values, KEYLESS_SPAN, KEYLESS_COUNT):
                 self._send(span, None)
         else:
             self._send(values, keys)
@@ -163,13 +165,13 @@ class Sender:
         return exit_status(self.first_error)
 
 
-def spans(values: list[bytes], size: int) -> Iterator[list[bytes]]:
-    """``values`` in order, cut into lists of at most ``size`` bytes of values (a longer
-    value alone)."""
+def spans(values: list[bytes], size: int, count: int) -> Iterator[list[bytes]]:
+    """``values`` in order, cut into lists of at most ``count`` values and ``size`` bytes of
+    values (a longer value alone)."""
     ends = list(accumulate(map(len, values), initial=0))
     i = 0
     while i < len(values):
-        j = max(bisect_right(ends, ends[i] + size, i + 1) - 1, i + 1)
+        j = min(max(bisect_right(ends, ends[i] + size, i + 1) - 1, i + 1), i + count)
         yield values[i:j]
         i = j
 
