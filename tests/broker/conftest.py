@@ -1,4 +1,5 @@
-"""Partitions on fresh logs for the broker unit tests (no server, no sockets)."""
+"""Partitions on fresh logs for the broker unit tests (no server, no sockets), and a whole
+single-node ``Broker`` in this process (embedded metadata, no listener)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sluice.broker.broker import Broker
 from sluice.broker.partition import Partition
-from sluice.config import TopicConfig
+from sluice.config import ServerConfig, TopicConfig
 from sluice.storage.log import PartitionLog
 
 
@@ -38,3 +40,13 @@ async def open_partition(tmp_path):
             await part.close()
     write_ex.shutdown(wait=True)
     read_ex.shutdown(wait=True)
+
+
+@pytest.fixture
+async def broker(tmp_path):
+    b = Broker(ServerConfig(data_dir=tmp_path / "data", port=0))
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.close()

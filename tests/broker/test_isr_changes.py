@@ -12,7 +12,6 @@ from batches import request
 
 from sluice.broker.broker import Broker
 from sluice.cluster.store import PartitionState
-from sluice.config import ServerConfig
 from sluice.errors import NotEnoughReplicasAfterAppend
 from sluice.protocol import messages as m
 
@@ -53,16 +52,6 @@ async def test_a_write_passed_by_a_high_watermark_of_too_small_an_isr_is_not_ack
     second = part.append(*request([b"b"]), acks_all=True)
     part.follower_fetched(1, 2)
     assert (await asyncio.wait_for(second, 5)).base_offset == 1
-
-
-@pytest.fixture
-async def broker(tmp_path):
-    b = Broker(ServerConfig(data_dir=tmp_path / "data", port=0))
-    await b.start()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def test_an_older_state_of_the_same_epoch_never_shrinks_the_isr(broker: Broker):

@@ -12,7 +12,6 @@ from batches import request
 
 from sluice.broker.broker import Broker
 from sluice.cluster.store import PartitionState
-from sluice.config import ServerConfig
 from sluice.errors import FencedLeaderEpoch
 from sluice.protocol import messages as m
 
@@ -31,16 +30,6 @@ async def test_a_copy_fetched_in_an_old_epoch_is_not_appended_after_the_epoch_mo
     assert follower.log_end_offset == 0
     await follower.append_as_follower(res.data, fetched_in=1)  # fetched again in epoch 1
     assert follower.log_end_offset == 3
-
-
-@pytest.fixture
-async def broker(tmp_path):
-    b = Broker(ServerConfig(data_dir=tmp_path / "data", port=0))
-    await b.start()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def _fetch(part, offset: int, last_epoch: int) -> m.ReplicaFetchRequestV2:

@@ -9,20 +9,9 @@ import pytest
 from sluice import errors
 from sluice.broker.broker import Broker
 from sluice.cluster.store import PartitionState
-from sluice.config import ServerConfig
 from sluice.protocol import messages as m
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def broker(tmp_path):
-    b = Broker(ServerConfig(data_dir=tmp_path / "data", port=0))
-    await b.start()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def test_a_stopping_broker_takes_no_leadership(broker: Broker):
