@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from checker import History
+from checker import History, read_logs
 from proxy import FaultyProxy
 
 from brokers import BrokerProcess
@@ -245,6 +245,18 @@ class Workload:
         finally:
             for p in self._producers:
                 await p.close()
+
+    async def finish(self, bootstrap: str, max_copies: int = 1):
+        """Stop, then check the history against what the cluster at ``bootstrap`` stores
+        (idempotent producers: a record at most ``max_copies`` times); at least one send
+        must have been acknowledged.  Returns the checker's report."""
+        await self.stop()
+        report = self.history.check(
+            await read_logs(bootstrap, self.topic), max_acked_copies=max_copies, max_unsure_copies=max_copies
+        )
+        print(f"{report}; errors {dict(self.errors)}")
+        assert report.acked > 0
+        return report
 
 
 @contextlib.contextmanager

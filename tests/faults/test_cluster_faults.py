@@ -13,21 +13,12 @@ import asyncio
 import os
 import signal
 
-from checker import read_logs
 from replicated import LAG_MS, SESSION_MS, Workload, eventually
 
 from sluice.client import Admin, Producer
 
 TOPIC = "orders"
-MAX_COPIES = 1  # producers are idempotent: a send retried after a failover is stored once
 
-
-async def _finish(cluster, workload: Workload) -> None:
-    await workload.stop()
-    report = workload.history.check(await read_logs(cluster.bootstrap, TOPIC), max_acked_copies=MAX_COPIES,
-                                      max_unsure_copies=MAX_COPIES)
-    print(f"{report}; errors {dict(workload.errors)}")
-    assert report.acked > 0
 
 
 async def test_leader_sigkilled_five_times(three_brokers):
@@ -48,7 +39,7 @@ async def test_leader_sigkilled_five_times(three_brokers):
         await cluster.start_broker(victim)
         await cluster.fully_replicated(TOPIC)  # it rejoined every ISR
         await workload.progress(100, 20, f"after restart {round}")
-    await _finish(cluster, workload)
+    await workload.finish(cluster.bootstrap)
 
 
 def _acked_in(workload: Workload, partition: int) -> int:
@@ -113,7 +104,7 @@ async def test_follower_then_leader_sigstopped(three_brokers):
     await eventually(learned, 15, f"broker {leader} knowing it was deposed")
     await cluster.fully_replicated(TOPIC, bootstrap=others)
     assert f"following broker {new} for {TOPIC}-0 in epoch {new_epoch}" in cluster.brokers[leader].log()
-    await _finish(cluster, workload)
+    await workload.finish(cluster.bootstrap)
     # a send caught by a stall is retried on the new leader within its delivery timeout (8 s):
     # the producer does not go back to the stalled broker, for a send or for metadata
     assert not workload.errors, workload.errors
@@ -169,5 +160,5 @@ async def test_etcd_killed_and_restarted(three_brokers):
     await workload.progress(200, 15, "after the election")
     await cluster.start_broker(leader)
     await cluster.fully_replicated(TOPIC)
-    await _finish(cluster, workload)
+    await workload.finish(cluster.bootstrap)
     assert not workload.errors, workload.errors

@@ -16,7 +16,7 @@ from checker import read_logs
 from replicated import Workload, eventually
 
 TOPIC = "orders"
-MAX_COPIES = 1  # producers are idempotent: see test_cluster_faults.py
+MAX_COPIES = 1  # producers are idempotent: a send retried after a failover is stored once
 
 
 async def test_leader_cut_off_then_healed(three_brokers):

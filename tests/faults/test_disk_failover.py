@@ -22,14 +22,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from checker import read_logs
 from replicated import LAG_MS, NODES, Workload, eventually, ext4_image
 
 from sluice.client import Admin
 from sluice.storage import faults
 
 TOPIC = "events"
-MAX_COPIES = 1  # producers are idempotent
 
 
 @pytest.fixture(autouse=True)
@@ -44,14 +42,6 @@ def inject(cluster, node: int, **rules) -> None:
     tmp.write_text(json.dumps(rules))
     tmp.replace(path)
 
-
-async def _finish(cluster, workload: Workload) -> None:
-    await workload.stop()
-    report = workload.history.check(
-        await read_logs(cluster.bootstrap, TOPIC), max_acked_copies=MAX_COPIES, max_unsure_copies=MAX_COPIES
-    )
-    print(f"{report}; errors {dict(workload.errors)}")
-    assert report.acked > 0
 
 
 def _answered_after(workload: Workload, at: float) -> list[float]:
@@ -83,7 +73,7 @@ async def test_a_follower_that_cannot_roll_leaves_the_isr_at_once(three_brokers)
     print(f"{len(during)} sends answered after the fault: max {worst * 1000:.0f} ms")
     assert worst <= 0.6 * LAG_MS / 1000, f"a send waited {worst:.3f} s: the follower left only after the lag time"
     assert "Read-only file system (injected roll fault)" in cluster.brokers[victim].log()
-    await _finish(cluster, workload)
+    await workload.finish(cluster.bootstrap)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +113,7 @@ async def test_a_leader_whose_disk_fails_hands_its_leadership_over(three_brokers
     inject(cluster, victim)  # the disk works again
     await cluster.fully_replicated(TOPIC, timeout=15)
     await workload.progress(100, 10, "with the old leader back in sync")
-    await _finish(cluster, workload)
+    await workload.finish(cluster.bootstrap)
 
 
 async def test_a_leader_whose_published_fsync_fails_gives_the_partition_up(three_brokers):
@@ -154,7 +144,7 @@ async def test_a_leader_whose_published_fsync_fails_gives_the_partition_up(three
     await workload.progress(300, 10, "after the hand-over")
     log = cluster.brokers[victim].log()
     assert "no more writes as leader in epoch" in log
-    await _finish(cluster, workload)
+    await workload.finish(cluster.bootstrap)
     for value, exc in workload.history.failed.items():
         assert exc.maybe_stored, (value, exc)
 
@@ -209,7 +199,7 @@ async def test_a_frozen_follower_disk_holds_nothing_up(three_brokers, tmp_path):
             assert "stalls" in cluster.brokers[victim].log()
             await cluster.fully_replicated(TOPIC)
             await elsewhere.stop()
-            await _finish(cluster, followed)
+            await followed.finish(cluster.bootstrap)
         finally:
             if frozen is not None:
                 subprocess.run(["fsfreeze", "-u", str(frozen)], check=False)
