@@ -34,6 +34,7 @@ from etcd import EtcdProcess
 from sluice.client import Admin, Producer
 from sluice.client.transport import Cluster
 from sluice.errors import SluiceError
+from sluice.protocol.coordinator import GROUPS_TOPIC
 
 SESSION_MS = 1000
 LAG_MS = 2000
@@ -91,6 +92,8 @@ class ThreeBrokers:
         # started from threads: with proxies the brokers reach etcd through this event loop
         await asyncio.gather(*(self.start_broker(n) for n in NODES))
         await eventually(self._all_live, 20, "three live brokers")
+        # a broker killed later must not take a group's only in-sync copy of its offsets
+        await self.fully_replicated(GROUPS_TOPIC)
         return self
 
     async def start_broker(self, n: int) -> None:
