@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.broker import delays
-from sluice.broker.delays import DelayedDelivery
+from sluice.broker.transactions import delays
+from sluice.broker.transactions.delays import DelayedDelivery
 
 
 def delivery(*states) -> DelayedDelivery:

@@ -10,7 +10,7 @@ import pytest
 from batches import request, request_of
 
 from sluice.broker.partition import Partition
-from sluice.broker.transactions import PartitionTransactions
+from sluice.broker.transactions.partition import PartitionTransactions
 from sluice.config import TopicConfig
 from sluice.protocol import transactions as tx
 from sluice.protocol.records import iter_batches, validate_batches

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from batches import request_of
 
-from sluice.broker.transactions import PartitionTransactions
+from sluice.broker.transactions.partition import PartitionTransactions
 from sluice.errors import RequestTimedOut
 from sluice.protocol import transactions as tx
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from sluice.broker.cursor import Cursor
+from sluice.broker.subscriptions.cursor import Cursor
 from sluice.protocol.ranges import RangeSet, count, first
 
 LIMIT = 60

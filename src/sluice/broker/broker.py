@@ -46,11 +46,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sluice.broker.coordinator import GroupCoordinator
-from sluice.broker.delays import DelayedDelivery
 from sluice.broker.fetch import FetchHandlers
 from sluice.broker.group_migration import migrate_legacy_groups
 from sluice.broker.groups import GroupHandlers
 from sluice.broker.handoff import hand_off
+from sluice.broker.internal_writes import partition_append
 from sluice.broker.liveness import PeerLiveness
 from sluice.broker.partition import Partition
 from sluice.broker.produce import ProduceHandler
@@ -59,7 +59,7 @@ from sluice.broker.replication import ReplicaManager
 from sluice.broker.stepdown import DiskStepDown
 from sluice.broker.subscriptions import SubscriptionManager
 from sluice.broker.topics import INTERNAL_REPLICAS, Topic, TopicAdmin, unknown_topic
-from sluice.broker.transactions import TransactionManager
+from sluice.broker.transactions import DelayedDelivery, TransactionManager
 from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
 from sluice.cluster.controller import Controller
@@ -157,9 +157,21 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
         self._producer_ids = (0, -1)  # the next id to hand out, the last reserved (produce.py)
         self._producer_ids_lock = asyncio.Lock()
-        self.transactions = TransactionManager(self)  # half messages (broker/transactions.py)
-        self.subscriptions = SubscriptionManager(self)  # broker/subscriptions.py
-        self.delays = DelayedDelivery(self.transactions)  # broker/delays.py
+        self.transactions = TransactionManager(  # half messages (broker/transactions/)
+            self.topics, self.led_partition, self.read_executor,
+            check_timeout_ms=config.txn_check_timeout_ms, check_interval_ms=config.txn_check_interval_ms,
+            max_checks=config.txn_max_checks, create_topic=self._create_topic, admin_lock=self._admin_lock,
+            stored_topics=self.metadata.topics, groups_ready=lambda: self.groups is not None,
+            append=partition_append(self.led_partition), live_brokers=lambda: self.live_brokers,
+            node_id=config.node_id,
+        )
+        self.subscriptions = SubscriptionManager(  # broker/subscriptions/
+            self.topics, self.led_partition, self.read_executor,
+            create_topic=self._create_topic, admin_lock=self._admin_lock,
+            append=partition_append(self.led_partition), live_brokers=lambda: self.live_brokers,
+            node_id=config.node_id,
+        )
+        self.delays = DelayedDelivery(self.transactions)  # broker/transactions/delays.py
 
     # ------------------------------------------------------------------ lifecycle
 

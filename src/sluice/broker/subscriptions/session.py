@@ -1,5 +1,5 @@
 """One connection's subscription to a topic (``Session``): the partitions delivering to it
-(``SubscriptionPartition``, broker/subscription.py) and its credit.  Event loop only."""
+(``SubscriptionPartition``, delivery.py) and its credit.  Event loop only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sluice.errors import BrokerError
 from sluice.protocol import messages as m
 
 if TYPE_CHECKING:
-    from sluice.broker.subscription import SubscriptionPartition
+    from sluice.broker.subscriptions.delivery import SubscriptionPartition
 
 
 class Session:

@@ -1,6 +1,6 @@
 """Delayed messages: committed by their partition's leader when they fall due.
 
-A delayed message is a half message (broker/transactions.py) of the producer group
+A delayed message is a half message (partition.py, halves.py) of the producer group
 ``sluice.delay`` whose records carry their delivery time (protocol/transactions.py,
 ``delayed_batch``): durable and replicated once stored, invisible to every reader, and
 made visible by the same commit as any transaction — the visible copy appended to the
@@ -76,7 +76,7 @@ class DelayedDelivery:
         if mono - self._discovered < DISCOVER_S:
             return
         self._discovered = mono
-        for part in self.txns._led():
+        for part in self.txns.led():
             if part.log.producers.open_halves and (part.topic, part.index) not in self.txns.states:
                 self.txns.state(part)
 

@@ -1,6 +1,6 @@
 """A subscription's cursor on one partition: the offsets settled (acked, or skipped as
 hidden or expired) — all below ``confirmed``, and acked ranges above it (NSQ's confirmed
-segments).  The durable part of a subscription (broker/subscription.py)."""
+segments).  The durable part of a subscription (delivery.py; its records: store.py)."""
 
 from __future__ import annotations
 

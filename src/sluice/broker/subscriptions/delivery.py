@@ -1,21 +1,21 @@
-"""One subscription on one partition led here: its cursor, what is in flight, retries.
+"""One subscription on one partition led here: the delivery state machine.
 
-``Cursor`` (broker/cursor.py): the durable part — ``confirmed`` (every offset below is
+``Cursor`` (cursor.py): the durable part — ``confirmed`` (every offset below is
 settled) and the acked ranges above it.  ``SubscriptionPartition``: the cursor plus
 what only the leader keeps in memory —
 
 - ``next_read``: the first offset not delivered yet (starts at ``confirmed`` after a load:
   what was in flight before a crash or a leader change is delivered again; ``catch_up``
   reads on from there, before any consumer, past what would not be handed out);
-- units in flight: a unit is one stored batch delivered to one consumer with the offsets of
+- units in flight (in_flight.py): a unit is one stored batch delivered to one consumer with the offsets of
   it that delivery wants settled, an attempt number and an ack deadline.  The broker never
   decodes records to deliver them: it sends batch bytes and offset ranges, and the client
   picks the records out.  A unit wants no more offsets than its consumer has credit for
   (``prefetch``): a larger batch goes out in parts.  Deadlines are a heap, checked by the
   pump (no timer per message);
-- retries: offset ranges waiting for their redelivery time (a nack, a deadline passed, a
+- retries (retries.py): offset ranges waiting for their redelivery time (a nack, a deadline passed, a
   consumer gone), each with the attempt that failed.  After ``max_attempts`` deliveries
-  a range is dead-lettered (broker/subscriptions.py writes the copies) and then acked.
+  a range is dead-lettered (dead_letters.py writes the copies) and then acked.
   Ordered mode has one unit out at a time; a failure counts for the failed message only
   (the ones behind it were never handed to the application), the retry at the lowest
   offset goes first, and nothing new is read while any retry waits.
@@ -40,16 +40,15 @@ Event loop only; reads go through ``Partition.read`` (off the loop).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import time
-from bisect import bisect_left, bisect_right, insort
-from collections import deque
-from dataclasses import dataclass, field
+from typing import Protocol
 
-from sluice.broker.cursor import Cursor
-from sluice.broker.session import Session
+from sluice.broker.subscriptions.cursor import Cursor
+from sluice.broker.subscriptions.in_flight import InFlight, Unit
+from sluice.broker.subscriptions.keys import KeyOrder
+from sluice.broker.subscriptions.retries import Retries, Retry
+from sluice.broker.subscriptions.session import Session
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count, first
@@ -67,35 +66,32 @@ MAX_RETRIES = 100_000  # pending redeliveries before reading stops
 DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 
-def _first_offset(r: Retry) -> int:
-    return r.ranges[0][0]
+class Owner(Protocol):
+    """What a ``SubscriptionPartition`` needs of the partition's subscriptions
+    (``PartitionSubscriptions``, partition.py): the partition, the cursor records, the
+    dead-letter copies, and a home for its background tasks."""
 
+    part: object  # the Partition (broker/partition.py) led here
 
-@dataclass(eq=False)
-class Unit:
-    base: int  # the batch's base offset
-    end: int  # its next offset
-    data: memoryview  # the batch
-    want: RangeSet  # offsets of it delivered here and not settled yet
-    attempt: int
-    session: Session
-    deadline: float = 0.0  # monotonic
+    def mark_dirty(self, sp: SubscriptionPartition) -> None:
+        """``sp``'s state changed: write it with the next cursor record."""
 
+    def records_unsettled(self, cursor: Cursor) -> int:
+        """Subscription records above ``cursor.confirmed`` it has not passed (not messages)."""
 
-@dataclass(order=True)
-class Retry:
-    due: float
-    seq: int
-    ranges: Pairs = field(compare=False)
-    attempt: int = field(compare=False)  # deliveries so far
-    reason: str = field(compare=False, default="")
+    def track(self, task: asyncio.Task) -> None:
+        """Cancel ``task`` when the partition's subscriptions close."""
+
+    async def dead_letter(self, sp: SubscriptionPartition, ranges: Pairs, attempts: int, reason: str) -> None:
+        """Copy the messages at ``ranges`` to ``sp``'s dead-letter topic; return once the
+        copies are acknowledged by every in-sync replica (raise if they may not be)."""
 
 
 class SubscriptionPartition:
-    """See the module docstring.  ``owner`` is the partition's ``PartitionSubscriptions``
-    (broker/subscriptions.py): it owns the partition, persistence and dead letters."""
+    """See the module docstring.  ``owner`` (``Owner``) is the partition's
+    ``PartitionSubscriptions`` (partition.py): the partition, persistence, dead letters."""
 
-    def __init__(self, owner, state: CursorState) -> None:
+    def __init__(self, owner: Owner, state: CursorState) -> None:
         self.owner = owner
         self.part = owner.part
         self.name = state.name
@@ -107,11 +103,8 @@ class SubscriptionPartition:
         self.next_read = self.cursor.confirmed
         self.sessions: list[Session] = []
         self._rr = 0
-        self._units: dict[int, list[Unit]] = {}  # batch base -> units of it in flight
-        self._bases: list[int] = []  # sorted keys of _units
-        self._deadlines: list[tuple[float, int, Unit]] = []
-        self._retries: list[Retry] = []
-        self._seq = itertools.count()
+        self._out = InFlight()
+        self._retries = Retries()
         self._dead_lettering = 0  # messages being copied to the dead-letter topic
         # offsets of retries read from the cursor record, above next_read: the first read
         # after a load passes them without delivering them as new messages
@@ -123,16 +116,8 @@ class SubscriptionPartition:
                 continue
             for x, y in ranges:
                 self._restored.add(x, y)
-            due = mono + max(0.0, due_ms - now_ms) / 1000
-            heapq.heappush(self._retries, Retry(due, next(self._seq), ranges, attempt, "restored"))
-        # retries scheduled since the last cursor record (journaled with the next one);
-        # None: the next record must hold them all (a failed write lost the journal)
-        self._journal: list[tuple[int, int, int, int]] | None = []
-        # key-ordered mode: key -> offsets of it waiting behind the one out (in flight,
-        # retrying or being dead-lettered), and that one's key by offset
-        self._keys: dict[bytes | None, deque[int]] = {}
-        self._key_of: dict[int, bytes | None] = {}
-        self._waiting = 0
+            self._retries.restore(ranges, attempt, mono + max(0.0, due_ms - now_ms) / 1000)
+        self._keys = KeyOrder()  # key-ordered mode: messages held behind their key's one out
         self._seeks = 0  # seeks so far: a read begun before one is stale when it returns
         self._stalled_logged = False
         self._wake = asyncio.Event()
@@ -145,14 +130,13 @@ class SubscriptionPartition:
         """The record to write: with every pending retry when ``full`` (or when the
         journal was lost), else with those scheduled since the last record."""
         unsettled = self.cursor.unsettled
-        full = full or self._journal is None
+        full = full or self._retries.journal_lost
         if full:
             now_ms, mono = time.time() * 1000, time.monotonic()
             entries = self._in_flight_entries(int(now_ms))
-            entries += [(a, b, r.attempt, int(now_ms + (r.due - mono) * 1000)) for r in self._retries for a, b in r.ranges]
+            entries += self._retries.all_entries(now_ms, mono)
         else:
-            entries = self._journal
-        self._journal = []
+            entries = self._retries.take_journal()
         return CursorState(
             name=self.name, config=self.config, confirmed=self.cursor.confirmed, acked=self.cursor.acked.pairs(),
             retries=[(x, y, n, due) for a, b, n, due in entries for x, y in unsettled(a, b)], full=full,
@@ -168,17 +152,17 @@ class SubscriptionPartition:
         Acks and later failures override them (the acked ranges and later entries)."""
         return [
             (a, b, n, now_ms)
-            for units in self._units.values() for u in units
+            for u in self._out.units()
             for ranges, n in self._failed_counts(u.want.pairs(), u.attempt) if n > 0
             for a, b in ranges
         ]
 
     def unwritten(self) -> None:
         """The record ``state()`` gave was not written: the next one holds every retry."""
-        self._journal = None
+        self._retries.lose_journal()
 
     def in_flight(self) -> int:
-        return sum(u.want.count() for units in self._units.values() for u in units)
+        return self._out.count()
 
     def retrying(self) -> int:
         unsettled = self.cursor.unsettled
@@ -188,8 +172,8 @@ class SubscriptionPartition:
     def stalled(self) -> str:
         if len(self.cursor.acked) >= MAX_ACKED_RANGES:
             return f"ack state full: {len(self.cursor.acked)} acked ranges above offset {self.cursor.confirmed}"
-        if self._waiting >= MAX_WAITING:
-            return f"{self._waiting} messages wait behind their keys"
+        if self._keys.waiting >= MAX_WAITING:
+            return f"{self._keys.waiting} messages wait behind their keys"
         if len(self._retries) >= MAX_RETRIES:
             return f"{len(self._retries)} redeliveries pending"
         return ""
@@ -205,7 +189,7 @@ class SubscriptionPartition:
             confirmed=self.cursor.confirmed, next_read=self.next_read, high_watermark=hw,
             backlog=max(0, hw - self.cursor.confirmed - settled_above - self.owner.records_unsettled(self.cursor)),
             acked_ranges=len(self.cursor.acked),
-            in_flight=self.in_flight(), retrying=self.retrying(), waiting=self._waiting,
+            in_flight=self.in_flight(), retrying=self.retrying(), waiting=self._keys.waiting,
             dead_lettered=self.dead_lettered,
             expired=self.expired, consumers=len(self.sessions), stalled=self.stalled,
         )
@@ -242,8 +226,7 @@ class SubscriptionPartition:
         for s in self.sessions:
             s.end(self.part.index, exc)
         self.sessions.clear()
-        self._units.clear()
-        self._bases.clear()
+        self._out.clear()
 
     def attach(self, session: Session) -> None:
         if session not in self.sessions:
@@ -256,25 +239,19 @@ class SubscriptionPartition:
         if session in self.sessions:
             self.sessions.remove(session)
         now = time.monotonic()
-        for unit in [u for units in self._units.values() for u in units if u.session is session]:
-            self._drop(unit)
+        for unit in [u for u in self._out.units() if u.session is session]:
+            self._out.drop(unit)
             self._requeue(unit.want.pairs(), unit.attempt, now, "consumer disconnected")
         self.wake()
 
     def seek(self, offset: int) -> None:
         """Everything from ``offset`` on is unsettled and undelivered; the rest settled."""
-        for units in self._units.values():
-            for u in units:
-                u.session.credit_freed(u.want.count())
-        self._units.clear()
-        self._bases.clear()
-        self._deadlines.clear()
-        self._retries.clear()
+        for u in self._out.units():
+            u.session.credit_freed(u.want.count())
+        self._out.clear()
+        self._retries.clear()  # the seek's record holds every retry: none
         self._keys.clear()
-        self._key_of.clear()
-        self._waiting = 0
         self._restored = RangeSet()
-        self._journal = []  # the seek's record holds every retry: none
         self.cursor.reset(offset)
         self.next_read = offset
         self._seeks += 1
@@ -297,16 +274,16 @@ class SubscriptionPartition:
             if self.cursor.ack(a, b):
                 self._dirty()
                 self._release_keys(a, b)
-            for unit in self._overlapping(a, b):
+            for unit in self._out.overlapping(a, b):
                 n = unit.want.remove(a, b)
                 if n:
                     unit.session.credit_freed(n)
                     if not unit.want:
-                        self._drop(unit)
+                        self._out.drop(unit)
         delay = req.nack_delay_ms
         for pairs, counted in ((req.nacks, True), (req.releases, False)):
             for a, b in pairs:
-                for unit in self._overlapping(max(a, lo), min(b, hi)):
+                for unit in self._out.overlapping(max(a, lo), min(b, hi)):
                     if not counted:
                         # a consumer hands messages back as it shuts down: given back to it
                         # now, they would count as an attempt once its connection goes
@@ -324,9 +301,8 @@ class SubscriptionPartition:
                         due = now + self.config.backoff_ms(unit.attempt) / 1000
                     self._requeue(taken, unit.attempt, due, reason, failed=(a, b))
         for a, b in req.touches:
-            for unit in self._overlapping(a, b):
-                unit.deadline = now + self.config.ack_timeout_ms / 1000
-                heapq.heappush(self._deadlines, (unit.deadline, next(self._seq), unit))
+            for unit in self._out.overlapping(a, b):
+                self._out.touch(unit, now + self.config.ack_timeout_ms / 1000)
         self.wake()
 
     def _take(self, unit: Unit, a: int, b: int) -> Pairs:
@@ -342,34 +318,8 @@ class SubscriptionPartition:
             unit.want.remove(x, y)
         unit.session.credit_freed(n)
         if not unit.want:
-            self._drop(unit)
+            self._out.drop(unit)
         return taken
-
-    def _overlapping(self, a: int, b: int) -> list[Unit]:
-        if a >= b:
-            return []
-        bases = self._bases
-        i = max(bisect_right(bases, a) - 1, 0)
-        j = bisect_left(bases, b)
-        return [u for base in bases[i:j] for u in self._units[base] if u.end > a]
-
-    def _add(self, unit: Unit) -> None:
-        units = self._units.get(unit.base)
-        if units is None:
-            self._units[unit.base] = [unit]
-            insort(self._bases, unit.base)
-        else:
-            units.append(unit)
-        heapq.heappush(self._deadlines, (unit.deadline, next(self._seq), unit))
-
-    def _drop(self, unit: Unit) -> None:
-        units = self._units.get(unit.base)
-        if units is None or unit not in units:
-            return
-        units.remove(unit)
-        if not units:
-            del self._units[unit.base]
-            del self._bases[bisect_left(self._bases, unit.base)]
 
     def _requeue(
         self, ranges: Pairs, attempt: int, due: float, reason: str, failed: tuple[int, int] | None = None
@@ -397,22 +347,12 @@ class SubscriptionPartition:
         return [(counted, attempt), (rest.pairs(), attempt - 1)]
 
     def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
-        if ranges:
-            heapq.heappush(self._retries, Retry(due, next(self._seq), list(ranges), attempt, reason))
-            if attempt > 0:  # journaled: attempt counts and due times survive a restart
-                if self._journal is not None:
-                    due_ms = int(time.time() * 1000 + (due - time.monotonic()) * 1000)
-                    self._journal.extend((a, b, attempt, due_ms) for a, b in ranges)
-                self._dirty()
+        if self._retries.schedule(ranges, attempt, due, reason):
+            self._dirty()  # journaled: attempt counts and due times survive a restart
 
     def _expire(self, now: float) -> None:
         """Units past their deadline go back for redelivery after the backoff."""
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            deadline, _, unit = heapq.heappop(heap)
-            if unit.deadline != deadline or unit not in self._units.get(unit.base, ()):
-                continue  # touched since, or settled
-            self._drop(unit)
+        for unit in self._out.expired(now):
             n = unit.want.count()
             unit.session.credit_freed(n)
             due = now + self.config.backoff_ms(unit.attempt) / 1000
@@ -442,7 +382,8 @@ class SubscriptionPartition:
             # a retry due already waits for credit or for the one out before it (ordered):
             # a settle, freed credit or a new consumer wakes this, not a timer
             nxt = self._next_retry()
-            wake_at = [e[0] for e in self._deadlines[:1]] + ([nxt.due] if nxt and nxt.due > now else [])
+            first = self._out.next_deadline()
+            wake_at = ([] if first is None else [first]) + ([nxt.due] if nxt and nxt.due > now else [])
             timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
             if self.next_read >= part.high_watermark:
                 part.add_waiter(self._wake.set)
@@ -481,24 +422,13 @@ class SubscriptionPartition:
     def _ordered_busy(self) -> bool:
         """Ordered mode: a message is out (in flight, or being dead-lettered): nothing
         behind it goes until it is settled."""
-        return self.config.mode == "ordered" and (bool(self._units) or self._dead_lettering > 0)
+        return self.config.mode == "ordered" and (bool(self._out) or self._dead_lettering > 0)
 
     def _next_retry(self) -> Retry | None:
-        """The retry to deliver next: the first due; in ordered mode the one at the lowest
-        offset (it goes first, whenever it is due)."""
-        if not self._retries:
-            return None
-        if self.config.mode == "ordered":
-            return min(self._retries, key=_first_offset)
-        return self._retries[0]
+        return self._retries.next(self.config.mode == "ordered")
 
     def _pop_retry(self, r: Retry) -> None:
-        retries = self._retries
-        if retries[0] is r:
-            heapq.heappop(retries)
-        else:
-            retries.remove(r)
-            heapq.heapify(retries)
+        self._retries.pop(r)
 
     async def _deliver_retries(self, now: float) -> None:
         while not self.closed and (r := self._next_retry()) is not None:
@@ -645,28 +575,22 @@ class SubscriptionPartition:
             o = r.offset
             if o < lo:
                 continue
-            if keyed and o in restored and r.key not in self._keys:
+            if keyed and o in restored and not self._keys.busy(r.key):
                 # a retry from before a restart: its key waits for it again (the key's
                 # messages before it were settled, or it would not be first)
-                self._keys[r.key] = deque()
-                self._key_of[o] = r.key
+                self._keys.take(r.key, o)
                 continue
             if o not in want or (tags and tag_of(r.headers) not in tags):
                 continue
-            if keyed:
-                waiting = self._keys.get(r.key)
-                if waiting is not None:
-                    waiting.append(o)
-                    self._waiting += 1
-                    want.remove(o, o + 1)
-                    continue
+            if keyed and self._keys.hold(r.key, o):
+                want.remove(o, o + 1)
+                continue
             if chosen_n == limit:
                 stop = o
                 want.remove(o, hi)
                 break
             if keyed:
-                self._keys[r.key] = deque()
-                self._key_of[o] = r.key
+                self._keys.take(r.key, o)
             chosen.add(o, o + 1)
             chosen_n += 1
         for a, b in want.pairs():  # filtered out (or compacted away): settled
@@ -677,28 +601,15 @@ class SubscriptionPartition:
 
     def _release_keys(self, a: int, b: int) -> None:
         """Offsets in ``[a, b)`` were settled: their keys' next messages go out."""
-        key_of = self._key_of
-        if not key_of:
-            return
-        done = [o for o in range(a, b) if o in key_of] if b - a <= len(key_of) else [
-            o for o in key_of if a <= o < b
-        ]
-        now = time.monotonic()
-        for o in done:
-            key = key_of.pop(o)
-            waiting = self._keys.get(key)
-            if waiting:
-                nxt = waiting.popleft()
-                self._waiting -= 1
-                key_of[nxt] = key
-                self._retry([(nxt, nxt + 1)], 0, now, "")
-            else:
-                self._keys.pop(key, None)
+        released = self._keys.release(a, b)
+        now = time.monotonic() if released else 0.0
+        for nxt in released:
+            self._retry([(nxt, nxt + 1)], 0, now, "")
 
     def _hand_out(self, session, base, end, mv, want, attempt, deliveries, attachments) -> None:
         deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
         unit = Unit(base, end, mv, want, attempt, session, deadline)
-        self._add(unit)
+        self._out.add(unit)
         session.outstanding += want.count()
         deliveries.append(m.Delivery(base_offset=base, size=len(mv), attempt=attempt, want=want.pairs()))
         attachments.append(mv)
@@ -715,9 +626,9 @@ class SubscriptionPartition:
             # gone: what was just handed out goes back at once, the attempt not counted
             now = time.monotonic()
             for d in deliveries:
-                for u in list(self._units.get(d.base_offset, ())):
+                for u in self._out.of_batch(d.base_offset):
                     if u.session is session and u.attempt == d.attempt:
-                        self._drop(u)
+                        self._out.drop(u)
                         self._retry(u.want.pairs(), u.attempt - 1, now, "not delivered")
             self.detach(session)
 

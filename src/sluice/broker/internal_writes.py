@@ -1,0 +1,68 @@
+"""The broker's own writes into partitions: dead letters and the audit copies of discarded
+half messages.
+
+A partition this broker leads is written in-process, through one narrow callable, the
+``Append`` the broker hands over (today ``partition_append`` below, over the partitions'
+own ``append``); a partition another broker leads is written through a client to that
+broker (leader_client.py).  Never through a client to this broker itself.
+
+The ``Append`` contract: ``await append(topic, partition, data, acks_all)`` appends
+``data`` — one or more whole record batches, as a produce request carries them, built by
+the caller (their base offsets are set on append) — to ``topic``-``partition`` if this
+broker leads it, and returns the base offset of the first batch once it is acknowledged:
+with ``acks_all``, once every in-sync replica has it (the produce path's ``acks=all``).
+It raises ``NotLeader`` when this broker does not lead the partition (no replica here, a
+follower, a leader giving up), ``UnknownTopic`` / ``UnknownPartition``, and whatever an
+append raises (``NotEnoughReplicas`` with nothing written; ``RequestTimedOut``,
+``NotEnoughReplicasAfterAppend``, ``StorageError``: maybe stored).  The batches are the
+broker's own: internal topics are writable and no batch is refused for its size (its
+records were accepted once already, under their own topic's limit).
+
+Event loop only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from sluice.broker.leader_client import LeaderClient
+from sluice.errors import NotLeader
+from sluice.protocol.records import validate_batches
+
+Append = Callable[[str, int, bytearray, bool], Awaitable[int]]
+
+
+def partition_append(led_partition: Callable[[str, int], object]) -> Append:
+    """The ``Append`` over the partitions led here (``led_partition(topic, index)``: the
+    ``Partition``, ``NotLeader`` when not led here), queued on the partition's writer as a
+    produce's batches are (broker/partition.py ``Partition.append``)."""
+
+    async def append(topic: str, partition: int, data: bytearray, acks_all: bool) -> int:
+        part = led_partition(topic, partition)
+        spans = validate_batches(data, max(len(data), part.config.max_message_bytes))
+        return (await part.append(data, spans, acks_all=acks_all)).base_offset
+
+    return append
+
+
+class InternalWrites:
+    """Writes batches of the broker's own to a partition's leader: this broker in-process
+    (``append``), another through ``leaders``."""
+
+    def __init__(self, append: Append, leaders: LeaderClient) -> None:
+        self._append = append
+        self._leaders = leaders
+
+    async def write(self, topic: str, partition: int, data: bytearray, internal: bool = False) -> int:
+        """Append ``data`` with ``acks=all`` at the partition's leader; returns the base
+        offset.  ``internal``: an internal topic's (brokers only).  Raises as the append or
+        the leader does; ``NotLeader`` while no broker leads the partition, or while the
+        metadata name this broker and it does not lead it yet (try again)."""
+        try:
+            return await self._append(topic, partition, data, True)
+        except NotLeader:
+            pass  # another broker leads it (or none does right now): written there
+        return await self._leaders.produce(topic, partition, data, internal=internal)
+
+    async def close(self) -> None:
+        await self._leaders.close()
