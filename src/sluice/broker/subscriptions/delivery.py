@@ -7,15 +7,13 @@ what only the leader keeps in memory —
 - ``next_read``: the first offset not delivered yet (starts at ``confirmed`` after a load:
   what was in flight before a crash or a leader change is delivered again; ``catch_up``
   reads on from there, before any consumer, past what would not be handed out);
-- units in flight (in_flight.py): a unit is one stored batch delivered to one consumer with the offsets of
-  it that delivery wants settled, an attempt number and an ack deadline.  The broker never
-  decodes records to deliver them: it sends batch bytes and offset ranges, and the client
-  picks the records out.  A unit wants no more offsets than its consumer has credit for
-  (``prefetch``): a larger batch goes out in parts.  Deadlines are a heap, checked by the
-  pump (no timer per message);
-- retries (retries.py): offset ranges waiting for their redelivery time (a nack, a deadline passed, a
-  consumer gone), each with the attempt that failed.  After ``max_attempts`` deliveries
-  a range is dead-lettered (dead_letters.py writes the copies) and then acked.
+- units in flight (in_flight.py): stored batches delivered with the offsets of each that
+  the delivery wants settled — batch bytes and offset ranges, no record decoded (but for
+  tag filters and key-ordered mode: selection.py).  A unit wants no more offsets than its
+  consumer has credit for (``prefetch``): a larger batch goes out in parts;
+- retries (retries.py): offset ranges waiting for their redelivery time (a nack, a
+  deadline passed, a consumer gone).  After ``max_attempts`` deliveries a range is
+  dead-lettered (dead_letters.py writes the copies) and then acked.
   Ordered mode has one unit out at a time; a failure counts for the failed message only
   (the ones behind it were never handed to the application), the retry at the lowest
   offset goes first, and nothing new is read while any retry waits.
@@ -47,13 +45,14 @@ from typing import Protocol
 from sluice.broker.subscriptions.cursor import Cursor
 from sluice.broker.subscriptions.in_flight import InFlight, Unit
 from sluice.broker.subscriptions.keys import KeyOrder
-from sluice.broker.subscriptions.retries import Retries, Retry
+from sluice.broker.subscriptions.retries import Retries, Retry, failed_counts
+from sluice.broker.subscriptions.selection import pick
 from sluice.broker.subscriptions.session import Session
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import Pairs, RangeSet, count, first
 from sluice.protocol.records import HIDDEN_BITS, decode_batch, iter_batches
-from sluice.protocol.subscriptions import CursorState, SubscriptionConfig, tag_of
+from sluice.protocol.subscriptions import CursorState, SubscriptionConfig
 from sluice.storage.log import OutOfRange
 
 log = logging.getLogger("sluice.broker.subscriptions")
@@ -331,20 +330,8 @@ class SubscriptionPartition:
         for part, n in self._failed_counts(ranges, attempt, failed):
             self._retry(part, n, min(due, time.monotonic()) if last and n >= last else due, reason)
 
-    def _failed_counts(
-        self, ranges: Pairs, attempt: int, failed: tuple[int, int] | None = None
-    ) -> list[tuple[Pairs, int]]:
-        """How a delivery of ``ranges`` that failed at ``attempt`` counts: (ranges, attempts
-        so far).  In ordered mode only the failed message counts (``failed``, else the
-        first one): the client gives a partition's messages out one at a time, so the
-        application never saw the ones behind it, and they wait for its redelivery uncounted."""
-        if self.config.mode != "ordered" or not ranges:
-            return [(ranges, attempt)]
-        a, b = failed or (ranges[0][0], ranges[0][0] + 1)
-        rest = RangeSet(ranges)
-        counted = rest.overlap(a, b)
-        rest.remove(a, b)
-        return [(counted, attempt), (rest.pairs(), attempt - 1)]
+    def _failed_counts(self, ranges: Pairs, attempt: int, failed: tuple[int, int] | None = None):
+        return failed_counts(ranges, attempt, self.config.mode == "ordered", failed)
 
     def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
         if self._retries.schedule(ranges, attempt, due, reason):
@@ -427,21 +414,18 @@ class SubscriptionPartition:
     def _next_retry(self) -> Retry | None:
         return self._retries.next(self.config.mode == "ordered")
 
-    def _pop_retry(self, r: Retry) -> None:
-        self._retries.pop(r)
-
     async def _deliver_retries(self, now: float) -> None:
         while not self.closed and (r := self._next_retry()) is not None:
             ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
             if not ranges:
-                self._pop_retry(r)
+                self._retries.pop(r)
                 for a, b in r.ranges:  # settled meanwhile (seek, retention): their keys go on
                     self._release_keys(a, b)
                 continue
             if r.due > now:
                 return
             if self.config.max_attempts and r.attempt >= self.config.max_attempts:
-                self._pop_retry(r)
+                self._retries.pop(r)
                 self._dead_letter(ranges, r)
                 continue
             if self._ordered_busy():
@@ -449,7 +433,7 @@ class SubscriptionPartition:
             session = self._ready_session()
             if session is None:
                 return
-            self._pop_retry(r)
+            self._retries.pop(r)
             await self._deliver_ranges(session, ranges, r.attempt + 1, r.reason)
 
     async def _deliver_ranges(self, session: Session, ranges: Pairs, attempt: int, reason: str) -> None:
@@ -553,8 +537,8 @@ class SubscriptionPartition:
         """The offsets of the batch from ``lo`` to deliver now, at most ``limit`` (0: none,
         no consumer has credit), and the offset to read on from: ``hi``, or the first one
         to deliver past the limit.  Only with a tag filter or in key-ordered mode are its
-        records decoded: filtered ones are settled, and a key's messages behind one
-        already out wait for it (``_release_keys``)."""
+        records decoded (selection.py): filtered ones are settled, and a key's messages
+        behind one already out wait for it (``_release_keys``)."""
         want = RangeSet(self.cursor.unsettled(lo, hi))
         restored = RangeSet()  # waiting for their redelivery, with their attempt counts
         if self._restored:
@@ -567,32 +551,8 @@ class SubscriptionPartition:
         if not (want or (keyed and restored)) or not (cfg.tags or keyed):
             taken = first(want.pairs(), limit)
             return RangeSet(taken), (hi if want.count() <= limit else taken[-1][1] if taken else want.starts[0])
-        chosen = RangeSet()
-        chosen_n = 0
-        stop = hi
-        tags = set(cfg.tags)
-        for r in decode_batch(data, h, pos, self.part.topic, self.part.index):
-            o = r.offset
-            if o < lo:
-                continue
-            if keyed and o in restored and not self._keys.busy(r.key):
-                # a retry from before a restart: its key waits for it again (the key's
-                # messages before it were settled, or it would not be first)
-                self._keys.take(r.key, o)
-                continue
-            if o not in want or (tags and tag_of(r.headers) not in tags):
-                continue
-            if keyed and self._keys.hold(r.key, o):
-                want.remove(o, o + 1)
-                continue
-            if chosen_n == limit:
-                stop = o
-                want.remove(o, hi)
-                break
-            if keyed:
-                self._keys.take(r.key, o)
-            chosen.add(o, o + 1)
-            chosen_n += 1
+        records = decode_batch(data, h, pos, self.part.topic, self.part.index)
+        chosen, stop = pick(records, lo, hi, want, restored, limit, set(cfg.tags), self._keys if keyed else None)
         for a, b in want.pairs():  # filtered out (or compacted away): settled
             for x, y in chosen.missing(a, b):
                 if self.cursor.ack(x, y):

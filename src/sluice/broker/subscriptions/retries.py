@@ -18,7 +18,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from sluice.protocol.ranges import Pairs
+from sluice.protocol.ranges import Pairs, RangeSet
 
 # a journal entry: (first offset, end offset, attempts so far, due time in ms since the epoch)
 Entry = tuple[int, int, int, int]
@@ -35,6 +35,22 @@ class Retry:
 
 def _first_offset(r: Retry) -> int:
     return r.ranges[0][0]
+
+
+def failed_counts(
+    ranges: Pairs, attempt: int, ordered: bool, failed: tuple[int, int] | None = None
+) -> list[tuple[Pairs, int]]:
+    """How a delivery of ``ranges`` that failed at ``attempt`` counts: (ranges, attempts
+    so far).  In ordered mode only the failed message counts (``failed``, else the first
+    one): the client gives a partition's messages out one at a time, so the application
+    never saw the ones behind it, and they wait for its redelivery uncounted."""
+    if not ordered or not ranges:
+        return [(ranges, attempt)]
+    a, b = failed or (ranges[0][0], ranges[0][0] + 1)
+    rest = RangeSet(ranges)
+    counted = rest.overlap(a, b)
+    rest.remove(a, b)
+    return [(counted, attempt), (rest.pairs(), attempt - 1)]
 
 
 class Retries:
