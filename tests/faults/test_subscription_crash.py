@@ -3,7 +3,7 @@ ack was not yet durable (acked just before a kill) or that were in flight come a
 
 The consumer acks out of order (a shuffled pool of held messages, some nacked) while the
 broker is killed twice mid-consumption and restarted on the same data directory.  Cursor
-records are group-committed (broker/subscriptions.py ``FLUSH_S``), so a kill loses at
+records are group-committed (broker/subscriptions/store.py ``FLUSH_S``), so a kill loses at
 most the acks of the last moments: those messages are delivered again, never lost.
 """
 
