@@ -62,11 +62,12 @@ class LeaderClient:
         return await cluster.connection(leader)
 
     async def _request(self, topic: str, partition: int, req, attachments=(), timeout: float | None = None):
-        conn = await self._leader(topic, partition)
         try:
+            conn = await self._leader(topic, partition)
             resp, _ = await conn.request(req, attachments, timeout or self._timeout)
         except (NotLeader, ConnectionClosed):
-            self._client().mark_stale(topic)
+            if self._cluster is not None:  # asked again next time
+                self._cluster.mark_stale(topic)
             raise
         return resp
 
