@@ -11,6 +11,7 @@ import pytest
 from batches import request
 
 from sluice.broker.broker import Broker
+from sluice.broker.peer import LOCAL
 from sluice.cluster.store import PartitionState
 from sluice.errors import NotEnoughReplicasAfterAppend
 from sluice.protocol import messages as m
@@ -55,7 +56,7 @@ async def test_a_write_passed_by_a_high_watermark_of_too_small_an_isr_is_not_ack
 
 
 async def test_an_older_state_of_the_same_epoch_never_shrinks_the_isr(broker: Broker):
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
@@ -91,7 +92,7 @@ async def test_a_new_leader_stamps_its_epoch_before_any_write(open_partition):
 
 
 async def test_a_leader_that_cut_its_log_leads_on_only_in_a_new_epoch(broker: Broker):
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
@@ -120,7 +121,7 @@ async def test_a_topic_record_change_keeps_a_pending_expansion(broker: Broker):
     """A replica added to the topic's record (a move, an internal topic growing) while the
     leader writes an ISR expansion is no state of the store: the joiner still counts in the
     high watermark, since the expansion may have taken effect."""
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]

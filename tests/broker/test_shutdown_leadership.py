@@ -8,6 +8,7 @@ import pytest
 
 from sluice import errors
 from sluice.broker.broker import Broker
+from sluice.broker.peer import LOCAL
 from sluice.cluster.store import PartitionState
 from sluice.protocol import messages as m
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def test_a_stopping_broker_takes_no_leadership(broker: Broker):
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
@@ -32,6 +33,6 @@ async def test_a_stopping_broker_takes_no_leadership(broker: Broker):
 
 async def test_a_stopping_broker_creates_no_topic(broker: Broker):
     broker.drain()
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="late", partitions=1)]), ())
+    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="late", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == errors.BrokerShuttingDown.code
     assert "late" not in broker.topics

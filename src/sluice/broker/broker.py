@@ -47,18 +47,20 @@ from pathlib import Path
 
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.delays import DelayedDelivery
-from sluice.broker.fetch import FetchHandlers
+from sluice.broker.fetch import FetchService
 from sluice.broker.group_migration import migrate_legacy_groups
-from sluice.broker.groups import GroupHandlers
+from sluice.broker.groups import GroupService
 from sluice.broker.handoff import hand_off
 from sluice.broker.liveness import PeerLiveness
 from sluice.broker.partition import Partition
-from sluice.broker.produce import ProduceHandler
+from sluice.broker.peer import Peer
+from sluice.broker.produce import ProduceService
 from sluice.broker.reassignment import Reassignment
+from sluice.broker.registry import Topic, TopicRegistry
 from sluice.broker.replication import ReplicaManager
 from sluice.broker.stepdown import DiskStepDown
 from sluice.broker.subscriptions import SubscriptionManager
-from sluice.broker.topics import INTERNAL_REPLICAS, Topic, TopicAdmin, unknown_topic
+from sluice.broker.topics import INTERNAL_REPLICAS, TopicAdmin
 from sluice.broker.transactions import TransactionManager
 from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
@@ -69,10 +71,7 @@ from sluice.errors import (
     ClusterIdMismatch,
     ConfigError,
     MetadataUnavailable,
-    NotCoordinator,
-    NotLeader,
     TopicAlreadyExists,
-    unknown_partition,
 )
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
@@ -105,7 +104,7 @@ GROUPS_TOPIC_CONFIG = {
 }
 
 
-class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHandler, FetchHandlers):
+class Broker(TopicAdmin, ReplicaManager, Reassignment):
     """Topics and partitions, lifecycle, lookups and the API dispatch table.
 
     The handlers live by concept in topics.py, replication.py, groups.py, produce.py and
@@ -117,7 +116,8 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.data_dir = Path(config.data_dir)
         faults.arm_from_env(self.data_dir)  # fault tests only (storage/faults.py)
         self.defaults = TopicConfig.parse(config.topic_defaults)
-        self.topics: dict[str, Topic] = {}
+        self.registry = TopicRegistry()
+        self.topics: dict[str, Topic] = self.registry.topics
         self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")
         self.read_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-read")
         # the fsyncs that acknowledgements wait for: native threads, no GIL (storage/syncer.py)
@@ -155,9 +155,10 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self._started_at = time.monotonic()
         self._expired: list = []  # segments out of their logs whose files are still to delete
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
-        self._producer_ids = (0, -1)  # the next id to hand out, the last reserved (produce.py)
-        self._producer_ids_lock = asyncio.Lock()
         self.transactions = TransactionManager(self)  # half messages (broker/transactions.py)
+        self.produce_service = ProduceService(self.registry, self.transactions, self.metadata, self.store_is_ours)
+        self.fetch_service = FetchService(self.registry, config.max_frame_bytes, lambda: self._draining)
+        self.group_service = GroupService(self.registry, lambda: self.groups)
         self.subscriptions = SubscriptionManager(self)  # broker/subscriptions.py
         self.delays = DelayedDelivery(self.transactions)  # broker/delays.py
 
@@ -214,7 +215,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for job in (
             self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
             self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
-            self._groups_later(), self.transactions.run(), self.delays.run(), self.reserve_producer_ids(),
+            self._groups_later(), self.transactions.run(), self.delays.run(), self.produce_service.reserve_producer_ids(),
             self._check_store_identity(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
@@ -474,42 +475,20 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
     # ------------------------------------------------------------------ lookups
 
     def topic(self, name: str) -> Topic:
-        t = self.topics.get(name)
-        if t is None:
-            raise unknown_topic(name)
-        return t
+        return self.registry.topic(name)
 
     def check_partition(self, topic: str, index: int) -> Topic:
-        """The topic, if it has partition ``index`` (``UnknownTopic``, ``UnknownPartition``)."""
-        t = self.topic(topic)
-        if not 0 <= index < t.count:
-            raise unknown_partition(topic, index, t.count)
-        return t
+        return self.registry.check_partition(topic, index)
 
     def partition(self, topic: str, index: int) -> Partition:
-        """The replica of ``topic``-``index`` held here; ``NotLeader`` if none is."""
-        p = self.check_partition(topic, index).partitions.get(index)
-        if p is None:
-            raise NotLeader(f"this broker holds no replica of {topic}-{index}")
-        return p
-
-    def coordinator(self) -> GroupCoordinator:
-        """The group coordinator; ``NotCoordinator`` while ``__groups`` does not exist yet."""
-        if self.groups is None:
-            raise NotCoordinator("the group coordinator is starting (no __groups topic yet); retry")
-        return self.groups
+        return self.registry.partition(topic, index)
 
     def led_partition(self, topic: str, index: int) -> Partition:
-        """The partition if this broker leads it; ``NotLeader`` otherwise (consumers and
-        producers talk to leaders only)."""
-        p = self.partition(topic, index)
-        if not p.is_leader:
-            raise NotLeader(f"this broker does not lead {topic}-{index}")
-        return p
+        return self.registry.led_partition(topic, index)
 
     # ------------------------------------------------------------------ handlers
 
-    async def api_versions(self, req: m.ApiVersionsRequest, _att):
+    async def api_versions(self, req: m.ApiVersionsRequest, _att, _peer: Peer):
         return m.ApiVersionsResponse(apis=m.supported_versions()), ()
 
     def handlers(self) -> dict:
@@ -520,20 +499,14 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             m.Api.CREATE_TOPICS: self.create_topics,
             m.Api.DELETE_TOPICS: self.delete_topics,
             m.Api.DESCRIBE_TOPICS: self.describe_topics,
-            m.Api.PRODUCE: self.produce,
-            m.Api.FETCH: self.fetch,
-            m.Api.LIST_OFFSETS: self.list_offsets,
-            m.Api.OFFSET_COMMIT: self.offset_commit,
-            m.Api.OFFSET_FETCH: self.offset_fetch,
-            m.Api.LIST_GROUPS: self.list_groups,
-            m.Api.DESCRIBE_GROUPS: self.describe_groups,
-            m.Api.DELETE_GROUPS: self.delete_groups,
+            **self.produce_service.handlers(),
+            **self.fetch_service.handlers(),
+            **self.group_service.handlers(),
             m.Api.ALTER_TOPIC_CONFIGS: self.alter_topic_configs,
             m.Api.CREATE_PARTITIONS: self.create_partitions,
             m.Api.REPLICA_FETCH: self.replica_fetch,
             m.Api.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             m.Api.ELECT_LEADERS: self.elect_leaders,
-            m.Api.INIT_PRODUCER_ID: self.init_producer_id,
             **self.transactions.handlers(),
             **self.subscriptions.handlers(),
         }

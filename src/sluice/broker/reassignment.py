@@ -41,7 +41,8 @@ from __future__ import annotations
 import logging
 
 from sluice.broker.partition import Partition
-from sluice.broker.topics import Topic, error_fields
+from sluice.broker.registry import Topic
+from sluice.broker.results import error_fields
 from sluice.broker.wait import wait_event
 from sluice.cluster.assignment import replace_lost_replicas, spread_replicas
 from sluice.cluster.store import TopicRecord

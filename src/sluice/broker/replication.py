@@ -38,7 +38,9 @@ import logging
 
 from sluice.broker.fetcher import ReplicaFetcher
 from sluice.broker.partition import Partition
-from sluice.broker.topics import Topic, error_fields
+from sluice.broker.peer import Peer
+from sluice.broker.registry import Topic
+from sluice.broker.results import error_fields
 from sluice.broker.wait import until_woken, wait_event
 from sluice.cluster.controller import elect_offline, preferred_election
 from sluice.cluster.store import PartitionChange, PartitionState
@@ -413,7 +415,7 @@ class ReplicaManager:
             )
         return part
 
-    async def replica_fetch(self, req: m.ReplicaFetchRequest, _att):
+    async def replica_fetch(self, req: m.ReplicaFetchRequest, _att, _peer: Peer):
         """A follower's long poll: record where it is, then answer with what follows, up to
         the log end, once ``min_bytes`` are there or ``max_wait_ms`` passed."""
         loop = asyncio.get_running_loop()
@@ -490,7 +492,7 @@ class ReplicaManager:
             if replica not in part.isr:
                 self._isr_check.set()
 
-    async def offsets_for_leader_epoch(self, req: m.OffsetsForLeaderEpochRequest, _att):
+    async def offsets_for_leader_epoch(self, req: m.OffsetsForLeaderEpochRequest, _att, _peer: Peer):
         """Where each asked epoch ends in this leader's log (a follower truncates there)."""
         out = []
         for q in req.partitions:
@@ -502,7 +504,7 @@ class ReplicaManager:
                 out.append(m.EpochEndOffset(topic=q.topic, partition=q.partition, **error_fields(exc)))
         return m.OffsetsForLeaderEpochResponse(partitions=out), ()
 
-    async def elect_leaders(self, req: m.ElectLeadersRequest, _att):
+    async def elect_leaders(self, req: m.ElectLeadersRequest, _att, _peer: Peer):
         """With ``reassign``, first replace the replicas of brokers that are gone and
         record moves onto brokers holding fewer (broker/reassignment.py); then give
         partitions without a live leader one where a replica is eligible, as the

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 
-from sluice.broker.peer import current_connection
+from sluice.broker.peer import Peer
 from sluice.broker.session import Session
 from sluice.broker.subscription import SubscriptionPartition
 from sluice.errors import (
@@ -571,10 +571,10 @@ class SubscriptionManager:
 
         return list(await asyncio.gather(*(one(p) for p in partitions)))
 
-    async def subscribe(self, req: m.SubscribeRequest, _att):
+    async def subscribe(self, req: m.SubscribeRequest, _att, peer: Peer):
         sub.check_name(req.subscription)
         create = sub.check_config(req.create) if req.create is not None else None
-        conn = current_connection.get()
+        conn = peer
         key = (id(conn), req.topic, req.subscription)
         session = self._sessions.get(key)
         if session is None:
@@ -612,7 +612,7 @@ class SubscriptionManager:
             sp.detach(session)
         session.parts.clear()
 
-    async def ack(self, req: m.AckRequest, _att):
+    async def ack(self, req: m.AckRequest, _att, _peer: Peer):
         results = []
         for ap in req.partitions:
             ps = self._parts.get((req.topic, ap.partition))
@@ -626,7 +626,7 @@ class SubscriptionManager:
             results.append(m.SubscriptionPartitionResult(partition=ap.partition))
         return m.AckResponse(partitions=results), ()
 
-    async def create(self, req: m.CreateSubscriptionRequest, _att):
+    async def create(self, req: m.CreateSubscriptionRequest, _att, _peer: Peer):
         sub.check_name(req.subscription)
         config = sub.check_config(req.config)
         check = _Once(lambda: self.check_new(req.topic, req.subscription, config))
@@ -644,7 +644,7 @@ class SubscriptionManager:
 
         return m.CreateSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, create)), ()
 
-    async def delete(self, req: m.DeleteSubscriptionRequest, _att):
+    async def delete(self, req: m.DeleteSubscriptionRequest, _att, _peer: Peer):
         sub.check_name(req.subscription)
 
         async def delete(ps: PartitionSubscriptions):
@@ -653,7 +653,7 @@ class SubscriptionManager:
         results = await self._each(req.topic, req.partitions, delete, stranded=True)
         return m.DeleteSubscriptionResponse(partitions=results), ()
 
-    async def seek(self, req: m.SeekSubscriptionRequest, _att):
+    async def seek(self, req: m.SeekSubscriptionRequest, _att, _peer: Peer):
         sub.check_name(req.subscription)
 
         async def seek(ps: PartitionSubscriptions):
@@ -662,7 +662,7 @@ class SubscriptionManager:
 
         return m.SeekSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, seek)), ()
 
-    async def describe(self, req: m.DescribeSubscriptionsRequest, _att):
+    async def describe(self, req: m.DescribeSubscriptionsRequest, _att, _peer: Peer):
         if req.subscription is not None:
             sub.check_name(req.subscription)
         if req.subscription is None and self.refusal(req.topic) is not None:

@@ -25,11 +25,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from sluice.broker.partition import Partition
+from sluice.broker.peer import Peer
+from sluice.broker.produce import PRODUCED_INTERNAL
+from sluice.broker.registry import Topic
+from sluice.broker.results import error_fields
 from sluice.cluster.assignment import assign_replicas, replica_load
 from sluice.cluster.store import PartitionState, TopicRecord, initial_states, unknown_topic
 from sluice.config import TopicConfig, check_partitions, check_topic_name
@@ -45,42 +48,11 @@ from sluice.errors import (
     storage_error_from_os,
 )
 from sluice.protocol import messages as m
-from sluice.protocol.transactions import DISCARD_TOPIC
 from sluice.storage.log import PartitionLog
 
 log = logging.getLogger("sluice.broker")
 
 
-@dataclass
-class Topic:
-    """A topic of the cluster: its record, each partition's state, and the partitions this
-    broker holds (a replica of), by index."""
-
-    name: str
-    config: TopicConfig
-    record: TopicRecord
-    states: list[PartitionState | None]
-    partitions: dict[int, Partition] = field(default_factory=dict)
-
-    @property
-    def internal(self) -> bool:
-        return self.record.internal
-
-    @property
-    def count(self) -> int:
-        return self.record.partitions
-
-
-def error_fields(exc: BrokerError) -> dict:
-    """The ``error`` and ``message`` fields of a result that failed with ``exc``."""
-    return {"error": exc.code, "message": exc.message}
-
-
-# The internal topics brokers write with a produce request flagged ``internal`` (the
-# audit copies of discarded half messages).  Every other internal topic is written by its
-# leader's own code only, and brokers rebuild their state from it, so no request may write
-# it (a produce cannot tell a broker from a client) nor change how long it keeps records.
-PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
 INTERNAL_REPLICAS = 3  # a cluster's internal topics' factor (unless --replication-factor says)
 KEEPING_CONFIGS = frozenset({"cleanup.policy", "retention.ms", "retention.bytes"})
 
@@ -153,7 +125,7 @@ class TopicAdmin:
             raise
         return partitions
 
-    async def metadata_(self, req: m.MetadataRequest, _att):
+    async def metadata_(self, req: m.MetadataRequest, _att, _peer: Peer):
         """Topics, partition leaders, replicas and ISR as the metadata store has them
         (this broker's latest view), and the live brokers."""
         names = sorted(self.topics) if req.topics is None else req.topics
@@ -222,7 +194,7 @@ class TopicAdmin:
                 f"limit of {self.config.max_partitions} (sluice serve --max-partitions)"
             )
 
-    async def create_topics(self, req: m.CreateTopicsRequest, _att):
+    async def create_topics(self, req: m.CreateTopicsRequest, _att, _peer: Peer):
         results = await self._each_topic(
             (new.name, partial(self._create_topic, new, req.validate_only)) for new in req.topics
         )
@@ -305,7 +277,7 @@ class TopicAdmin:
                 os.replace(d, aside)
                 log.warning("moved leftover directory %s aside to %s", d, aside)
 
-    async def delete_topics(self, req: m.DeleteTopicsRequest, _att):
+    async def delete_topics(self, req: m.DeleteTopicsRequest, _att, _peer: Peer):
         results = await self._each_topic((name, partial(self._delete_topic, name)) for name in req.names)
         return m.DeleteTopicsResponse(topics=results), ()
 
@@ -349,7 +321,7 @@ class TopicAdmin:
             return
         asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
 
-    async def describe_topics(self, req: m.DescribeTopicsRequest, _att):
+    async def describe_topics(self, req: m.DescribeTopicsRequest, _att, _peer: Peer):
         """Config and partitions; offsets and sizes from this broker's replica when it
         leads the partition (else -1: ask its leader)."""
         names = sorted(self.topics) if req.names is None else req.names
@@ -384,7 +356,7 @@ class TopicAdmin:
             size_bytes=p.log.size_bytes, segments=len(p.log.segments), log_end_offset=p.log_end_offset,
         )
 
-    async def alter_topic_configs(self, req: m.AlterTopicConfigsRequest, _att):
+    async def alter_topic_configs(self, req: m.AlterTopicConfigsRequest, _att, _peer: Peer):
         results = await self._each_topic(
             (c.name, partial(self._alter_topic_config, c, req.validate_only)) for c in req.topics
         )
@@ -437,7 +409,7 @@ class TopicAdmin:
             p.reconfigure(topic.config)
         self.controller.config_changed(record)  # an unclean election may be allowed now
 
-    async def create_partitions(self, req: m.CreatePartitionsRequest, _att):
+    async def create_partitions(self, req: m.CreatePartitionsRequest, _att, _peer: Peer):
         results = await self._each_topic(
             (inc.name, partial(self._add_partitions, inc, req.validate_only)) for inc in req.topics
         )

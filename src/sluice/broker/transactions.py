@@ -46,7 +46,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
-from sluice.broker.peer import current_connection
+from sluice.broker.peer import Peer
 from sluice.broker.wait import until_woken
 from sluice.client.transaction import leader_connection
 from sluice.client.transport import Cluster
@@ -434,7 +434,7 @@ class TransactionManager:
 
     # ------------------------------------------------------------------ handlers
 
-    async def end_transaction(self, req: m.EndTransactionRequest, _att):
+    async def end_transaction(self, req: m.EndTransactionRequest, _att, _peer: Peer):
         if req.offset < 0 or req.partition < 0:
             raise InvalidRequest(f"bad transaction id {req.topic}/{req.partition}/{req.offset}")
         part = self.broker.led_partition(req.topic, req.partition)
@@ -446,10 +446,10 @@ class TransactionManager:
         state, at, already = await st.end(req.offset, req.commit, max(req.timeout_ms, 1) / 1000)
         return m.EndTransactionResponse(state=state, offset=at, already=already), ()
 
-    async def register_producer(self, req: m.RegisterProducerRequest, _att):
+    async def register_producer(self, req: m.RegisterProducerRequest, _att, peer: Peer):
         if not req.group:
             raise InvalidRequest("a producer group must be a non-empty string")
-        conn = current_connection.get()
+        conn = peer
         if conn is None:
             raise InvalidRequest("REGISTER_PRODUCER needs a connection")
         conns = self.producers.setdefault(req.group, [])
@@ -465,7 +465,7 @@ class TransactionManager:
         if not conns:
             self.producers.pop(group, None)
 
-    async def list_transactions(self, req: m.ListTransactionsRequest, _att):
+    async def list_transactions(self, req: m.ListTransactionsRequest, _att, _peer: Peer):
         topics = None if req.topics is None else set(req.topics)
         now = _now_ms()
         out: list[m.TransactionInfo] = []
