@@ -43,7 +43,7 @@ async def open_broker(tmp_path):
 
 
 async def create(broker: Broker, name: str, partitions: int = 1) -> None:
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=partitions)]), (), LOCAL)
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=partitions)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
 
 
@@ -64,7 +64,7 @@ async def test_groups_topic_is_created_internal_and_compacted(open_broker):
     topic = broker.topics[GROUPS_TOPIC]
     assert topic.internal and len(topic.partitions) == 3
     assert topic.config.cleanup_policy == "compact" and topic.config.retention_ms == -1
-    meta, _ = await broker.metadata_(m.MetadataRequest(topics=None), (), LOCAL)
+    meta, _ = await broker.topic_service.metadata_(m.MetadataRequest(topics=None), (), LOCAL)
     assert [(t.name, t.internal) for t in meta.topics] == [(GROUPS_TOPIC, True)]
     again = await open_broker(groups_partitions=5)  # an existing __groups keeps its count
     assert len(again.topics[GROUPS_TOPIC].partitions) == 3
@@ -114,12 +114,12 @@ async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
     req = m.ProduceRequest(partitions=req.partitions, internal=True)
     resp, _ = await broker.produce_service.produce(req, memoryview(data), LOCAL)
     assert resp.partitions[0].message == "topic __groups is internal: written by brokers only"
-    deleted, _ = await broker.delete_topics(m.DeleteTopicsRequest(names=[GROUPS_TOPIC]), (), LOCAL)
-    grown, _ = await broker.create_partitions(
+    deleted, _ = await broker.topic_service.delete_topics(m.DeleteTopicsRequest(names=[GROUPS_TOPIC]), (), LOCAL)
+    grown, _ = await broker.topic_service.create_partitions(
         m.CreatePartitionsRequest(topics=[m.PartitionsIncrease(name=GROUPS_TOPIC, total=20)]), (), LOCAL
     )
     assert deleted.topics[0].error == grown.topics[0].error == errors.InvalidRequest.code
-    created, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="__mine")]), (), LOCAL)
+    created, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="__mine")]), (), LOCAL)
     assert created.topics[0].error == errors.InvalidTopicName.code
     assert len(broker.topics[GROUPS_TOPIC].partitions) == 8
     # nor change how long it keeps records; other settings may change
@@ -128,11 +128,11 @@ async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
         m.TopicConfigChange(name=GROUPS_TOPIC, config={"cleanup.policy": "delete"}),
         m.TopicConfigChange(name=GROUPS_TOPIC, delete=["cleanup.policy"]),
     ):
-        altered, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
+        altered, _ = await broker.topic_service.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
         assert altered.topics[0].error == errors.InvalidRequest.code, altered
     assert broker.topics[GROUPS_TOPIC].config.cleanup_policy == "compact"
     change = m.TopicConfigChange(name=GROUPS_TOPIC, config={"flush.messages": "1"})
-    altered, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
+    altered, _ = await broker.topic_service.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
     assert altered.topics[0].error == 0, altered
 
 
