@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from sluice.broker.internal_writes import InternalWrites, partition_append
+from sluice.broker.internal_writes import Append, InternalWrites
 from sluice.broker.leader_client import LeaderClient
-from sluice.broker.topics import Topic
+from sluice.broker.registry import Topic
 from sluice.cluster.store import TopicRecord
 from sluice.errors import NotLeader, unknown_partition
 from sluice.protocol import messages as m
+from sluice.protocol.records import validate_batches
 
 
 class Conn:
@@ -88,6 +89,18 @@ def led_partition(topics: dict[str, Topic]):
         return p
 
     return lookup
+
+
+def partition_append(led_partition) -> Append:
+    """The ``Append`` over the partitions ``led_partition`` finds: each partition's own append,
+    as the produce service queues a produce's batches."""
+
+    async def append(topic: str, partition: int, data: bytearray, acks_all: bool) -> int:
+        part = led_partition(topic, partition)
+        spans = validate_batches(data, part.config.max_message_bytes)
+        return (await part.append(data, spans, acks_all=acks_all)).base_offset
+
+    return append
 
 
 def local_writes(topics: dict[str, Topic]) -> InternalWrites:

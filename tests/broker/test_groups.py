@@ -12,6 +12,7 @@ from batches import request
 
 from sluice import errors
 from sluice.broker.broker import Broker
+from sluice.broker.peer import LOCAL
 from sluice.config import ServerConfig
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
@@ -42,7 +43,7 @@ async def open_broker(tmp_path):
 
 
 async def create(broker: Broker, name: str, partitions: int = 1) -> None:
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=partitions)]), ())
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=partitions)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
 
 
@@ -50,11 +51,11 @@ async def commit(broker: Broker, group: str, offsets: dict) -> list[m.PartitionE
     req = m.OffsetCommitRequest(
         group=group, offsets=[m.CommitOffset(topic=t, partition=p, offset=o) for (t, p), o in offsets.items()]
     )
-    return (await broker.offset_commit(req, ()))[0].partitions
+    return (await broker.group_service.offset_commit(req, (), LOCAL))[0].partitions
 
 
 async def fetched(broker: Broker, group: str) -> dict:
-    resp, _ = await broker.offset_fetch(m.OffsetFetchRequest(group=group), ())
+    resp, _ = await broker.group_service.offset_fetch(m.OffsetFetchRequest(group=group), (), LOCAL)
     return {(r.topic, r.partition): r.offset for r in resp.offsets}
 
 
@@ -63,7 +64,7 @@ async def test_groups_topic_is_created_internal_and_compacted(open_broker):
     topic = broker.topics[GROUPS_TOPIC]
     assert topic.internal and len(topic.partitions) == 3
     assert topic.config.cleanup_policy == "compact" and topic.config.retention_ms == -1
-    meta, _ = await broker.metadata_(m.MetadataRequest(topics=None), ())
+    meta, _ = await broker.topic_service.metadata_(m.MetadataRequest(topics=None), (), LOCAL)
     assert [(t.name, t.internal) for t in meta.topics] == [(GROUPS_TOPIC, True)]
     again = await open_broker(groups_partitions=5)  # an existing __groups keeps its count
     assert len(again.topics[GROUPS_TOPIC].partitions) == 3
@@ -93,10 +94,10 @@ async def test_group_apis_answer_not_coordinator_when_the_partition_is_not_led(o
         await commit(broker, "g", {("t", 0): 2})
     with pytest.raises(errors.NotCoordinator):
         await fetched(broker, "g")
-    described, _ = await broker.describe_groups(m.DescribeGroupsRequest(names=["g"]), ())
-    deleted, _ = await broker.delete_groups(m.DeleteGroupsRequest(names=["g"]), ())
+    described, _ = await broker.group_service.describe_groups(m.DescribeGroupsRequest(names=["g"]), (), LOCAL)
+    deleted, _ = await broker.group_service.delete_groups(m.DeleteGroupsRequest(names=["g"]), (), LOCAL)
     assert described.groups[0].error == deleted.groups[0].error == errors.NotCoordinator.code
-    listed, _ = await broker.list_groups(m.ListGroupsRequest(), ())
+    listed, _ = await broker.group_service.list_groups(m.ListGroupsRequest(), (), LOCAL)
     assert listed.groups == []
     part.make_leader(2)
     assert await fetched(broker, "g") == {("t", 0): 1}  # the cache of its last load
@@ -106,19 +107,19 @@ async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
     broker = await open_broker()
     data, _ = request([b"forged"])
     req = m.ProduceRequest(partitions=[m.ProducePartition(topic=GROUPS_TOPIC, partition=0, size=len(data))])
-    resp, _ = await broker.produce(req, memoryview(data))
+    resp, _ = await broker.produce_service.produce(req, memoryview(data), LOCAL)
     assert resp.partitions[0].error == errors.InvalidRequest.code
     assert resp.partitions[0].message == "topic __groups is internal: written by brokers only"
     # nor with the flag brokers set on the produce requests they send each other
     req = m.ProduceRequest(partitions=req.partitions, internal=True)
-    resp, _ = await broker.produce(req, memoryview(data))
+    resp, _ = await broker.produce_service.produce(req, memoryview(data), LOCAL)
     assert resp.partitions[0].message == "topic __groups is internal: written by brokers only"
-    deleted, _ = await broker.delete_topics(m.DeleteTopicsRequest(names=[GROUPS_TOPIC]), ())
-    grown, _ = await broker.create_partitions(
-        m.CreatePartitionsRequest(topics=[m.PartitionsIncrease(name=GROUPS_TOPIC, total=20)]), ()
+    deleted, _ = await broker.topic_service.delete_topics(m.DeleteTopicsRequest(names=[GROUPS_TOPIC]), (), LOCAL)
+    grown, _ = await broker.topic_service.create_partitions(
+        m.CreatePartitionsRequest(topics=[m.PartitionsIncrease(name=GROUPS_TOPIC, total=20)]), (), LOCAL
     )
     assert deleted.topics[0].error == grown.topics[0].error == errors.InvalidRequest.code
-    created, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="__mine")]), ())
+    created, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="__mine")]), (), LOCAL)
     assert created.topics[0].error == errors.InvalidTopicName.code
     assert len(broker.topics[GROUPS_TOPIC].partitions) == 8
     # nor change how long it keeps records; other settings may change
@@ -127,11 +128,11 @@ async def test_clients_cannot_write_delete_or_grow_internal_topics(open_broker):
         m.TopicConfigChange(name=GROUPS_TOPIC, config={"cleanup.policy": "delete"}),
         m.TopicConfigChange(name=GROUPS_TOPIC, delete=["cleanup.policy"]),
     ):
-        altered, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), ())
+        altered, _ = await broker.topic_service.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
         assert altered.topics[0].error == errors.InvalidRequest.code, altered
     assert broker.topics[GROUPS_TOPIC].config.cleanup_policy == "compact"
     change = m.TopicConfigChange(name=GROUPS_TOPIC, config={"flush.messages": "1"})
-    altered, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), ())
+    altered, _ = await broker.topic_service.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
     assert altered.topics[0].error == 0, altered
 
 

@@ -11,6 +11,7 @@ import pytest
 from batches import request
 
 from sluice.broker.broker import Broker
+from sluice.broker.peer import LOCAL
 from sluice.cluster.store import PartitionState
 from sluice.errors import NotEnoughReplicasAfterAppend
 from sluice.protocol import messages as m
@@ -55,18 +56,18 @@ async def test_a_write_passed_by_a_high_watermark_of_too_small_an_isr_is_not_ack
 
 
 async def test_an_older_state_of_the_same_epoch_never_shrinks_the_isr(broker: Broker):
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
     me, epoch = broker.config.node_id, part.leader_epoch
     version = part.seen_version
-    broker._become(topic, 0, PartitionState(me, epoch, [me, 7], version + 20))  # the ISR grew
+    broker.replication.become(topic, 0, PartitionState(me, epoch, [me, 7], version + 20))  # the ISR grew
     assert part.isr == (me, 7)
-    broker._become(topic, 0, PartitionState(me, epoch, [me], version + 10))  # a late, older read
+    broker.replication.become(topic, 0, PartitionState(me, epoch, [me], version + 10))  # a late, older read
     assert part.isr == (me, 7) and part.state_version == version + 20
     assert topic.states[0].version == version + 20
-    broker._become(topic, 0, PartitionState(me, epoch, [me], version + 30))  # a newer one applies
+    broker.replication.become(topic, 0, PartitionState(me, epoch, [me], version + 30))  # a newer one applies
     assert part.isr == (me,)
 
 
@@ -91,7 +92,7 @@ async def test_a_new_leader_stamps_its_epoch_before_any_write(open_partition):
 
 
 async def test_a_leader_that_cut_its_log_leads_on_only_in_a_new_epoch(broker: Broker):
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
@@ -106,7 +107,7 @@ async def test_a_leader_that_cut_its_log_leads_on_only_in_a_new_epoch(broker: Br
     await until(lambda: part.state_version is not None and part.state_version > 0)  # the store's state applied
     epoch = part.leader_epoch
     await part.append(*request([b"a"]))
-    part.new_epoch_needed("a failed fsync cut the log")
+    broker.replication.states.new_leader_epoch(part, "a failed fsync cut the log")
     assert not part.is_leader  # no write in the old epoch from now on
     with pytest.raises(Exception, match="does not lead"):
         await part.append(*request([b"b"]))
@@ -120,7 +121,7 @@ async def test_a_topic_record_change_keeps_a_pending_expansion(broker: Broker):
     """A replica added to the topic's record (a move, an internal topic growing) while the
     leader writes an ISR expansion is no state of the store: the joiner still counts in the
     high watermark, since the expansion may have taken effect."""
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
@@ -132,7 +133,7 @@ async def test_a_topic_record_change_keeps_a_pending_expansion(broker: Broker):
     waiting = part.append(*request([b"a"]), acks_all=True)
     await asyncio.sleep(0.1)
     assert not waiting.done() and part.high_watermark == 0
-    await broker._apply_record(topic, replace(topic.record, assignment=[[me, 7, 8]]))  # 8 added
+    await broker.replication.reassignment.apply_record(topic, replace(topic.record, assignment=[[me, 7, 8]]))  # 8 added
     assert set(part.followers) == {7, 8}
     await asyncio.sleep(0.1)
     assert not waiting.done() and part.high_watermark == 0, "acknowledged without the joiner"

@@ -11,7 +11,7 @@ import time
 import pytest
 from batches import request
 
-from sluice.broker.fetcher import cut_point
+from sluice.broker.replication.follower import cut_point
 from sluice.errors import LeadershipLost, NotLeader, StorageError
 from sluice.storage import faults
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sluice.broker.reassignment import Reassignment
+from sluice.broker.replication.reassignment import Reassignment
 from sluice.cluster.store import TopicRecord
 from sluice.errors import BrokerBusy, InvalidReplicationFactor, NotLeader
 

@@ -11,6 +11,7 @@ import pytest
 from batches import request
 
 from sluice.broker.broker import Broker
+from sluice.broker.peer import LOCAL
 from sluice.cluster.store import PartitionState
 from sluice.errors import FencedLeaderEpoch
 from sluice.protocol import messages as m
@@ -42,12 +43,12 @@ def _fetch(part, offset: int, last_epoch: int) -> m.ReplicaFetchRequestV2:
 
 
 async def test_a_follower_whose_log_diverges_is_told_where_and_not_counted_as_copied(broker: Broker):
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), ())
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name="t", partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp.topics[0].message
     topic = broker.topics["t"]
     part = topic.partitions[0]
     me = broker.config.node_id
-    broker._become(topic, 0, PartitionState(me, 2, [me], 1 << 40))  # leads in epoch 2 (a version the store never had)
+    broker.replication.become(topic, 0, PartitionState(me, 2, [me], 1 << 40))  # leads in epoch 2 (a version the store never had)
     await part.append(*request([b"a", b"b", b"c"]))  # offsets 0..2 in epoch 2
     await asyncio.sleep(0.5)  # the broker's own resync of the topic record is done
     part.set_replicas([me, 7], [me, 7])  # a follower, 7, in sync (the record does not list it: set here)
@@ -56,14 +57,14 @@ async def test_a_follower_whose_log_diverges_is_told_where_and_not_counted_as_co
     assert part.high_watermark == 3  # 7 not heard of yet
     # 7 has four records too, but its last is of epoch 1 (from a leader this one never
     # followed): epoch 1 ends at 0 here, where epoch 2 starts
-    got, blobs = await broker.replica_fetch(_fetch(part, 4, 1), None)
+    got, blobs = await broker.replication.leader.replica_fetch(_fetch(part, 4, 1), None, LOCAL)
     [r] = got.partitions
     assert r.error == 0 and r.diverging and (r.diverging_epoch, r.diverging_end_offset) == (1, 0)
     assert not blobs and r.size == 0
     assert part.high_watermark == 3, "a diverged follower's log end was counted as copied"
-    got, _ = await broker.replica_fetch(_fetch(part, 0, -1), None)  # cut to nothing: fetch again
+    got, _ = await broker.replication.leader.replica_fetch(_fetch(part, 0, -1), None, LOCAL)  # cut to nothing: fetch again
     [r] = got.partitions
     assert not r.diverging and r.size > 0
-    got, _ = await broker.replica_fetch(_fetch(part, 4, 2), None)  # copied: its log is ours
+    got, _ = await broker.replication.leader.replica_fetch(_fetch(part, 4, 2), None, LOCAL)  # copied: its log is ours
     assert not got.partitions[0].diverging
     assert part.high_watermark == 4

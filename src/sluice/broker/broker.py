@@ -1,9 +1,27 @@
-"""Broker: topics and their partitions, and the dispatch table of the APIs.
+"""Broker: lifecycle and the dispatch table; the services do the work.
 
-Handlers take a decoded request struct and the frame's attachments and return the response
-struct plus the attachments to send (or None for a produce with ``acks=none``).  They raise
-``BrokerError`` for request-level failures; per-partition failures go into the response.
-The server connection (server/connection.py) owns bytes and sockets; this module owns none.
+A handler is a function ``handler(request, attachments, peer)`` (broker/peer.py) returning
+the response struct plus the attachments to send (or None for a produce with
+``acks=none``).  It raises ``BrokerError`` for request-level failures; per-item failures go
+into the response.  The server connection (server/connection.py) owns bytes and sockets;
+the broker owns none, and a second front door calls the same handlers.
+
+The broker builds its services, each with the collaborators its constructor names::
+
+    ClusterView          broker/membership.py   live brokers, controller, store state
+    TopicRegistry        broker/registry.py     topics known, partitions held, their dirs
+    ReplicationService   broker/replication/    states, leader and follower sides, moves
+    TopicService         broker/topics.py       topic admin APIs and topic lifecycle
+    ProduceService       broker/produce.py      PRODUCE, producer ids, in-process append
+    FetchService         broker/fetch.py        FETCH, LIST_OFFSETS
+    GroupService         broker/groups.py       committed offsets (GroupCoordinator)
+    TransactionManager   broker/transactions.py half messages
+    SubscriptionManager  broker/subscriptions.py
+    DelayedDelivery      broker/delays.py
+
+``handlers()`` maps each API key to its service's handler.  Lifecycle (``start``,
+``drain``, ``hand_off_leadership``, ``close``), retention and the high watermarks
+checkpoint stay here.
 
 Data directory::
 
@@ -27,65 +45,44 @@ their groups (``GroupCoordinator.load`` / ``unload`` follow leadership).
 
 Metadata lives in a ``MetadataStore`` (cluster/store.py): the data directory by default, or
 etcd with ``sluice serve --cluster etcd://...``.  Either way the broker runs the same
-replication: a single broker is a cluster of one, where every partition has one replica
-and its own log end is its high watermark.  Partitions are replicated by their followers
-pulling from the leader (broker/fetcher.py); states, the ISR and the replica APIs are in
-broker/replication.py; the controller (cluster/controller.py), elected through the store,
-moves leadership when brokers come and go; the replicas of brokers that left are replaced
-on request, and every broker applies changed replica lists (broker/reassignment.py).
+replication (broker/replication/); the controller (cluster/controller.py), elected through
+the store, moves leadership when brokers come and go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sluice.broker.coordinator import GroupCoordinator
-from sluice.broker.fetch import FetchHandlers
+from sluice.broker.fetch import FetchService
 from sluice.broker.group_migration import migrate_legacy_groups
-from sluice.broker.groups import GroupHandlers
-from sluice.broker.handoff import hand_off
-from sluice.broker.internal_writes import partition_append
+from sluice.broker.groups import GroupService
 from sluice.broker.liveness import PeerLiveness
+from sluice.broker.membership import ClusterView
 from sluice.broker.partition import Partition
-from sluice.broker.produce import ProduceHandler
-from sluice.broker.reassignment import Reassignment
-from sluice.broker.replication import ReplicaManager
-from sluice.broker.stepdown import DiskStepDown
+from sluice.broker.peer import Peer
+from sluice.broker.produce import ProduceService
+from sluice.broker.registry import Topic, TopicRegistry
+from sluice.broker.replication import ReplicationService
 from sluice.broker.subscriptions import SubscriptionManager
-from sluice.broker.topics import INTERNAL_REPLICAS, Topic, TopicAdmin, unknown_topic
+from sluice.broker.topics import INTERNAL_REPLICAS, TopicService
 from sluice.broker.transactions import DelayedDelivery, TransactionManager
-from sluice.broker.wait import wait_event
 from sluice.cluster import open_store
 from sluice.cluster.controller import Controller
 from sluice.cluster.store import BrokerRegistration, MetadataStore
 from sluice.config import ServerConfig, TopicConfig
-from sluice.errors import (
-    ClusterIdMismatch,
-    ConfigError,
-    MetadataUnavailable,
-    NotCoordinator,
-    NotLeader,
-    TopicAlreadyExists,
-    unknown_partition,
-)
+from sluice.errors import ConfigError, StorageError, TopicAlreadyExists
 from sluice.protocol import messages as m
 from sluice.protocol.coordinator import GROUPS_TOPIC
 from sluice.storage import faults, identity
-from sluice.storage.checkpoint import read_offsets, write_offsets
 from sluice.storage.syncer import Syncer
 
 log = logging.getLogger("sluice.broker")
 
-HW_CHECKPOINT = "replication-offset-checkpoint"
-CONTROLLER_POLL_S = 1.0
-STORE_RETRY_S = 0.5  # asking whether the store is still this cluster's, while it does not answer
-STORE_CHECK_S = 5.0  # ... and asking again while it does
 GROUPS_WARN_EVERY_S = 30.0  # "cannot start the group coordinator yet", at most one per this
 INTERNAL_TOPIC_WAIT_S = 10.0  # __groups waits for INTERNAL_REPLICAS live brokers, at most this long
 
@@ -105,19 +102,14 @@ GROUPS_TOPIC_CONFIG = {
 }
 
 
-class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHandler, FetchHandlers):
-    """Topics and partitions, lifecycle, lookups and the API dispatch table.
-
-    The handlers live by concept in topics.py, replication.py, groups.py, produce.py and
-    fetch.py.
-    """
+class Broker:
+    """Lifecycle and the API dispatch table over the broker's services (module docstring)."""
 
     def __init__(self, config: ServerConfig, store: MetadataStore | None = None) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
         faults.arm_from_env(self.data_dir)  # fault tests only (storage/faults.py)
         self.defaults = TopicConfig.parse(config.topic_defaults)
-        self.topics: dict[str, Topic] = {}
         self.write_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-write")
         self.read_executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="sluice-read")
         # the fsyncs that acknowledgements wait for: native threads, no GIL (storage/syncer.py)
@@ -126,52 +118,70 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         self.housekeeping = ThreadPoolExecutor(1, thread_name_prefix="sluice-housekeeping")
         # log compaction: long passes, kept out of the way of metadata writes
         self.cleaner = ThreadPoolExecutor(1, thread_name_prefix="sluice-cleaner")
-        self._admin_lock = asyncio.Lock()  # topic create / delete run one at a time
-        self._draining = False  # shutdown began: fetches answer at once, no new leaderships
+        self._admin_lock = asyncio.Lock()  # topic changes and partition states apply one at a time
         self.metadata = store if store is not None else open_store(config)
         self.groups: GroupCoordinator | None = None
         self.host, self.port = config.host, config.port
-        self.live_brokers: dict[int, BrokerRegistration] = {}  # by node id, as the store has them
         # ends the registration of a peer whose process is gone (broker/liveness.py)
-        self.liveness = PeerLiveness(self.metadata, config.node_id) if config.cluster else None
-        self.controller_id = -1
-        # the last time (monotonic) the metadata store answered, and why it does not now;
-        # None: it does
-        self.store_unreachable: tuple[float, str] | None = None
-        self.fetchers: dict = {}  # leader node id -> ReplicaFetcher (broker/fetcher.py)
-        self.disk_step_down = DiskStepDown(self)  # leaders whose disk fails hand over (broker/stepdown.py)
-        self.cluster_id: str | None = None  # the store's, as the data directory records it
-        # called (once) with why the broker must stop (the server stops, then raises it);
-        # a broker alone stays up, fenced: it deletes nothing the store no longer lists
-        self.on_fatal: Callable[[BaseException], None] = lambda exc: None
-        self._fenced: ClusterIdMismatch | None = None
-        self._isr_check = asyncio.Event()  # wakes the ISR upkeep at once
-        self._topics_stale = asyncio.Event()  # wakes the topic records' resync at once
-        self._controller_changed = asyncio.Event()
+        liveness = PeerLiveness(self.metadata, config.node_id) if config.cluster else None
+        self.view = ClusterView(self.metadata, bool(config.cluster), liveness)
         self.controller = Controller(
-            self.metadata, config.node_id, config.leader_rebalance_interval_ms, self._controller_changed.set
+            self.metadata, config.node_id, config.leader_rebalance_interval_ms, self.view.controller_changed.set
         )
         self._tasks: list[asyncio.Task] = []
         self._started_at = time.monotonic()
         self._expired: list = []  # segments out of their logs whose files are still to delete
-        self.checkpointed_hw: dict[tuple[str, int], int] = {}  # as last written (or read)
-        self._producer_ids = (0, -1)  # the next id to hand out, the last reserved (produce.py)
-        self._producer_ids_lock = asyncio.Lock()
+        self.registry = TopicRegistry(
+            config, self.defaults, self.write_executor, self.read_executor, self.syncer, self.housekeeping,
+            on_disk_failure=self._disk_failed, on_config_changed=self.controller.config_changed,
+        )
+        self.topics: dict[str, Topic] = self.registry.topics  # (the same dict, never replaced)
         self.transactions = TransactionManager(  # half messages (broker/transactions/)
-            self.topics, self.led_partition, self.read_executor,
+            self.topics, self.registry.led_partition, self.read_executor,
             check_timeout_ms=config.txn_check_timeout_ms, check_interval_ms=config.txn_check_interval_ms,
             max_checks=config.txn_max_checks, create_topic=self._create_topic, admin_lock=self._admin_lock,
             stored_topics=self.metadata.topics, groups_ready=lambda: self.groups is not None,
-            append=partition_append(self.led_partition), live_brokers=lambda: self.live_brokers,
-            node_id=config.node_id,
+            append=self._append, live_brokers=lambda: self.view.live_brokers, node_id=config.node_id,
         )
         self.subscriptions = SubscriptionManager(  # broker/subscriptions/
-            self.topics, self.led_partition, self.read_executor,
+            self.topics, self.registry.led_partition, self.read_executor,
             create_topic=self._create_topic, admin_lock=self._admin_lock,
-            append=partition_append(self.led_partition), live_brokers=lambda: self.live_brokers,
-            node_id=config.node_id,
+            append=self._append, live_brokers=lambda: self.view.live_brokers, node_id=config.node_id,
         )
         self.delays = DelayedDelivery(self.transactions)  # broker/transactions/delays.py
+        self.replication = ReplicationService(
+            config, self.metadata, self.registry, self.view, self._admin_lock, self.controller,
+            self._leadership_changed, self._forget_topic,
+        )
+        self.topic_service = TopicService(
+            config, self.registry, self.view, self.metadata, self._admin_lock, self.replication,
+            self.subscriptions, self._coordinator,
+        )
+        self.produce_service = ProduceService(
+            self.registry, self.transactions, self.metadata, self.view.store_is_ours
+        )
+        self.fetch_service = FetchService(self.registry, config.max_frame_bytes, self._draining)
+        self.group_service = GroupService(self.registry, self._coordinator)
+
+    # Late-bound collaborators: the partitions' disk failures reach replication, which is
+    # built after the registry that opens them; replication's deletions reach the topic
+    # service, which is built after it (and asks it to ``become``).
+
+    def _disk_failed(self, part: Partition, err: StorageError) -> None:
+        self.replication.disk_failed(part, err)
+
+    async def _forget_topic(self, name: str) -> None:
+        await self.topic_service.forget_topic(name)
+
+    async def _append(self, topic: str, partition: int, data: bytearray, acks_all: bool) -> int:
+        # the broker's own writes (broker/internal_writes.py ``Append``): the produce service's
+        return (await self.produce_service.append(topic, partition, data, acks_all)).base_offset
+
+    def _coordinator(self) -> GroupCoordinator | None:
+        return self.groups
+
+    def _draining(self) -> bool:
+        return self.view.draining
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -188,15 +198,12 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         it; until then the broker has opened no partition, so it serves none of them)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
-        try:
-            self.checkpointed_hw = read_offsets(self._hw_path)
-        except ValueError as exc:  # derived data: every partition starts from its log end
-            log.error("%s; high watermarks start from the logs", exc)
+        self.registry.read_checkpoint()
         node = self.config.node_id
         claim = identity.claim(self.data_dir, node)  # ConfigError: another node's
         await self.metadata.start()
         try:
-            self.cluster_id = await self.metadata.claim_cluster_id(claim.cluster_id)  # ClusterIdMismatch
+            self.view.cluster_id = await self.metadata.claim_cluster_id(claim.cluster_id)  # ClusterIdMismatch
             for other in await self.metadata.brokers():
                 if other.node_id != node and (other.host, other.port) == (self.host, self.port):
                     raise ConfigError(
@@ -205,99 +212,29 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
                     )
             await self.metadata.register_broker(BrokerRegistration(node, self.host, self.port))  # NodeIdInUse
             if claim.new and self.config.cluster:  # embedded: the store is in the directory too
-                await self._withdraw_lost_replicas()
-            self.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
+                await self.replication.withdraw_lost_replicas()
+            self.view.live_brokers = {b.node_id: b for b in await self.metadata.brokers()}
             for record in (await self.metadata.topics()).values():
-                self._trash_unlisted(record)
+                self.replication.trash_unlisted(record)
                 states = await self.metadata.partition_states(record.name)
-                topic = await self._open_topic(record, states)
+                topic = await self.registry.open_topic(record, states)
                 for i in topic.partitions:
-                    self._become(topic, i, states[i])
+                    self.replication.become(topic, i, states[i])
             if await self._ensure_internal_topics():
                 await self._start_coordinator()
         except BaseException:
-            await self._close_partitions()
+            await self.registry.close_all()
             await self.metadata.close()
             raise
-        identity.record(self.data_dir, node, self.cluster_id)
-        for trash in (self.data_dir / "logs").glob(".trash-*"):  # deletions a crash interrupted
-            asyncio.get_running_loop().run_in_executor(self.housekeeping, shutil.rmtree, trash, True)
+        identity.record(self.data_dir, node, self.view.cluster_id)
+        self.registry.empty_trash()  # deletions a crash interrupted
         loop = asyncio.get_running_loop()
         for job in (
-            self._retention_loop(), self._checkpoint_loop(), self._follow_states(), self._follow_brokers(),
-            self._isr_loop(), self._resync_topics(), self.controller.run(), self._follow_controller(),
-            self._groups_later(), self.transactions.run(), self.delays.run(), self.reserve_producer_ids(),
-            self._check_store_identity(),
+            self._retention_loop(), self._checkpoint_loop(), *self.replication.loops(), self.view.follow_brokers(),
+            self.controller.run(), self.view.follow_controller(), self._groups_later(), self.transactions.run(),
+            self.delays.run(), self.produce_service.reserve_producer_ids(), self.view.check_store_identity(),
         ):
             self._tasks.append(loop.create_task(job, name=job.__qualname__))
-
-    async def store_is_ours(self, wait: bool = True) -> bool:
-        """Whether the metadata store still holds this broker's cluster; asked before data
-        is deleted because the store no longer lists it, and before what a wiped store
-        would hand out again (producer ids, internal topics; storage/identity.py).  Waits
-        while the store does not answer (``wait=False``: raises ``MetadataUnavailable``).
-        On a mismatch (its metadata were wiped or replaced) it stops the broker through
-        ``on_fatal`` and returns False: nothing may be deleted or created."""
-        while self._fenced is None:
-            try:
-                await self.metadata.claim_cluster_id(self.cluster_id)
-                return True
-            except MetadataUnavailable:
-                if not wait:
-                    raise
-                await asyncio.sleep(STORE_RETRY_S)
-            except ClusterIdMismatch as exc:
-                self._fenced = exc
-                log.critical("%s; the broker stops, and keeps every replica it holds", exc)
-                self.on_fatal(exc)
-        return False
-
-    async def _check_store_identity(self) -> None:
-        """Every ``STORE_CHECK_S``, ``store_is_ours`` (a cluster only): a broker whose etcd
-        came back empty stops even if no deletion reaches it, instead of serving a store
-        that no longer lists its replicas."""
-        while self.config.cluster and await self.store_is_ours():
-            await asyncio.sleep(STORE_CHECK_S)
-
-    async def _follow_brokers(self) -> None:
-        """Keep ``live_brokers`` as the store has them."""
-        while True:
-            try:
-                async for regs in self.metadata.watch_brokers():
-                    self.live_brokers = {b.node_id: b for b in regs}
-                    self._controller_changed.set()
-                    if self.liveness is not None:
-                        self.liveness.update(self.live_brokers)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("following brokers failed; starting over")
-                await asyncio.sleep(0.5)
-
-    async def _follow_controller(self) -> None:
-        """Keep ``controller_id`` as the store has it: looked up when brokers change and
-        every ``CONTROLLER_POLL_S`` (an election need not change the brokers).  A lookup
-        that fails sets ``store_unreachable`` (metadata answers say so), with the time of
-        the last answer, until one succeeds."""
-        answered_at = time.monotonic()
-        while True:
-            await wait_event(self._controller_changed, CONTROLLER_POLL_S)
-            self._controller_changed.clear()
-            try:
-                controller = await self.metadata.controller()
-            except MetadataUnavailable as exc:
-                if self.store_unreachable is None:
-                    log.warning("the metadata store does not answer: %s", exc.message)
-                self.store_unreachable = (answered_at, exc.message)
-                continue
-            answered_at = time.monotonic()
-            if self.store_unreachable is not None:
-                log.warning("the metadata store answers again")
-                self.store_unreachable = None
-                if self.config.cluster and not await self.store_is_ours():  # an etcd back empty?
-                    return
-            self.controller_id = -1 if controller is None else controller
 
     async def _ensure_internal_topics(self) -> bool:
         """Create ``__groups`` (``groups_partitions`` partitions, compacted) unless the
@@ -311,13 +248,13 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         brokers arrive (cluster/strength.py)."""
         record = (await self.metadata.topics()).get(GROUPS_TOPIC)
         if record is None:
-            alone = len(self.live_brokers) < INTERNAL_REPLICAS and self.config.cluster is not None
+            alone = len(self.view.live_brokers) < INTERNAL_REPLICAS and self.config.cluster is not None
             if alone and time.monotonic() - self._started_at < INTERNAL_TOPIC_WAIT_S:
                 return False
             new = m.NewTopic(name=GROUPS_TOPIC, partitions=self.config.groups_partitions, config=GROUPS_TOPIC_CONFIG)
             try:
                 async with self._admin_lock:
-                    await self._create_topic(new, validate_only=False, internal=True)
+                    await self.topic_service.create_topic(new, validate_only=False, internal=True)
             except TopicAlreadyExists:  # another broker was first
                 pass
         elif record.partitions != self.config.groups_partitions:
@@ -361,7 +298,7 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         count = (await self.metadata.topics())[GROUPS_TOPIC].partitions
 
         def replica(p: int) -> Partition | None:
-            topic = self.topics.get(GROUPS_TOPIC)
+            topic = self.registry.topics.get(GROUPS_TOPIC)
             return topic.partitions.get(p) if topic is not None else None
 
         self.groups = GroupCoordinator(replica, count, self.read_executor, self.config.node_id)
@@ -374,18 +311,15 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.liveness is not None:
-            await self.liveness.close()
-        for f in self.fetchers.values():
-            f.stop()
-        await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
-        self.fetchers.clear()
+        if self.view.liveness is not None:
+            await self.view.liveness.close()
+        await self.replication.close()
         await self.subscriptions.close()
         await self.delays.close()
         await self.transactions.close()
-        await self._close_partitions()
+        await self.registry.close_all()
         try:
-            await self.checkpoint_high_watermarks()
+            await self.registry.checkpoint_high_watermarks()
         except OSError as exc:
             log.error("cannot checkpoint high watermarks: %s", exc)
         await self.metadata.close()
@@ -393,28 +327,20 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         for executor in (self.write_executor, self.read_executor, self.housekeeping, self.cleaner):
             executor.shutdown(wait=True)
 
-    async def _close_partitions(self) -> None:
-        parts = [p for topic in self.topics.values() for p in topic.partitions.values()]
-        results = await asyncio.gather(*(p.close() for p in parts), return_exceptions=True)
-        for p, result in zip(parts, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("closing %s-%d failed: %r", p.topic, p.index, result)
-
     def drain(self) -> None:
         """Shutdown has begun: every fetch long poll answers now with what it has (a client
         waiting for new records must not hold the shutdown for its ``max_wait_ms``), and so
         do fetches that come later; no partition state applied from now on makes this
         broker a leader, and it creates no topic (it would be gone before serving them)."""
-        self._draining = True
+        self.view.draining = True
         self.metadata.leaving()  # a session lost from now on is not replaced
-        for topic in self.topics.values():
-            for p in topic.partitions.values():
-                p.wake_fetches()
+        for p in self.registry.all_held():
+            p.wake_fetches()
 
     async def hand_off_leadership(self) -> int:
         """Shutdown: hand each partition led here to a live in-sync follower that fetches
-        (broker/handoff.py); returns how many moved.  Call after ``drain``."""
-        return await hand_off(self, self._become)
+        (broker/replication/handoff.py); returns how many moved.  Call after ``drain``."""
+        return await self.replication.hand_off()
 
     async def _retention_loop(self) -> None:
         while True:
@@ -424,28 +350,13 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
             except Exception:  # keep enforcing: the cause (a full or read-only disk) may pass
                 log.exception("retention pass failed")
 
-    @property
-    def _hw_path(self) -> Path:
-        return self.data_dir / "logs" / HW_CHECKPOINT
-
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.hw_checkpoint_ms / 1000)
             try:
-                await self.checkpoint_high_watermarks()
+                await self.registry.checkpoint_high_watermarks()
             except OSError as exc:  # keep trying: the cause (a full disk) may pass
                 log.error("cannot checkpoint high watermarks: %s", exc)
-
-    async def checkpoint_high_watermarks(self) -> bool:
-        """Write every partition's high watermark (tmp + fsync + rename) if one changed
-        since the last write; True if written.  Partitions reopen at min(checkpoint, log
-        end)."""
-        hws = {(p.topic, p.index): p.high_watermark for t in self.topics.values() for p in t.partitions.values()}
-        if hws == self.checkpointed_hw:
-            return False
-        await asyncio.get_running_loop().run_in_executor(self.housekeeping, write_offsets, self._hw_path, hws)
-        self.checkpointed_hw = hws
-        return True
 
     async def enforce_retention(self) -> int:
         """Delete segments past retention and compact dirty compacted partitions; returns how
@@ -484,69 +395,46 @@ class Broker(TopicAdmin, ReplicaManager, Reassignment, GroupHandlers, ProduceHan
         return deleted
 
     # ------------------------------------------------------------------ lookups
+    # (the replicas held here, for tests and tools; late-bound topic creation for the
+    # subscription and transaction managers, built before the topic service)
 
-    def topic(self, name: str) -> Topic:
-        t = self.topics.get(name)
-        if t is None:
-            raise unknown_topic(name)
-        return t
+    @property
+    def store_unreachable(self) -> tuple[float, str] | None:
+        """Since when (monotonic) and why the metadata store does not answer; None: it does."""
+        return self.view.store_unreachable
 
-    def check_partition(self, topic: str, index: int) -> Topic:
-        """The topic, if it has partition ``index`` (``UnknownTopic``, ``UnknownPartition``)."""
-        t = self.topic(topic)
-        if not 0 <= index < t.count:
-            raise unknown_partition(topic, index, t.count)
-        return t
+    @property
+    def on_fatal(self):
+        """Called (once) with why the broker must stop (server/app.py sets it)."""
+        return self.view.on_fatal
+
+    @on_fatal.setter
+    def on_fatal(self, callback) -> None:
+        self.view.on_fatal = callback
 
     def partition(self, topic: str, index: int) -> Partition:
-        """The replica of ``topic``-``index`` held here; ``NotLeader`` if none is."""
-        p = self.check_partition(topic, index).partitions.get(index)
-        if p is None:
-            raise NotLeader(f"this broker holds no replica of {topic}-{index}")
-        return p
-
-    def coordinator(self) -> GroupCoordinator:
-        """The group coordinator; ``NotCoordinator`` while ``__groups`` does not exist yet."""
-        if self.groups is None:
-            raise NotCoordinator("the group coordinator is starting (no __groups topic yet); retry")
-        return self.groups
+        return self.registry.partition(topic, index)
 
     def led_partition(self, topic: str, index: int) -> Partition:
-        """The partition if this broker leads it; ``NotLeader`` otherwise (consumers and
-        producers talk to leaders only)."""
-        p = self.partition(topic, index)
-        if not p.is_leader:
-            raise NotLeader(f"this broker does not lead {topic}-{index}")
-        return p
+        return self.registry.led_partition(topic, index)
+
+    async def _create_topic(self, new: m.NewTopic, validate_only: bool, internal: bool = False) -> None:
+        await self.topic_service.create_topic(new, validate_only, internal)
 
     # ------------------------------------------------------------------ handlers
 
-    async def api_versions(self, req: m.ApiVersionsRequest, _att):
+    async def api_versions(self, req: m.ApiVersionsRequest, _att, _peer: Peer):
         return m.ApiVersionsResponse(apis=m.supported_versions()), ()
 
     def handlers(self) -> dict:
-        """API key -> handler: the dispatch table of the server connection."""
+        """API key -> handler: the dispatch table of the front doors."""
         return {
             m.Api.API_VERSIONS: self.api_versions,
-            m.Api.METADATA: self.metadata_,
-            m.Api.CREATE_TOPICS: self.create_topics,
-            m.Api.DELETE_TOPICS: self.delete_topics,
-            m.Api.DESCRIBE_TOPICS: self.describe_topics,
-            m.Api.PRODUCE: self.produce,
-            m.Api.FETCH: self.fetch,
-            m.Api.LIST_OFFSETS: self.list_offsets,
-            m.Api.OFFSET_COMMIT: self.offset_commit,
-            m.Api.OFFSET_FETCH: self.offset_fetch,
-            m.Api.LIST_GROUPS: self.list_groups,
-            m.Api.DESCRIBE_GROUPS: self.describe_groups,
-            m.Api.DELETE_GROUPS: self.delete_groups,
-            m.Api.ALTER_TOPIC_CONFIGS: self.alter_topic_configs,
-            m.Api.CREATE_PARTITIONS: self.create_partitions,
-            m.Api.REPLICA_FETCH: self.replica_fetch,
-            m.Api.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
-            m.Api.ELECT_LEADERS: self.elect_leaders,
-            m.Api.INIT_PRODUCER_ID: self.init_producer_id,
+            **self.topic_service.handlers(),
+            **self.produce_service.handlers(),
+            **self.fetch_service.handlers(),
+            **self.group_service.handlers(),
+            **self.replication.handlers(),
             **self.transactions.handlers(),
             **self.subscriptions.handlers(),
         }
-

@@ -1,13 +1,18 @@
-"""Reading handlers: fetch (long poll) and list offsets.
+"""The fetch service: consumers' reads (FETCH, a long poll) and LIST_OFFSETS.
 
-``FetchHandlers`` is a part of ``Broker`` (a mixin).
+Consumers read only partitions led here, and only below the high watermark (what every
+in-sync replica has).  Disk reads run in the partitions' reader threads
+(broker/reading.py); this module only walks the request and waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
-from sluice.broker.topics import error_fields
+from sluice.broker.peer import Peer
+from sluice.broker.registry import TopicRegistry
+from sluice.broker.results import error_fields
 from sluice.broker.wait import until_woken
 from sluice.errors import (
     BrokerError,
@@ -19,8 +24,22 @@ from sluice.protocol import messages as m
 FETCH_OVERHEAD = 1024 * 1024  # room in a response frame for its header
 
 
-class FetchHandlers:
-    async def fetch(self, req: m.FetchRequest, _att):
+class FetchService:
+    """FETCH and LIST_OFFSETS.  Event loop only.
+
+    Collaborators: ``topics``, where partitions are looked up; ``max_frame_bytes``, the
+    cap a response must fit in (``ServerConfig.max_frame_bytes``); ``draining``, true once
+    the broker stops (long polls then answer at once with what they have)."""
+
+    def __init__(self, topics: TopicRegistry, max_frame_bytes: int, draining: Callable[[], bool]) -> None:
+        self.topics = topics
+        self.max_frame_bytes = max_frame_bytes
+        self.draining = draining
+
+    def handlers(self) -> dict:
+        return {m.Api.FETCH: self.fetch, m.Api.LIST_OFFSETS: self.list_offsets}
+
+    async def fetch(self, req: m.FetchRequest, _att, _peer: Peer):
         """Long poll: answer once ``min_bytes`` are there or ``max_wait_ms`` has passed."""
         if len({(fp.topic, fp.partition) for fp in req.partitions}) != len(req.partitions):
             raise InvalidRequest("a fetch names a partition more than once")
@@ -32,9 +51,9 @@ class FetchHandlers:
             # an offset not available yet is waited for like data (the high watermark is
             # catching up), and answered as such when the wait ends
             failed = any(r.error and r.error != OffsetNotAvailable.code for r in results)
-            if size >= req.min_bytes or remaining <= 0 or failed or self._draining:
+            if size >= req.min_bytes or remaining <= 0 or failed or self.draining():
                 return m.FetchResponse(partitions=results), blobs
-            parts = [self.partition(fp.topic, fp.partition) for fp in req.partitions]
+            parts = [self.topics.partition(fp.topic, fp.partition) for fp in req.partitions]
             await until_woken(
                 [p.add_waiter for p in parts], [p.remove_waiter for p in parts], remaining
             )
@@ -48,11 +67,11 @@ class FetchHandlers:
         always makes progress; partitions after the budget is spent get no data this time.
         """
         results, blobs, size = [], [], 0
-        frame = self.config.max_frame_bytes
+        frame = self.max_frame_bytes
         budget = min(req.max_bytes, max(frame // 2, frame - FETCH_OVERHEAD))
         for fp in req.partitions:
             try:
-                part = self.led_partition(fp.topic, fp.partition)
+                part = self.topics.led_partition(fp.topic, fp.partition)
                 limit = min(fp.max_bytes, budget - size)
                 if size and limit <= 0:
                     results.append(m.FetchPartitionResult(
@@ -77,11 +96,11 @@ class FetchHandlers:
             size += len(data)
         return results, blobs, size
 
-    async def list_offsets(self, req: m.ListOffsetsRequest, _att):
+    async def list_offsets(self, req: m.ListOffsetsRequest, _att, _peer: Peer):
         out = []
         for lp in req.partitions:
             try:
-                part = self.led_partition(lp.topic, lp.partition)
+                part = self.topics.led_partition(lp.topic, lp.partition)
                 ts = -1
                 if lp.timestamp == m.EARLIEST:
                     offset = part.log_start_offset

@@ -1,4 +1,4 @@
-"""The group and committed-offset APIs: ``GroupHandlers``, a part of ``Broker`` (a mixin).
+"""The group service: the group and committed-offset APIs (``GroupService``).
 
 The offsets themselves are kept by the broker's ``GroupCoordinator`` (broker/coordinator.py)
 in the internal topic ``__groups``.  Each handler answers only for the groups this broker
@@ -18,21 +18,46 @@ instead, whichever broker coordinates the group.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from sluice.broker.coordinator import GroupCoordinator
-from sluice.broker.peer import client_address
-from sluice.broker.topics import error_fields
-from sluice.errors import BrokerError, InvalidRequest
+from sluice.broker.peer import Peer
+from sluice.broker.registry import TopicRegistry
+from sluice.broker.results import error_fields
+from sluice.errors import BrokerError, InvalidRequest, NotCoordinator
 from sluice.protocol import messages as m
 from sluice.protocol.group_records import Committed
 
 MAX_COMMIT_METADATA = 4096
 
 
-class GroupHandlers:
-    """The group and committed-offset handlers of ``Broker`` (a mixin)."""
+class GroupService:
+    """OFFSET_COMMIT, OFFSET_FETCH, LIST_GROUPS, DESCRIBE_GROUPS, DELETE_GROUPS.  Event
+    loop only.
 
-    groups: GroupCoordinator
+    Collaborators: ``topics``, where partitions are looked up (for the log state shown
+    beside commits); ``coordinator``, the group coordinator, or None while ``__groups``
+    does not exist yet (the broker starts it later: broker.py)."""
+
+    def __init__(self, topics: TopicRegistry, coordinator: Callable[[], GroupCoordinator | None]) -> None:
+        self.topics = topics
+        self._coordinator = coordinator
+
+    def handlers(self) -> dict:
+        return {
+            m.Api.OFFSET_COMMIT: self.offset_commit,
+            m.Api.OFFSET_FETCH: self.offset_fetch,
+            m.Api.LIST_GROUPS: self.list_groups,
+            m.Api.DESCRIBE_GROUPS: self.describe_groups,
+            m.Api.DELETE_GROUPS: self.delete_groups,
+        }
+
+    def coordinator(self) -> GroupCoordinator:
+        """The group coordinator; ``NotCoordinator`` while ``__groups`` does not exist yet."""
+        groups = self._coordinator()
+        if groups is None:
+            raise NotCoordinator("the group coordinator is starting (no __groups topic yet); retry")
+        return groups
 
     def _group_partition(self, topic: str, index: int, c: Committed | None) -> m.GroupPartition:
         """What is known of one partition for a group: its commit (if any) and the log."""
@@ -41,7 +66,7 @@ class GroupHandlers:
             "commit_time_ms": c.time_ms, "committed_by": c.client,
         }
         try:
-            part = self.check_partition(topic, index).partitions.get(index)
+            part = self.topics.check_partition(topic, index).partitions.get(index)
         except BrokerError as exc:
             return m.GroupPartition(topic=topic, partition=index, **known, **error_fields(exc))
         if part is None:  # no replica here (a cluster's coordinator): the log state is unknown
@@ -52,9 +77,9 @@ class GroupHandlers:
             high_watermark=hw, lag=-1 if c is None else max(hw - c.offset, 0),
         )
 
-    async def list_groups(self, req: m.ListGroupsRequest, _att):
+    async def list_groups(self, req: m.ListGroupsRequest, _att, _peer: Peer):
         out = []
-        if self.groups is None:  # no __groups yet: no groups either
+        if self._coordinator() is None:  # no __groups yet: no groups either
             return m.ListGroupsResponse(groups=out), ()
         for name in self.coordinator().names():
             committed = self.coordinator().get(name)
@@ -68,7 +93,7 @@ class GroupHandlers:
             )
         return m.ListGroupsResponse(groups=out), ()
 
-    async def describe_groups(self, req: m.DescribeGroupsRequest, _att):
+    async def describe_groups(self, req: m.DescribeGroupsRequest, _att, _peer: Peer):
         """Per group: every partition of every topic it committed to, committed or not."""
         out = []
         for name in req.names:
@@ -79,13 +104,13 @@ class GroupHandlers:
                 continue
             keys = set(committed)
             for t in {t for t, _ in committed}:
-                if t in self.topics:
-                    keys.update((t, i) for i in range(self.topics[t].count))
+                if t in self.topics.topics:
+                    keys.update((t, i) for i in range(self.topics.topics[t].count))
             partitions = [self._group_partition(t, p, committed.get((t, p))) for t, p in sorted(keys)]
             out.append(m.GroupDescription(name=name, partitions=partitions))
         return m.DescribeGroupsResponse(groups=out), ()
 
-    async def delete_groups(self, req: m.DeleteGroupsRequest, _att):
+    async def delete_groups(self, req: m.DeleteGroupsRequest, _att, _peer: Peer):
         """Delete groups' offsets.  No membership exists to check: a consumer of the group
         still running recreates it with its next commit."""
         results = []
@@ -97,17 +122,17 @@ class GroupHandlers:
                 results.append(m.GroupResult(name=name, **error_fields(exc)))
         return m.DeleteGroupsResponse(groups=results), ()
 
-    async def offset_commit(self, req: m.OffsetCommitRequest, _att):
+    async def offset_commit(self, req: m.OffsetCommitRequest, _att, peer: Peer):
         """Commit the request's offsets in one append to the group's ``__groups``
         partition; answered once it is in the log.  Partitions that do not exist, negative
         offsets and oversized metadata are refused one by one; the rest are committed."""
         self.coordinator().check(req.group)
-        now_ms, client = int(time.time() * 1000), client_address.get()
+        now_ms, client = int(time.time() * 1000), peer.address
         ok: dict = {}
         results = []
         for c in req.offsets:
             try:
-                self.check_partition(c.topic, c.partition)
+                self.topics.check_partition(c.topic, c.partition)
                 if c.offset < 0:
                     raise InvalidRequest(f"cannot commit negative offset {c.offset}")
                 if len(c.metadata) > MAX_COMMIT_METADATA:
@@ -126,7 +151,7 @@ class GroupHandlers:
                 ]
         return m.OffsetCommitResponse(partitions=results), ()
 
-    async def offset_fetch(self, req: m.OffsetFetchRequest, _att):
+    async def offset_fetch(self, req: m.OffsetFetchRequest, _att, _peer: Peer):
         """The group's committed offsets (all, or those asked: -1 where none)."""
         committed = self.coordinator().get(req.group)
         keys = committed.keys() if req.partitions is None else [(tp.topic, tp.partition) for tp in req.partitions]

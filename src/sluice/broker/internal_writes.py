@@ -2,9 +2,9 @@
 half messages.
 
 A partition this broker leads is written in-process, through one narrow callable, the
-``Append`` the broker hands over (today ``partition_append`` below, over the partitions'
-own ``append``); a partition another broker leads is written through a client to that
-broker (leader_client.py).  Never through a client to this broker itself.
+``Append`` the broker hands over (its produce service's ``append``, broker/produce.py); a
+partition another broker leads is written through a client to that broker
+(leader_client.py).  Never through a client to this broker itself.
 
 The ``Append`` contract: ``await append(topic, partition, data, acks_all)`` appends
 ``data`` — one or more whole record batches, as a produce request carries them, built by
@@ -15,8 +15,8 @@ It raises ``NotLeader`` when this broker does not lead the partition (no replica
 follower, a leader giving up), ``UnknownTopic`` / ``UnknownPartition``, and whatever an
 append raises (``NotEnoughReplicas`` with nothing written; ``RequestTimedOut``,
 ``NotEnoughReplicasAfterAppend``, ``StorageError``: maybe stored).  The batches are the
-broker's own: internal topics are writable and no batch is refused for its size (its
-records were accepted once already, under their own topic's limit).
+broker's own: internal topics are writable; a batch above the target topic's
+``max.message.bytes`` is refused as a produce's is (``MessageTooLarge``).
 
 Event loop only.
 """
@@ -27,22 +27,8 @@ from collections.abc import Awaitable, Callable
 
 from sluice.broker.leader_client import LeaderClient
 from sluice.errors import NotLeader
-from sluice.protocol.records import validate_batches
 
 Append = Callable[[str, int, bytearray, bool], Awaitable[int]]
-
-
-def partition_append(led_partition: Callable[[str, int], object]) -> Append:
-    """The ``Append`` over the partitions led here (``led_partition(topic, index)``: the
-    ``Partition``, ``NotLeader`` when not led here), queued on the partition's writer as a
-    produce's batches are (broker/partition.py ``Partition.append``)."""
-
-    async def append(topic: str, partition: int, data: bytearray, acks_all: bool) -> int:
-        part = led_partition(topic, partition)
-        spans = validate_batches(data, max(len(data), part.config.max_message_bytes))
-        return (await part.append(data, spans, acks_all=acks_all)).base_offset
-
-    return append
 
 
 class InternalWrites:

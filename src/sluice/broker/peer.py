@@ -1,16 +1,69 @@
-"""The client address (and connection) of the request being handled, for handlers that
-record who did what, or that tie state to the connection (REGISTER_PRODUCER).
+"""The peer of a request: who sent it, and the way back to it.
 
-The server connection sets it in each request's own task (a ``ContextVar`` is per task, so
-concurrent requests never see each other's); handlers read it.  ``""`` outside a request,
-e.g. when a test calls a handler directly.
+Every handler is called as ``handler(request, attachments, peer)``.  The server connection
+(server/connection.py ``Connection``) is the peer of the Sluice protocol's requests; a
+second front door passes its own, and in-process callers (the broker writing to itself,
+tests) pass ``LOCAL``.
+
+Handlers use the peer to record who did what (``address``: a group commit's client) and to
+tie state to the connection (a registered producer, a subscription's session): they push
+to it unasked (``push``, while ``writable``; ``on_writable`` says when to resume) and drop
+that state when it goes (``on_close``, ``closed``).  Event loop only.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+from collections.abc import Callable
+from typing import Protocol
 
-client_address: ContextVar[str] = ContextVar("sluice_client_address", default="")
-# The server connection the request came on (server/connection.py ``Connection``: ``push``,
-# ``on_close``, ``closed``); None outside a request.
-current_connection: ContextVar[object | None] = ContextVar("sluice_connection", default=None)
+
+class Peer(Protocol):
+    """What a handler may use of the peer of its request."""
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the client, ``""`` for an in-process caller."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once the peer is gone (pushes are dropped, ``on_close`` callbacks ran)."""
+        ...
+
+    @property
+    def writable(self) -> bool:
+        """False while pushes should wait (a full write buffer) or the peer is going."""
+        ...
+
+    def push(self, key: int, version: int, message, attachments=()) -> bool:
+        """Send a server push (a ``messages.PUSHES`` struct and its attachments); False when
+        nothing was sent (the peer is going)."""
+        ...
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the peer goes (at once if it is gone)."""
+        ...
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, the next time a full write buffer drains."""
+        ...
+
+
+class LocalPeer:
+    """The peer of an in-process call: no address, never closes, takes no pushes."""
+
+    address = ""
+    closed = False
+    writable = True
+
+    def push(self, key: int, version: int, message, attachments=()) -> bool:
+        return False
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        pass  # it never closes
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        pass  # it is always writable
+
+
+LOCAL: Peer = LocalPeer()

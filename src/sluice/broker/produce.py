@@ -1,15 +1,28 @@
-"""The produce handler: validate batches, queue them on the partitions' writers, answer.
+"""The produce service: validate batches, queue them on the partitions' writers, answer;
+and the producer ids handed out by this broker.
 
-``ProduceHandler`` is a part of ``Broker`` (a mixin).
+``ProduceService`` serves PRODUCE and INIT_PRODUCER_ID for any front door, and ``append``
+for writers inside the broker (dead letters, transaction audit copies, group commits),
+so that they write through the same checks as clients, without a client of their own.
+
+The produce path does no per-record Python work: batches are checked as whole spans
+(protocol/records.py ``validate_batches``, C when built) and handed to the partition's
+writer as one slice of the request's attachments; nothing is copied here.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import msgspec
 
-from sluice.broker.topics import PRODUCED_INTERNAL, error_fields
+from sluice.broker.partition import Partition
+from sluice.broker.peer import Peer
+from sluice.broker.registry import TopicRegistry
+from sluice.broker.results import error_fields
+from sluice.cluster.store import MetadataStore
 from sluice.errors import (
     BrokerError,
     CorruptRecord,
@@ -21,6 +34,7 @@ from sluice.errors import (
 )
 from sluice.protocol import messages as m
 from sluice.protocol.records import BatchTooLarge, validate_batches
+from sluice.protocol.transactions import DISCARD_TOPIC
 
 # ids handed out by brokers stay below this; ids from it up are the callers' own (a Spark
 # sink derives its tasks' identities), so the two never meet
@@ -28,8 +42,41 @@ DERIVED_PRODUCER_IDS = 1 << 62
 PRODUCER_ID_BLOCK = 1000  # ids a broker reserves from the metadata store at a time
 RESERVE_RETRY_S = (0.5, 10.0)  # first and longest wait between tries of reserving at start
 
+# The internal topics brokers write with a produce request flagged ``internal`` (the
+# audit copies of discarded half messages).  Every other internal topic is written by its
+# leader's own code only, and brokers rebuild their state from it, so no request may write
+# it (a produce cannot tell a broker from a client) nor change how long it keeps records.
+PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
 
-class ProduceHandler:
+
+class HalfMessages(Protocol):
+    """What the produce path tells the transaction manager (broker/transactions.py)."""
+
+    def track(self, part: Partition, spans, chunk, fut: asyncio.Future) -> None: ...
+
+
+class ProduceService:
+    """PRODUCE and INIT_PRODUCER_ID, and the in-process ``append``.  Event loop only.
+
+    Collaborators: ``topics``, where partitions are looked up (only those led here take
+    writes); ``transactions``, told of every queued write (half messages); ``store``, the
+    metadata store producer id blocks are reserved from; ``store_is_ours``, asked before a
+    new block is reserved (a wiped store's counter starts again at 0)."""
+
+    def __init__(
+        self, topics: TopicRegistry, transactions: HalfMessages, store: MetadataStore,
+        store_is_ours: Callable[..., Awaitable[bool]],
+    ) -> None:
+        self.topics = topics
+        self.transactions = transactions
+        self.metadata = store
+        self.store_is_ours = store_is_ours
+        self._producer_ids = (0, -1)  # the next id to hand out, the last reserved
+        self._producer_ids_lock = asyncio.Lock()
+
+    def handlers(self) -> dict:
+        return {m.Api.PRODUCE: self.produce, m.Api.INIT_PRODUCER_ID: self.init_producer_id}
+
     async def reserve_producer_ids(self) -> None:
         """At start, reserve a block of producer ids before any producer asks, so that
         producers starting during a later outage of the metadata store still get theirs
@@ -54,7 +101,7 @@ class ProduceHandler:
             nxt, last = self._producer_ids = await self.metadata.allocate_producer_ids(PRODUCER_ID_BLOCK)
         return nxt, last
 
-    async def init_producer_id(self, req: m.InitProducerIdRequest, _att):
+    async def init_producer_id(self, req: m.InitProducerIdRequest, _att, _peer: Peer):
         """A producer id no other producer of the cluster was or will be given, epoch 0:
         taken from a block this broker reserved in the metadata store (blocks never overlap,
         across brokers and restarts; an id unused when the broker stops is skipped)."""
@@ -65,7 +112,7 @@ class ProduceHandler:
             self._producer_ids = (nxt + 1, last)
         return m.InitProducerIdResponse(producer_id=nxt, producer_epoch=0), ()
 
-    async def produce(self, req: m.ProduceRequest, att: memoryview):
+    async def produce(self, req: m.ProduceRequest, att: memoryview, _peer: Peer):
         """Validate each partition's batches, queue them on its writer, await the acks.
 
         ``acks=leader`` is answered once the batches are appended (and fsynced with
@@ -91,18 +138,10 @@ class ProduceHandler:
             chunk = att[pos : pos + p.size]
             pos += p.size
             try:
-                part = self.partition(p.topic, p.partition)
-                if self.topics[p.topic].internal and not (req.internal and p.topic in PRODUCED_INTERNAL):
+                part = self.topics.partition(p.topic, p.partition)
+                if self.topics.topics[p.topic].internal and not (req.internal and p.topic in PRODUCED_INTERNAL):
                     raise InvalidRequest(f"topic {p.topic} is internal: written by brokers only")
-                max_bytes = part.config.max_message_bytes
-                try:
-                    spans = validate_batches(chunk, max_bytes)
-                except BatchTooLarge as exc:
-                    raise MessageTooLarge(
-                        f"batch of {exc.size} bytes exceeds max.message.bytes={max_bytes} of topic {p.topic!r}"
-                    ) from None
-                except CorruptRecord as exc:
-                    raise InvalidRecord(str(exc)) from None
+                spans = _validate(part, chunk)
             except BrokerError as exc:
                 results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(exc)))
                 continue
@@ -133,7 +172,7 @@ class ProduceHandler:
             results = [r if r is None else result_type(**msgspec.structs.asdict(r)) for r in results]
         for i, fut in pending:
             p = req.partitions[i]
-            part = self.topics.get(p.topic)
+            part = self.topics.topics.get(p.topic)
             if not fut.done():
                 fut.add_done_callback(_consume_exception)
                 late = RequestTimedOut(f"write not completed within {req.timeout_ms} ms")
@@ -151,6 +190,44 @@ class ProduceHandler:
         if v2:
             return m.ProduceResponseV2(partitions=results), ()
         return m.ProduceResponse(partitions=results), ()
+
+    def append(self, topic: str, index: int, data, acks_all: bool = True, deadline: float | None = None) -> asyncio.Future:
+        """Queue record batches written inside the broker on partition ``index`` of
+        ``topic`` led here, as a produce would, and return the writer's future (an
+        ``AppendResult``: base offset, append time, each batch's offset).
+
+        ``data``: whole record batches (protocol/records.py) in a writable buffer (a
+        ``bytearray``: the writer patches offsets and times in place), built by the caller
+        and not touched again until the future is done.  Internal topics are accepted (the broker is
+        their writer).  Checked as a produce's: ``UnknownTopic``, ``UnknownPartition``,
+        ``NotLeader`` (not led here), ``MessageTooLarge``, ``InvalidRecord`` are raised
+        at once, nothing queued; the future fails with what the partition refuses or
+        loses (``NotEnoughReplicas``, ``BrokerBusy``, ``LeadershipLost``, storage errors).
+        ``acks_all``: done once every in-sync replica has the batches (else once
+        appended); ``deadline`` (event loop time): when an ``acks_all`` wait gives up
+        (``RequestTimedOut``; the batches may be stored).  Half messages among them are tracked like a client's.  Event loop only;
+        no await: the write is queued when this returns."""
+        part = self.topics.led_partition(topic, index)
+        view = memoryview(data)
+        spans = _validate(part, view)
+        fut = part.append(view, spans, acks_all, deadline)
+        self.transactions.track(part, spans, view, fut)
+        return fut
+
+
+def _validate(part: Partition, chunk: memoryview):
+    """The spans of the record batches in ``chunk`` for ``part`` (``MessageTooLarge``,
+    ``InvalidRecord``)."""
+    max_bytes = part.config.max_message_bytes
+    try:
+        return validate_batches(chunk, max_bytes)
+    except BatchTooLarge as exc:
+        raise MessageTooLarge(
+            f"batch of {exc.size} bytes exceeds max.message.bytes={max_bytes} of topic {part.topic!r}"
+        ) from None
+    except CorruptRecord as exc:
+        raise InvalidRecord(str(exc)) from None
+
 
 def _consume_exception(fut: asyncio.Future) -> None:
     if not fut.cancelled():

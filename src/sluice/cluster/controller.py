@@ -17,7 +17,7 @@ re-read topic records at least every 2 s), and every ``leader_rebalance_interval
   writes it lacks are lost).  An offline partition gets a leader as soon as one of these
   is eligible: a replica coming back, an unclean election allowed later (``sluice topic
   alter``), or a state change (a broker with a new data directory leaving the ISR,
-  broker/replication.py) all lead to a reconcile pass;
+  broker/replication/) all lead to a reconcile pass;
 - an in-sync replica that is gone leaves the ISR (the leader would drop it after its lag
   timeout anyway; this is sooner);
 - leadership moves back to the preferred replica (the first of the assignment) when it is
@@ -26,7 +26,7 @@ re-read topic records at least every 2 s), and every ``leader_rebalance_interval
   partitions a leader with ``elect_offline``, as a reconcile pass would, and reports those
   it cannot with ``offline_reason``);
 - a pending replica move (``TopicRecord.moving``, recorded by ``sluice cluster
-  rebalance``: broker/reassignment.py) completes once every replica the partition keeps
+  rebalance``: broker/replication/reassignment.py) completes once every replica the partition keeps
   is in the ISR: a leader that leaves first hands leadership to a kept in-sync live
   replica (CAS, new epoch), then the leaving replicas are dropped (``reassign``).  This
   runs on every reconcile pass and every ``MOVES_CHECK_S`` while any move is pending;

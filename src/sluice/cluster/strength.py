@@ -4,7 +4,7 @@ soon as live brokers can hold them.
 
 Called by the controller on each reconcile pass (so a broker that returns, or joins, gets
 the missing replicas within a pass) and by ``sluice cluster rebalance``
-(broker/reassignment.py).  The growth is one ``MetadataStore.reassign`` per topic that
+(broker/replication/reassignment.py).  The growth is one ``MetadataStore.reassign`` per topic that
 raises its replication factor and appends the new replicas to every partition's list;
 the brokers newly listed open the partition empty and follow its leader, which admits
 them to the ISR once caught up (the machinery of replica replacement).  A topic with a

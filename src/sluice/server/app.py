@@ -4,7 +4,7 @@
 the port, recover the logs, then accept connections, so a second broker on the same
 directory or port is refused before it reads a byte of data.  Shutdown order: stop
 accepting, take no new leadership, answer waiting fetches at once, hand each partition led
-here to a live in-sync follower (broker/handoff.py: writes still waiting for replicas here
+here to a live in-sync follower (broker/replication/handoff.py: writes still waiting for replicas here
 fail over to it at once), refuse new requests (but the followers'), let in-flight ones
 finish (bounded), close the followers' connections, then flush and close every partition,
 so a SIGTERM never loses an acknowledged write, leaves indexes saved, and exits at once
@@ -122,7 +122,7 @@ class Server:
         log.info("stopped")
 
     async def _hand_off(self) -> None:
-        """Give the partitions led here to in-sync followers (broker/handoff.py): their
+        """Give the partitions led here to in-sync followers (broker/replication/handoff.py): their
         ``acks=all`` writes waiting here end at once (retried by producers on the new
         leader) instead of holding the shutdown for a follower that may never fetch.
         Bounded: with the metadata store out, the controller elects after this broker left."""

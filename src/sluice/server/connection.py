@@ -14,7 +14,8 @@ client match them.  Bad input is answered, then the connection is closed:
 Nothing a client sends can crash the broker: handler bugs are logged and answered with
 UNKNOWN_SERVER_ERROR on that request only.
 
-Server push: ``push`` writes a frames.PUSH frame (a messages.PUSHES struct, and
+Each request's handler gets this connection as its peer (broker/peer.py ``Peer``: the
+client's ``address``, ``push``, ``on_close``...).  Server push: ``push`` writes a frames.PUSH frame (a messages.PUSHES struct, and
 attachments) to the client unasked, e.g. a transaction check to a registered producer
 (broker/transactions.py) or messages for a subscriber (broker/subscriptions.py), which
 pushes only while ``writable`` and resumes from ``on_writable``; ``on_close`` callbacks
@@ -35,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sluice.broker.peer import client_address, current_connection
 from sluice.errors import (
     BrokerError,
     BrokerShuttingDown,
@@ -57,6 +57,9 @@ REPLICA_APIS = frozenset({m.Api.REPLICA_FETCH, m.Api.OFFSETS_FOR_LEADER_EPOCH})
 
 
 class Connection(asyncio.Protocol):
+    """One client connection; the ``Peer`` (broker/peer.py) of each of its requests:
+    every handler is called as ``handler(request, attachments, connection)``."""
+
     def __init__(self, server) -> None:
         self.server = server
         self.handlers = server.handlers
@@ -107,6 +110,11 @@ class Connection(asyncio.Protocol):
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
             cb()
+
+    @property
+    def address(self) -> str:
+        """The client's ``host:port`` (``?`` when unknown)."""
+        return self.peer
 
     @property
     def closed(self) -> bool:
@@ -210,10 +218,8 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     async def _handle(self, frame: frames.Frame, handler, request) -> None:
-        client_address.set(self.peer)
-        current_connection.set(self)
         try:
-            result = await handler(request, frame.attachments)
+            result = await handler(request, frame.attachments, self)
         except BrokerError as exc:
             self._respond(frame, m.Response(error=exc.code, message=exc.message), ())
             return

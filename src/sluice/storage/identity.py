@@ -12,7 +12,7 @@ partitions that node holds.  Two mistakes then lose acknowledged messages:
 ``claim`` refuses the first (``ConfigError``, nothing touched) and tells the broker about
 the second: a directory with neither an owner nor a partition in it is new, and the broker
 leaves the ISR and the leadership of every partition the cluster lists it for right after
-it registers, before it opens any (replication.py ``_withdraw_lost_replicas``; a broker
+it registers, before it opens any (broker/replication/states.py ``withdraw_lost_replicas``; a broker
 refused its node id has changed nothing), then copies them back as a follower.  The owner
 is recorded only after that, so a crash in between is a new directory again.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from sluice.broker.peer import current_connection
+from sluice.broker.peer import Peer
 from sluice.broker.subscriptions.partition import PartitionSubscriptions
 from sluice.broker.subscriptions.session import Session
 from sluice.errors import BrokerError, NotLeader, SubscriptionAlreadyExists
@@ -60,10 +60,10 @@ class SubscriptionHandlers:
 
         return list(await asyncio.gather(*(one(p) for p in partitions)))
 
-    async def subscribe(self, req: m.SubscribeRequest, _att):
+    async def subscribe(self, req: m.SubscribeRequest, _att, peer: Peer):
         sub.check_name(req.subscription)
         create = sub.check_config(req.create) if req.create is not None else None
-        conn = current_connection.get()
+        conn = peer
         key = (id(conn), req.topic, req.subscription)
         session = self._sessions.get(key)
         if session is None:
@@ -101,7 +101,7 @@ class SubscriptionHandlers:
             sp.detach(session)
         session.parts.clear()
 
-    async def ack(self, req: m.AckRequest, _att):
+    async def ack(self, req: m.AckRequest, _att, _peer: Peer):
         results = []
         for ap in req.partitions:
             try:
@@ -112,7 +112,7 @@ class SubscriptionHandlers:
             results.append(m.SubscriptionPartitionResult(partition=ap.partition))
         return m.AckResponse(partitions=results), ()
 
-    async def create(self, req: m.CreateSubscriptionRequest, _att):
+    async def create(self, req: m.CreateSubscriptionRequest, _att, _peer: Peer):
         sub.check_name(req.subscription)
         config = sub.check_config(req.config)
         check = _Once(lambda: self._manager.check_new(req.topic, req.subscription, config))
@@ -130,7 +130,7 @@ class SubscriptionHandlers:
 
         return m.CreateSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, create)), ()
 
-    async def delete(self, req: m.DeleteSubscriptionRequest, _att):
+    async def delete(self, req: m.DeleteSubscriptionRequest, _att, _peer: Peer):
         sub.check_name(req.subscription)
 
         async def delete(ps: PartitionSubscriptions):
@@ -139,7 +139,7 @@ class SubscriptionHandlers:
         results = await self._each(req.topic, req.partitions, delete, stranded=True)
         return m.DeleteSubscriptionResponse(partitions=results), ()
 
-    async def seek(self, req: m.SeekSubscriptionRequest, _att):
+    async def seek(self, req: m.SeekSubscriptionRequest, _att, _peer: Peer):
         sub.check_name(req.subscription)
 
         async def seek(ps: PartitionSubscriptions):
@@ -148,7 +148,7 @@ class SubscriptionHandlers:
 
         return m.SeekSubscriptionResponse(partitions=await self._each(req.topic, req.partitions, seek)), ()
 
-    async def describe(self, req: m.DescribeSubscriptionsRequest, _att):
+    async def describe(self, req: m.DescribeSubscriptionsRequest, _att, _peer: Peer):
         if req.subscription is not None:
             sub.check_name(req.subscription)
         if req.subscription is None and self._manager.refusal(req.topic) is not None:

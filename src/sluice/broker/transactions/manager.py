@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from sluice.broker.internal_writes import Append, InternalWrites
 from sluice.broker.leader_client import LeaderClient
-from sluice.broker.peer import current_connection
+from sluice.broker.peer import Peer
 from sluice.broker.transactions.audit import AuditCopies
 from sluice.broker.transactions.check_back import CheckBack
 from sluice.broker.transactions.partition import PartitionTransactions
@@ -106,7 +106,7 @@ class TransactionManager:
 
     # ------------------------------------------------------------------ handlers
 
-    async def end_transaction(self, req: m.EndTransactionRequest, _att):
+    async def end_transaction(self, req: m.EndTransactionRequest, _att, _peer: Peer):
         if req.offset < 0 or req.partition < 0:
             raise InvalidRequest(f"bad transaction id {req.topic}/{req.partition}/{req.offset}")
         part = self._led_partition(req.topic, req.partition)
@@ -118,10 +118,10 @@ class TransactionManager:
         state, at, already = await st.end(req.offset, req.commit, max(req.timeout_ms, 1) / 1000)
         return m.EndTransactionResponse(state=state, offset=at, already=already), ()
 
-    async def register_producer(self, req: m.RegisterProducerRequest, _att):
+    async def register_producer(self, req: m.RegisterProducerRequest, _att, peer: Peer):
         if not req.group:
             raise InvalidRequest("a producer group must be a non-empty string")
-        conn = current_connection.get()
+        conn = peer
         if conn is None:
             raise InvalidRequest("REGISTER_PRODUCER needs a connection")
         conns = self.producers.setdefault(req.group, [])
@@ -137,7 +137,7 @@ class TransactionManager:
         if not conns:
             self.producers.pop(group, None)
 
-    async def list_transactions(self, req: m.ListTransactionsRequest, _att):
+    async def list_transactions(self, req: m.ListTransactionsRequest, _att, _peer: Peer):
         topics = None if req.topics is None else set(req.topics)
         now = _now_ms()
         out: list[m.TransactionInfo] = []

@@ -1,4 +1,8 @@
-"""Replica fetcher: a follower pulls the partitions it follows from one leader.
+"""The follower side of replication: this broker pulls the partitions it follows from
+their leaders.
+
+``Followers`` keeps one ``ReplicaFetcher`` per leader broker: the partition states
+(states.py) add a partition to its leader's fetcher, and take it away.
 
 One ``ReplicaFetcher`` per leader broker, one connection, one long-poll replica fetch in
 flight carrying every partition followed there.  For each partition, in each leader epoch:
@@ -35,6 +39,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from sluice.broker.membership import ClusterView
 from sluice.broker.partition import Partition
 from sluice.client.transport import Connection
 from sluice.errors import (
@@ -77,9 +82,52 @@ class _Followed:
     appending: asyncio.Task | None = None  # a write that stalls (its partition is skipped till it returns)
 
 
+class Followers:
+    """The replica fetchers of this broker, by leader.  Event loop only.
+
+    Collaborators: ``node_id``, this broker's (sent in replica requests); ``view``, where
+    the leaders' addresses are looked up (its ``live_brokers``)."""
+
+    def __init__(self, node_id: int, view: ClusterView) -> None:
+        self.node_id = node_id
+        self.view = view
+        self.fetchers: dict[int, ReplicaFetcher] = {}  # leader node id -> its fetcher
+
+    def follow(self, part: Partition, leader: int) -> None:
+        """Fetch ``part`` from broker ``leader`` (in the partition's current epoch)."""
+        f = self.fetchers.get(leader)
+        if f is None:
+            f = self.fetchers[leader] = ReplicaFetcher(self.node_id, self.view, leader)
+        f.add(part)
+
+    def following(self, part: Partition) -> int:
+        """The leader ``part`` is fetched from; -1: none."""
+        for leader, f in self.fetchers.items():
+            if f.has(part):
+                return leader
+        return -1
+
+    def unfollow(self, part: Partition) -> None:
+        """Stop fetching ``part``; a fetcher left with nothing to fetch stops."""
+        for leader, f in list(self.fetchers.items()):
+            if f.remove(part) and f.idle:
+                del self.fetchers[leader]
+                f.stop()
+
+    async def close(self) -> None:
+        """Stop every fetcher and wait for them."""
+        for f in self.fetchers.values():
+            f.stop()
+        await asyncio.gather(*(f.wait_stopped() for f in self.fetchers.values()))
+        self.fetchers.clear()
+
+
 class ReplicaFetcher:
-    def __init__(self, broker, leader: int) -> None:
-        self.broker = broker
+    """Pulls the partitions this broker follows from one leader (module docstring)."""
+
+    def __init__(self, node_id: int, view: ClusterView, leader: int) -> None:
+        self.node_id = node_id
+        self.view = view
         self.leader = leader
         self._parts: dict[tuple[str, int], _Followed] = {}
         self._changed = asyncio.Event()
@@ -144,7 +192,7 @@ class ReplicaFetcher:
     async def _connection(self) -> Connection | None:
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        reg = self.broker.live_brokers.get(self.leader)
+        reg = self.view.live_brokers.get(self.leader)
         if reg is None:
             return None  # not alive (yet): a new state will move the partitions
         self._conn = await Connection.open(reg.host, reg.port, connect_timeout=CONNECT_TIMEOUT_S)
@@ -180,7 +228,7 @@ class ReplicaFetcher:
         if not queries:
             return
         resp, _ = await conn.request(
-            m.OffsetsForLeaderEpochRequest(replica_id=self.broker.config.node_id, partitions=[q for _, q in queries]),
+            m.OffsetsForLeaderEpochRequest(replica_id=self.node_id, partitions=[q for _, q in queries]),
             timeout=10.0,
         )
         for (f, _), r in zip(queries, resp.partitions, strict=True):
@@ -233,12 +281,12 @@ class ReplicaFetcher:
                 for f in (*ready, *reports)
             ]
             req = m.ReplicaFetchRequest(
-                replica_id=self.broker.config.node_id, partitions=partitions,
+                replica_id=self.node_id, partitions=partitions,
                 max_wait_ms=FETCH_WAIT_MS, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
             )
         else:
             req = m.ReplicaFetchRequestV2(
-                replica_id=self.broker.config.node_id,
+                replica_id=self.node_id,
                 partitions=[
                     m.ReplicaFetchPartitionV2(
                         topic=f.part.topic, partition=f.part.index, leader_epoch=f.epoch,

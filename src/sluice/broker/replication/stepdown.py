@@ -6,8 +6,8 @@ refuses a write or an fsync (``EIO``, ``EROFS``...) or a write has not returned 
 would leave the partition unwritable, or stalled, while healthy followers sit idle (seed
 ``000``: fail fast).  So the broker hands it, by compare-and-swap on the partition's state
 in the metadata store, to an in-sync follower that is alive and fetching (the one
-furthest ahead: ``handoff.successor``, as at a controlled shutdown), in a new leader
-epoch, and leaves the ISR itself: its copy may lack what its disk lost.  Every ISR member has every acknowledged record, so the new
+furthest ahead: ``handoff.hand_over``, the swap of a controlled shutdown), in a new
+leader epoch, and leaves the ISR itself: its copy may lack what its disk lost.  Every ISR member has every acknowledged record, so the new
 leader has them too: this is an ordinary clean election, made by the leader instead of
 the controller, and the version check makes it lose to any change made meanwhile (the
 controller's, an ISR change).  The store's watch then applies the new state here
@@ -15,8 +15,9 @@ controller's, an ISR change).  The store's watch then applies the new state here
 
 With no other live in-sync replica the leader keeps the partition (it holds the only
 copy): producers keep getting the storage error, and a leader fenced after a failed
-fsync (``Partition._fence``) starts a new epoch of its own instead, in which it cuts what
-its disk may have lost before writing again.  A full disk hands nothing over: it is
+fsync (``Partition._fence``) starts a new epoch of its own instead (the partition states'
+``new_leader_epoch``: states.py), in which it cuts what its disk may have lost before
+writing again.  A full disk hands nothing over: it is
 reported to producers and waits for space.
 
 Event loop only.  One hand-over at a time per partition and epoch; a failed attempt (the
@@ -28,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Callable
 
-from sluice.broker.handoff import successor
-from sluice.cluster.store import PartitionState
+from sluice.broker.partition import Partition
+from sluice.broker.replication.handoff import StateChanged, hand_over
+from sluice.cluster.store import MetadataStore
 from sluice.errors import MetadataUnavailable, StorageError, UnknownPartition, UnknownTopic
 
 log = logging.getLogger("sluice.replication")
@@ -40,9 +42,21 @@ RETRY_S = 0.2
 
 
 class DiskStepDown:
-    def __init__(self, broker) -> None:
-        """``broker``: its metadata store, node id, live brokers and partitions are used."""
-        self._broker = broker
+    """Hands away the leadership of partitions whose disk failed (module docstring).
+
+    Collaborators: ``node_id``, this broker's; ``store``, the metadata store swapped in;
+    ``live()``, the node ids of the live brokers; ``new_leader_epoch(partition, why)``,
+    the partition states' (states.py): a fenced leader with no successor starts a new
+    epoch through it."""
+
+    def __init__(
+        self, node_id: int, store: MetadataStore, live: Callable[[], set[int]],
+        new_leader_epoch: Callable[[Partition, str], None],
+    ) -> None:
+        self.node_id = node_id
+        self.metadata = store
+        self.live = live
+        self.new_leader_epoch = new_leader_epoch
         self._running: dict[tuple[str, int], int] = {}  # partition -> epoch handed over
 
     def disk_failed(self, part, err: StorageError) -> None:
@@ -61,11 +75,11 @@ class DiskStepDown:
         if not task.cancelled() and task.exception() is not None:
             log.error("handing over %s-%d failed", *key, exc_info=task.exception())
 
-    async def _hand_over(self, part, epoch: int, err: StorageError) -> None:
-        me = self._broker.config.node_id
+    async def _hand_over(self, part: Partition, epoch: int, err: StorageError) -> None:
+        me = self.node_id
         while part.is_leader and part.leader_epoch == epoch and not part.closing:
             try:
-                states = await self._broker.metadata.partition_states(part.topic)
+                states = await self.metadata.partition_states(part.topic)
             except (UnknownTopic, UnknownPartition):
                 return
             except MetadataUnavailable as exc:
@@ -77,24 +91,26 @@ class DiskStepDown:
             st = states[part.index]
             if st.leader != me or st.leader_epoch != epoch:
                 return  # moved on already
-            isr = [r for r in st.isr if r != me]
-            heir = successor(part, isr, set(self._broker.live_brokers), time.monotonic())
-            if heir is not None:
-                new = PartitionState(heir, epoch + 1, isr)
-                what = f"broker {heir} leads it in epoch {epoch + 1}, ISR {isr}"
+            try:
+                new = await hand_over(self.metadata, part, st, self.live())
+            except (UnknownTopic, UnknownPartition):
+                return
+            except StateChanged:  # read it again
+                await asyncio.sleep(RETRY_S)
+                continue
+            except MetadataUnavailable as exc:
+                log.warning("cannot hand over %s-%d yet: %s", part.topic, part.index, exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if new is not None:
+                log.warning("%s-%d: %s; broker %d leads it in epoch %d, ISR %s",
+                            part.topic, part.index, err, new.leader, new.leader_epoch, new.isr)
             elif part.fenced:
-                new = PartitionState(me, epoch + 1, st.isr)
-                what = f"no other in-sync replica: a new epoch {epoch + 1} of this leader cuts what may be lost"
+                # no other in-sync replica: a new epoch of this leader cuts what may be lost
+                self.new_leader_epoch(part, f"{err}; no other in-sync replica")
             else:
                 log.error(
                     "%s-%d: %s; no other in-sync replica is alive, so this broker keeps leading it",
                     part.topic, part.index, err,
                 )
-                return
-            try:
-                if await self._broker.metadata.cas_partition_state(part.topic, part.index, st.version, new):
-                    log.warning("%s-%d: %s; %s", part.topic, part.index, err, what)
-                    return
-            except MetadataUnavailable as exc:
-                log.warning("cannot hand over %s-%d yet: %s", part.topic, part.index, exc)
-            await asyncio.sleep(RETRY_S)
+            return

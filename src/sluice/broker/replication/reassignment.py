@@ -1,9 +1,8 @@
 """Replica reassignment on a broker: lost replicas replaced, replicas spread onto brokers
 that joined, new replicas opened, dropped ones trashed.
 
-``Reassignment`` is a part of ``Broker`` (a mixin).  It plans no leadership (that is the
-controller's, cluster/controller.py) and changes no ISR (the leader's,
-broker/replication.py).
+``Reassignment`` plans no leadership (that is the controller's, cluster/controller.py) and
+changes no ISR (the leader's, leader.py).
 
 - **Planning** (``ELECT_LEADERS`` with ``reassign``: ``sluice cluster rebalance``): the
   broker that receives the request replaces, in every partition with a live leader, the
@@ -32,19 +31,24 @@ broker/replication.py).
   it once it caught up; a broker no longer listed closes its replica and moves its
   directory to the trash; a leader learns its new followers.  Config changes made on
   other brokers are applied the same way.
-- **At start** (``_trash_unlisted``): the directories of partitions that no longer list
+- **At start** (``trash_unlisted``): the directories of partitions that no longer list
   this broker (reassigned while it was down) go to the trash.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from sluice.broker.membership import ClusterView
 from sluice.broker.partition import Partition
-from sluice.broker.topics import Topic, error_fields
+from sluice.broker.registry import Topic, TopicRegistry
+from sluice.broker.replication.follower import Followers
+from sluice.broker.replication.states import PartitionStates
+from sluice.broker.results import error_fields
 from sluice.broker.wait import wait_event
 from sluice.cluster.assignment import replace_lost_replicas, spread_replicas
-from sluice.cluster.store import TopicRecord
+from sluice.cluster.store import MetadataStore, TopicRecord
 from sluice.cluster.strength import restore_strength
 from sluice.errors import (
     BrokerBusy,
@@ -61,16 +65,40 @@ TOPICS_RESYNC_S = 2.0  # topic records changed on other brokers are read at leas
 
 
 class Reassignment:
-    """Replica reassignment of ``Broker`` (see broker.py for its state)."""
+    """Replica moves planned (``replace_lost_replicas``, ``spread_replicas``) and applied
+    (``resync_topics``, ``apply_record``, ``trash_unlisted``).  Event loop only.
+
+    Collaborators: ``node_id``, this broker's; ``store``, the metadata store the moves
+    are recorded in and the records read from; ``registry``, the partitions held here
+    (opened, reconfigured, trashed); ``view``, the live brokers, and whether the store is
+    ours (asked before a replica is dropped); ``admin_lock``, held while records apply;
+    ``states``, whose ``become`` gives a new replica its role; ``followers``, told of a
+    dropped replica; ``isr_check``, set when a leader learns new followers;
+    ``topics_stale``, set to read the records again soon (and waited on)."""
+
+    def __init__(
+        self, node_id: int, store: MetadataStore, registry: TopicRegistry, view: ClusterView,
+        admin_lock: asyncio.Lock, states: PartitionStates, followers: Followers,
+        isr_check: asyncio.Event, topics_stale: asyncio.Event,
+    ) -> None:
+        self.node_id = node_id
+        self.metadata = store
+        self.registry = registry
+        self.view = view
+        self.admin_lock = admin_lock
+        self.states = states
+        self.followers = followers
+        self.isr_check = isr_check
+        self.topics_stale = topics_stale
 
     # ------------------------------------------------------------------ planning
 
-    async def _replace_lost_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
+    async def replace_lost_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
         """Replace the replicas of brokers not alive in the partitions of ``names`` (known
         topics) that have a live leader, then add the replicas missing from topics short
         of their replication factor (``_grow_replicas``); one ``ReplicaMove`` per partition
         changed (or whose topic's change failed, with the error)."""
-        live = set(self.live_brokers)
+        live = set(self.view.live_brokers)
         records = await self.metadata.topics()
         names = [n for n in names if n in records]
         keep = {(name, p) for name in names for p in records[name].moving}
@@ -94,7 +122,7 @@ class Reassignment:
                 moves.append(m.ReplicaMove(topic=name, partition=p, old=list(old[p]), new=new, **failed))
                 if not failed:
                     log.info("%s-%d: replicas %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
-        self._topics_stale.set()
+        self.topics_stale.set()
         return moves + await self._grow_replicas(names)
 
     @staticmethod
@@ -124,20 +152,20 @@ class Reassignment:
         factor; one ``ReplicaMove`` (old list, grown list) per partition grown (with the
         error when its topic's change failed)."""
         moves = []
-        for growth in await restore_strength(self.metadata, set(self.live_brokers), names):
+        for growth in await restore_strength(self.metadata, set(self.view.live_brokers), names):
             failed = error_fields(growth.error) if growth.error is not None else {}
             moves.extend(
                 m.ReplicaMove(topic=growth.topic, partition=p, old=list(growth.old[p]), new=new, **failed)
                 for p, new in sorted(growth.new.items())
             )
-        self._topics_stale.set()
+        self.topics_stale.set()
         return moves
 
-    async def _spread_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
+    async def spread_replicas(self, names: list[str]) -> list[m.ReplicaMove]:
         """Record the first phase of the moves that even out the replica load of the live
         brokers, in the partitions of ``names``; one pending ``ReplicaMove`` (old list,
         target list) per partition planned (with the error when its topic's change failed)."""
-        live = set(self.live_brokers)
+        live = set(self.view.live_brokers)
         records = await self.metadata.topics()
         names = [n for n in names if n in records]
         keep = {(name, p) for name in names for p in records[name].moving}
@@ -162,81 +190,81 @@ class Reassignment:
                 moves.append(m.ReplicaMove(topic=name, partition=p, old=list(old[p]), new=new, pending=True, **failed))
                 if not failed:
                     log.info("%s-%d: replicas moving %s -> %s (live brokers %s)", name, p, old[p], new, sorted(live))
-        self._topics_stale.set()
+        self.topics_stale.set()
         return moves
 
     # ------------------------------------------------------------------ applying
 
-    async def _resync_topics(self) -> None:
+    async def resync_topics(self) -> None:
         """Apply the topic records as the store has them: soon after a partition state
         changed (``_topics_stale``), else every ``TOPICS_RESYNC_S``."""
         while True:
-            await wait_event(self._topics_stale, TOPICS_RESYNC_S)
-            self._topics_stale.clear()
+            await wait_event(self.topics_stale, TOPICS_RESYNC_S)
+            self.topics_stale.clear()
             try:
-                async with self._admin_lock:  # read under the lock: no local change interleaves
+                async with self.admin_lock:  # read under the lock: no local change interleaves
                     for name, record in (await self.metadata.topics()).items():
-                        t = self.topics.get(name)
+                        t = self.registry.topics.get(name)
                         if t is not None and record.partitions == t.count:
-                            await self._apply_record(t, record)
+                            await self.apply_record(t, record)
                         # else created, deleted or grown: the partition states' watch applies it
             except MetadataUnavailable:
                 continue
             except Exception:
                 log.exception("applying topic records failed; trying again")
 
-    async def _apply_record(self, topic: Topic, record: TopicRecord) -> None:
+    async def apply_record(self, topic: Topic, record: TopicRecord) -> None:
         """Make the replicas held here, and the followers known to the partitions led here,
         match ``record`` (same partition count as ``topic``); apply its config.  Admin
         lock held."""
         reconfigured = record.config != topic.record.config
         topic.record = record
-        node = self.config.node_id
+        node = self.node_id
         for i, replicas in enumerate(record.assignment):
             part = topic.partitions.get(i)
             if node in replicas and part is None:
                 await self._add_replica(topic, i)
             elif node not in replicas and part is not None:
-                if await self.store_is_ours():  # not another cluster's store
+                if await self.view.store_is_ours():  # not another cluster's store
                     await self._drop_replica(topic, part)
             elif part is not None and part.is_leader and set(part.followers) != set(replicas) - {node}:
                 # not a state of the store: an ISR expansion being written still counts
                 part.set_replicas(replicas, list(part.isr), settled=False)
-                self._isr_check.set()
+                self.isr_check.set()
                 log.info("%s-%d: followers now %s", topic.name, i, sorted(part.followers))
         if reconfigured:
-            self._reconfigure(topic, record)
+            self.registry.reconfigure(topic, record)
 
     async def _add_replica(self, topic: Topic, index: int) -> None:
         """Open partition ``index`` (empty, or what this broker kept of it) and follow its
         leader as its state says."""
-        [part] = await self._open_partitions(topic.name, [index], topic.config)
+        [part] = await self.registry.open_partitions(topic.name, [index], topic.config)
         topic.partitions[index] = part
         log.info("%s-%d: this broker is a new replica", topic.name, index)
         state = topic.states[index]
         if state is not None:
-            self._become(topic, index, state)
+            self.states.become(topic, index, state)
 
     async def _drop_replica(self, topic: Topic, part: Partition) -> None:
         """Stop holding ``part``: stop fetching, give up leading (waiting ``acks=all``
         writes fail with ``LeadershipLost``), close it and move its directory to the trash."""
         del topic.partitions[part.index]
-        self._unfollow(part)
+        self.followers.unfollow(part)
         if part.is_leader:
             part.make_follower(part.leader_epoch)
-            self._leadership_changed(part)
+            self.states.leadership_changed(part)
         try:
             await part.close()
         except Exception:  # its files go to the trash either way
             log.exception("closing %s-%d failed", part.topic, part.index)
-        self._trash(topic.name, part.index)
+        self.registry.trash(topic.name, part.index)
         log.info("%s-%d: this broker is no longer a replica; its data went to the trash", topic.name, part.index)
 
-    def _trash_unlisted(self, record: TopicRecord) -> None:
+    def trash_unlisted(self, record: TopicRecord) -> None:
         """Move to the trash the directories of ``record``'s partitions that do not list this
         broker (reassigned while it was down).  At start, before the partitions are used."""
-        node = self.config.node_id
+        node = self.node_id
         for i, replicas in enumerate(record.assignment):
-            if node not in replicas and self._log_dir(record.name, i).exists():
-                self._trash(record.name, i)
+            if node not in replicas and self.registry.log_dir(record.name, i).exists():
+                self.registry.trash(record.name, i)
                 log.info("%s-%d: reassigned away from this broker; its data went to the trash", record.name, i)
