@@ -12,6 +12,7 @@ import pytest
 from batches import request
 from in_memory import Conn
 
+from sluice.broker.peer import LOCAL
 from sluice.broker.subscriptions.session import Session
 from sluice.protocol import messages as m
 from sluice.protocol import subscriptions as sub
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def create_topic(broker, name: str) -> None:
-    resp, _ = await broker.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=1)]), ())
+    resp, _ = await broker.topic_service.create_topics(m.CreateTopicsRequest(topics=[m.NewTopic(name=name, partitions=1)]), (), LOCAL)
     assert resp.topics[0].error == 0, resp
 
 
@@ -52,5 +53,5 @@ async def test_a_topics_subscriptions_are_found_in_process(broker):
     assert await broker.subscriptions.names("orders") == {"work"}
     assert await broker.subscriptions.names("plain") == set()
     change = m.TopicConfigChange(name="orders", config={"cleanup.policy": "compact"}, delete=[])
-    resp, _ = await broker.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), ())
+    resp, _ = await broker.topic_service.alter_topic_configs(m.AlterTopicConfigsRequest(topics=[change]), (), LOCAL)
     assert "has subscriptions (work)" in resp.topics[0].message
