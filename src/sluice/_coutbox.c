@@ -24,13 +24,14 @@ typedef struct {
     PyObject *items;       /* deque of (topic, value, key, headers, partition, timestamp_ms, future) */
     PyObject *future_type; /* RecordFuture, made here as its __init__(group) would */
     PyObject *group, *condition;
-    /* what belongs to the facade's producer (``client``), found again when it changes */
+    /* what belongs to the facade's producer (``client``): its ProducerState's parts (client/state.py),
+     * found again when the producer changes */
     PyObject *client, *topics, *routes, *memory, *appender;
     long long sent_bytes, handed_bytes, margin;
     char handing;
 } Outbox;
 
-static PyObject *str_lt, *str_closed, *str_client, *str_cluster, *str_topics, *str_routes, *str_memory,
+static PyObject *str_lt, *str_closed, *str_client, *str_state, *str_topics, *str_routes, *str_memory,
     *str_appender, *str_append, *str_popleft, *str_submit, *str_unbuffered,
     *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition;
 
@@ -111,12 +112,12 @@ Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static int
 bind_client(Outbox *self, PyObject *client)
 {
-    PyObject *cluster = PyObject_GetAttr(client, str_cluster);
-    PyObject *topics = cluster == NULL ? NULL : PyObject_GetAttr(cluster, str_topics);
-    Py_XDECREF(cluster);
-    PyObject *routes = topics == NULL ? NULL : PyObject_GetAttr(client, str_routes);
-    PyObject *memory = routes == NULL ? NULL : PyObject_GetAttr(client, str_memory);
-    PyObject *appender = memory == NULL ? NULL : PyObject_GetAttr(client, str_appender);
+    PyObject *state = PyObject_GetAttr(client, str_state); /* its ProducerState (client/state.py) */
+    PyObject *topics = state == NULL ? NULL : PyObject_GetAttr(state, str_topics);
+    PyObject *routes = topics == NULL ? NULL : PyObject_GetAttr(state, str_routes);
+    PyObject *memory = routes == NULL ? NULL : PyObject_GetAttr(state, str_memory);
+    PyObject *appender = memory == NULL ? NULL : PyObject_GetAttr(state, str_appender);
+    Py_XDECREF(state);
     if (appender == NULL) {
         Py_XDECREF(topics);
         Py_XDECREF(routes);
@@ -360,9 +361,9 @@ int
 add_outbox_type(PyObject *m)
 {
     if (intern(&str_lt, "_lt") < 0 || intern(&str_closed, "_closed") < 0 || intern(&str_client, "_client") < 0
-        || intern(&str_cluster, "_cluster") < 0 || intern(&str_topics, "topics") < 0
-        || intern(&str_routes, "_routes") < 0 || intern(&str_memory, "_memory") < 0
-        || intern(&str_appender, "_appender") < 0 || intern(&str_append, "append") < 0
+        || intern(&str_state, "state") < 0 || intern(&str_topics, "topics") < 0
+        || intern(&str_routes, "routes") < 0 || intern(&str_memory, "memory") < 0
+        || intern(&str_appender, "appender") < 0 || intern(&str_append, "append") < 0
         || intern(&str_popleft, "popleft") < 0
         || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "_unbuffered") < 0
         || intern(&str_buffer_all, "_buffer_all") < 0 || intern(&str_schedule, "_schedule_hand_over") < 0

@@ -50,9 +50,9 @@ from collections import deque
 from collections.abc import Callable
 
 from sluice import errors
-from sluice.client.accumulator import Accumulator, Batch, MemoryPool
+from sluice.client.accumulator import Batch
 from sluice.client.sequences import GAP, MAX_EPOCH, RETRY, PartitionSequences
-from sluice.client.transport import Cluster
+from sluice.client.state import ProducerState
 from sluice.protocol import messages
 
 log = logging.getLogger("sluice.client.producer")
@@ -106,45 +106,50 @@ def _earliest(wake_at: float | None, t: float) -> float:
 class Sender:
     """The sender task of one ``Producer`` and the state of its requests.
 
-    ``producer`` supplies the settings (read once here), ``_refuse_sends()`` (told once the
-    producer is fenced) and ``forced()`` (flush or close in
-    progress: lingering batches close at once).  ``identity`` is an explicit ``(producer id,
-    epoch)`` or None to ask the broker for one (``INIT_PRODUCER_ID``) when idempotent.
+    ``state`` is the producer's shared state (client/state.py): its settings (read once
+    here), cluster, accumulator and buffer memory.  The producer's hooks: ``forced()`` (flush
+    or close in progress: lingering batches close at once), ``refuse_sends()`` (told once
+    the producer is fenced), ``leave_leaderless()`` (after a metadata refresh: sticky
+    topics leave partitions without a leader) and ``partition_refused(topic, partition,
+    error)`` (the partitioner avoids that partition a while).  The identity is ``config.identity``, an explicit ``(producer id, epoch)``, or
+    None to ask the broker for one (``INIT_PRODUCER_ID``) when idempotent.
     """
 
     def __init__(
         self,
-        producer,
-        cluster: Cluster,
-        acc: Accumulator,
-        memory: MemoryPool,
+        state: ProducerState,
+        *,
         forced: Callable[[], bool],
+        refuse_sends: Callable[[], None],
+        leave_leaderless: Callable[[], None],
+        partition_refused: Callable[[str, int, BaseException], None],
     ) -> None:
-        self.acks = producer.acks
-        self.codec = producer.codec
-        self.max_in_flight = producer.max_in_flight
-        self.per_partition = producer.max_in_flight_per_partition
-        self.idempotent = producer.enable_idempotence
-        self.retries = producer.retries
-        self.backoff = producer.backoff
-        self.backoff_max = producer.backoff_max
-        self.delivery_timeout = producer.delivery_timeout
-        self.request_timeout = producer.request_timeout
-        self.max_request_size = producer.max_request_size
-        self.metadata_max_age = producer.metadata_max_age
-        self.unknown_topic_wait = producer.unknown_topic_wait
+        config = state.config
+        self.acks = config.acks_code
+        self.codec = config.codec
+        self.max_in_flight = int(config.max_in_flight)
+        self.per_partition = config.in_flight_per_partition
+        self.idempotent = config.idempotent
+        self.retries = config.retries
+        self.backoff = config.retry_backoff_ms / 1000
+        self.backoff_max = config.retry_backoff_max_ms / 1000
+        self.delivery_timeout = config.delivery_timeout_ms / 1000
+        self.request_timeout = config.request_timeout_ms / 1000
+        self.max_request_size = int(config.max_request_size)
+        self.metadata_max_age = config.metadata_max_age_ms / 1000
+        self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
         self.metadata_at = 0.0  # monotonic time of the last metadata refresh
         # partitions with queued batches that metadata says do not exist, since when
         self._missing_since: dict[TP, float] = {}
         self._retry_warned_at = -math.inf
-        self._cluster = cluster
-        self._acc = acc
-        self._memory = memory
+        self._cluster = state.cluster
+        self._acc = acc = state.accumulator
+        self._memory = state.memory
         self._forced = forced
-        self._refuse_sends = producer._refuse_sends
-        self._leave_leaderless = producer._leave_leaderless
-        self._partition_refused = producer._partition_refused
-        identity = producer.producer_identity
+        self._refuse_sends = refuse_sends
+        self._leave_leaderless = leave_leaderless
+        self._partition_refused = partition_refused
+        identity = config.identity
         self._explicit = identity is not None
         self._producer_id, self._producer_epoch = identity or (None, None)
         self._identity_error: errors.SluiceError | None = None

@@ -350,7 +350,7 @@ class SyncProducer(_SyncBase):
         outbox = self._outbox
         outbox.items.append((topic, value, key, headers, partition, timestamp_ms, cf))
         outbox.sent_bytes += len(value) if value is not None else 0
-        mem = client._memory
+        mem = client.state.memory
         if mem.used + outbox.sent_bytes - outbox.handed_bytes > mem.limit:
             self._buffer_all(client)
         elif not outbox.handing:
@@ -377,12 +377,12 @@ class SyncProducer(_SyncBase):
 
     async def _hand_over_then(self, client: Producer, fn, *args, **kw):
         self._hand_over(client)
-        await client._line.drained()
+        await client.state.line.drained()
         return await fn(client, *args, **kw)
 
     async def _hand_over_and_buffer(self, client: Producer) -> None:
         self._hand_over(client)
-        await client._line.drained()
+        await client.state.line.drained()
 
     def _failed_immediately(self) -> BaseException | None:
         errs = self._unbuffered.copy()  # in place: the producer appends to this list
@@ -480,10 +480,11 @@ def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
     metadata is known and it is well within the topic's size limit (a read of the loop's
     metadata from another thread: a stale answer only sends the record the blocking way).
     A record of bytes without headers is sized from the producer's route of the topic."""
-    info = client._cluster.topics.get(topic)
+    state = client.state
+    info = state.topics.get(topic)
     if info is None:
         return False
-    route = client._routes.get(topic)
+    route = state.routes.get(topic)
     if (
         route is not None and route[0] is info and headers is None
         and value.__class__ is bytes and (key is None or key.__class__ is bytes)
@@ -493,7 +494,7 @@ def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
         tail = tail_size(key, value, headers)
     except (TypeError, AttributeError):
         return False  # let send() raise it
-    return tail + _MARGIN <= client._max_batch_bytes(info)
+    return tail + _MARGIN <= state.max_batch_bytes(info)
 
 
 # bytes of a record and its batch beside its key, value and headers, with room to spare
