@@ -46,9 +46,15 @@ from sluice.cli.params import (
     header_pairs,
     key_values,
 )
+from sluice.client.config import ACKS, ConsumerConfig, ProducerConfig
+from sluice.config import ServerConfig
 from sluice.protocol.subscriptions import MAX_TAG_CHARS, TAG_HEADER, tag_ok
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7400"
+# The options' defaults: the settings' own (client/config.py, config.py)
+_SERVER = ServerConfig()
+_PRODUCER = ProducerConfig()
+_CONSUMER = ConsumerConfig()
 
 
 def _fail(message: str, code: int = 1):
@@ -177,26 +183,26 @@ def _listen_host(ctx, param, host: str) -> str:
 
 
 @cli.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+@click.option("--data-dir", type=click.Path(path_type=Path), default=_SERVER.data_dir, show_default=True,
               callback=lambda ctx, param, path: _data_dir(path),
               help="Directory of the logs and metadata (created if missing).")
-@click.option("--host", default="127.0.0.1", show_default=True, callback=_listen_host,
+@click.option("--host", default=_SERVER.host, show_default=True, callback=_listen_host,
               help="Address to listen on (0.0.0.0: every interface).")
-@click.option("--port", type=click.IntRange(0, 65535), default=7400, show_default=True)
-@click.option("--node-id", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=_SERVER.port, show_default=True)
+@click.option("--node-id", type=click.IntRange(min=0), default=_SERVER.node_id, show_default=True)
 @click.option(
     "--topic-default", "topic_defaults", multiple=True, metavar="KEY=VALUE",
     help="Default topic config, e.g. flush.messages=0 (repeatable).",
 )
-@click.option("--retention-check-ms", type=click.IntRange(min=10), default=30_000, show_default=True,
+@click.option("--retention-check-ms", type=click.IntRange(min=10), default=_SERVER.retention_check_ms, show_default=True,
               help="How often segments past retention are deleted.")
-@click.option("--hw-checkpoint-ms", type=click.IntRange(min=1), default=5_000, show_default=True,
+@click.option("--hw-checkpoint-ms", type=click.IntRange(min=1), default=_SERVER.hw_checkpoint_ms, show_default=True,
               help="How often high watermarks are written to replication-offset-checkpoint.")
-@click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option("--max-partitions", type=click.IntRange(min=1), default=4096, show_default=True,
+@click.option("--max-connections", type=click.IntRange(min=1), default=_SERVER.max_connections, show_default=True)
+@click.option("--max-partitions", type=click.IntRange(min=1), default=_SERVER.max_partitions, show_default=True,
               help="Partitions this broker holds at most, over every topic (internal ones too); "
                    "each keeps files open, so mind the open-files limit (ulimit -n).")
-@click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True,
+@click.option("--max-frame-bytes", type=click.IntRange(min=1024), default=_SERVER.max_frame_bytes, show_default=True,
               help="Largest request accepted; larger length prefixes close the connection.")
 @click.option("--advertise", default=None, metavar="HOST[:PORT]",
               help="Address clients and other brokers are told to connect to (default: the listening "
@@ -206,22 +212,22 @@ def _listen_host(ctx, param, host: str) -> str:
 @click.option("--cluster", default=None, metavar="etcd://HOST:PORT[,HOST:PORT][/NAME]",
               help="Join the cluster whose metadata is in etcd (brokers with distinct "
                    "--node-id); default: a cluster of one, metadata in the data directory.")
-@click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=6000, show_default=True,
+@click.option("--session-timeout-ms", type=click.IntRange(min=1000), default=_SERVER.session_timeout_ms, show_default=True,
               help="With --cluster: how long the registration outlives a broker that stopped "
                    "answering; its partitions get new leaders after that.")
-@click.option("--replica-lag-time-max-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
+@click.option("--replica-lag-time-max-ms", type=click.IntRange(min=1), default=_SERVER.replica_lag_time_max_ms, show_default=True,
               help="A follower that has not caught up for this long leaves the ISR.")
-@click.option("--default-replication-factor", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--default-replication-factor", type=click.IntRange(min=0), default=_SERVER.default_replication_factor, show_default=True,
               help="Replicas of a topic created without --replication-factor; 0: min(3, live brokers).")
-@click.option("--leader-rebalance-interval-ms", type=click.IntRange(min=0), default=30_000, show_default=True,
+@click.option("--leader-rebalance-interval-ms", type=click.IntRange(min=0), default=_SERVER.leader_rebalance_interval_ms, show_default=True,
               help="How often the controller gives leadership back to preferred replicas; 0: never.")
-@click.option("--groups-partitions", type=click.IntRange(1, 10_000), default=8, show_default=True,
+@click.option("--groups-partitions", type=click.IntRange(1, 10_000), default=_SERVER.groups_partitions, show_default=True,
               help="Partitions of the internal topic __groups (group offsets), when it is created.")
-@click.option("--txn-check-timeout-ms", type=click.IntRange(min=1), default=6000, show_default=True,
+@click.option("--txn-check-timeout-ms", type=click.IntRange(min=1), default=_SERVER.txn_check_timeout_ms, show_default=True,
               help="A half message unresolved this long is checked back with a producer of its group.")
-@click.option("--txn-check-interval-ms", type=click.IntRange(min=1), default=60_000, show_default=True,
+@click.option("--txn-check-interval-ms", type=click.IntRange(min=1), default=_SERVER.txn_check_interval_ms, show_default=True,
               help="How often an unresolved half message is checked back.")
-@click.option("--txn-max-checks", type=click.IntRange(min=0), default=15, show_default=True,
+@click.option("--txn-max-checks", type=click.IntRange(min=0), default=_SERVER.txn_max_checks, show_default=True,
               help="Checks before an unresolved half message is rolled back and copied to __txn_discarded.")
 @click.pass_context
 def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_defaults: tuple[str, ...],
@@ -236,7 +242,6 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
     data directory.
     """
     from sluice.client.transport import parse_bootstrap
-    from sluice.config import ServerConfig
     from sluice.server.app import run
 
     if logging.getLogger().level > logging.INFO:
@@ -323,7 +328,7 @@ def _check_tag(tag: str) -> None:
 @click.option("--key-separator", type=Escaped(), default=None,
               help="Split each message at the first SEP into key and value (a message without SEP fails).")
 @click.option("-p", "--partition", type=PARTITION, default=None, help="Send to this partition.")
-@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="all", show_default=True,
+@click.option("--acks", type=click.Choice(list(ACKS)), default=_PRODUCER.acks, show_default=True,
               help="all: acknowledged once every in-sync replica has the message; leader: once the "
                    "leader appended it; none: not acknowledged (no offsets shown).")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE",
@@ -337,7 +342,8 @@ def _check_tag(tag: str) -> None:
 @click.option("--delimiter", type=Escaped(), default="\\n", show_default=True,
               help="What ends a message in the input (escapes: \\n \\t \\r \\0 \\xHH).")
 @click.option("--raw", is_flag=True, help="Send the whole input as one message, byte for byte.")
-@click.option("--delivery-timeout-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=120_000, show_default=True,
+@click.option("--delivery-timeout-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=_PRODUCER.delivery_timeout_ms,
+              show_default=True,
               help="Give up on a message not acknowledged by then (retrying meanwhile: no leader, too few "
                    "in-sync replicas, a broker down).")
 @click.pass_context
@@ -464,7 +470,7 @@ def _quiet_stdout() -> None:
                    "acking each message once printed.")
 @click.option("-n", "--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None, help="Stop when no message arrives for T ms.")
-@click.option("--retry-timeout-ms", type=click.IntRange(1, 365 * 24 * 3600 * 1000), default=60_000,
+@click.option("--retry-timeout-ms", type=click.IntRange(1, 365 * 24 * 3600 * 1000), default=_CONSUMER.retry_timeout_ms,
               show_default=True, help="Fail once the brokers have been unreachable this long (not with --sub, "
                                       "which retries for as long as it runs).")
 @click.option("-e", "--exit-at-end", is_flag=True,

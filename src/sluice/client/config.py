@@ -17,14 +17,17 @@ Pure data and checks: no I/O, nothing asyncio.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from sluice import errors
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.protocol import messages, records
+from sluice.protocol.subscriptions import SubscriptionConfig, check_config
 
-__all__ = ["ACKS", "OFFSET_RESETS", "ConsumerConfig", "ProducerConfig"]
+__all__ = ["ACKS", "OFFSET_RESETS", "ConsumerConfig", "ProducerConfig", "SubscriberConfig", "position"]
 
 # acks setting -> its wire code
 ACKS = {"none": messages.ACKS_NONE, "leader": messages.ACKS_LEADER, "all": messages.ACKS_ALL}
@@ -184,7 +187,15 @@ class ProducerConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Every ``Consumer`` setting; see ``Consumer.__init__`` for what each one does."""
+    """Every ``Consumer`` setting (client/consumer.py's docstring says how fetching and
+    commits work).
+
+    ``metadata_max_age_ms``: how often metadata is refreshed, which picks up new
+    partitions of subscribed topics.  ``retry_timeout_ms``: how long retriable errors
+    (a broker restarting, a lost connection) are retried before they surface;
+    ``unknown_topic_wait_ms``: how long an assigned partition that does not exist is
+    asked about again before it is an error.
+    """
 
     group: str | None = None
     auto_offset_reset: str = "earliest"
@@ -227,3 +238,81 @@ class ConsumerConfig:
             _number(name, getattr(self, name), low)
         if self.request_timeout_ms <= self.fetch_max_wait_ms:
             raise errors.ConfigError("request_timeout_ms must exceed fetch_max_wait_ms")
+
+
+def position(start: str | int) -> messages.Position:
+    """``earliest`` / ``latest`` / an offset (int) / ``time:<ms since the epoch>``."""
+    if isinstance(start, int):
+        return messages.Position(kind="offset", value=start)
+    if start in ("earliest", "latest"):
+        return messages.Position(kind=start)
+    if isinstance(start, str) and start.startswith("time:"):
+        try:
+            return messages.Position(kind="time", value=int(start[5:]))
+        except ValueError:
+            pass
+    raise errors.ConfigError(f"start must be 'earliest', 'latest', an offset or 'time:<ms>', not {start!r}")
+
+
+# SubscriberConfig's settings of the subscription itself, each over ``config``'s field
+_SUBSCRIPTION_FIELDS = ("mode", "max_attempts", "ack_timeout_ms", "backoff_initial_ms", "backoff_max_ms", "tags")
+
+
+@dataclass(frozen=True)
+class SubscriberConfig:
+    """Every ``Subscriber`` setting; client/subscriber.py's ``Subscriber`` says what each
+    does.  ``config`` (a ``SubscriptionConfig``: the settings a subscription is created
+    with) and the fields ``mode`` … ``tags`` (None: not given; each one given overrides
+    ``config``'s) make ``subscription``, the settings asked for.
+    """
+
+    prefetch: int = 1000
+    create: bool = True
+    start: str | int = "earliest"
+    config: SubscriptionConfig | None = None
+    mode: str | None = None
+    max_attempts: int | None = None
+    ack_timeout_ms: int | None = None
+    backoff_initial_ms: int | None = None
+    backoff_max_ms: int | None = None
+    tags: Sequence[str] | None = None
+    ack_interval_ms: float = 5
+    request_timeout_ms: float = 30000
+    connect_timeout_ms: float = 10000
+    unknown_topic_wait_ms: float = 1000
+
+    @classmethod
+    def of(cls, settings: SubscriberConfig | None = None, **options) -> SubscriberConfig:
+        """``settings`` (default: the defaults) with ``options`` over it, validated."""
+        return _options(cls, settings, options)
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 1:
+            raise errors.ConfigError("prefetch must be ≥ 1")
+        try:
+            check_config(self.subscription)
+        except errors.InvalidSubscription as exc:
+            raise errors.ConfigError(exc.message) from None
+        position(self.start)
+
+    @property
+    def overrides(self) -> dict:
+        """The subscription settings given one by one (``mode`` … ``tags``)."""
+        given = {name: getattr(self, name) for name in _SUBSCRIPTION_FIELDS if getattr(self, name) is not None}
+        if "tags" in given:
+            given["tags"] = list(given["tags"])
+        return given
+
+    @property
+    def subscription(self) -> SubscriptionConfig:
+        """The subscription's settings asked for: ``config`` (or the defaults) with the
+        ones given one by one over it."""
+        overrides = self.overrides
+        cfg = self.config or SubscriptionConfig()
+        return msgspec.structs.replace(cfg, **overrides) if overrides else cfg
+
+    @property
+    def asked(self) -> tuple[str, ...]:
+        """The names of the subscription settings asked for: all of ``config``'s when it
+        is given, else those given one by one."""
+        return SubscriptionConfig.__struct_fields__ if self.config is not None else tuple(self.overrides)
