@@ -27,7 +27,10 @@ from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.protocol import messages, records
 from sluice.protocol.subscriptions import SubscriptionConfig, check_config
 
-__all__ = ["ACKS", "OFFSET_RESETS", "ConsumerConfig", "ProducerConfig", "SubscriberConfig", "position"]
+__all__ = [
+    "ACKS", "OFFSET_RESETS", "ConsumerConfig", "ProducerConfig", "SubscriberConfig", "TransactionProducerConfig",
+    "position",
+]
 
 # acks setting -> its wire code
 ACKS = {"none": messages.ACKS_NONE, "leader": messages.ACKS_LEADER, "all": messages.ACKS_ALL}
@@ -316,3 +319,35 @@ class SubscriberConfig:
         """The names of the subscription settings asked for: all of ``config``'s when it
         is given, else those given one by one."""
         return SubscriptionConfig.__struct_fields__ if self.config is not None else tuple(self.overrides)
+
+
+@dataclass(frozen=True)
+class TransactionProducerConfig:
+    """Every ``TransactionProducer`` setting (client/transaction.py): ``group``, the
+    producer group the brokers check unresolved half messages back with;
+    ``check_local_transaction``, the application's check (a callable, or None: this
+    producer answers no check-backs); how long a request, a connection and retries of
+    retriable errors may take; how often the producer registers with the brokers of its
+    group's half messages."""
+
+    group: str
+    check_local_transaction: Callable | None = None
+    request_timeout_ms: float = 30000
+    connect_timeout_ms: float = 10000
+    retry_timeout_ms: float = 30000
+    register_interval_ms: float = 1000
+
+    @classmethod
+    def of(cls, config: TransactionProducerConfig | None = None, **options) -> TransactionProducerConfig:
+        """``config`` with ``options`` over it (or ``options`` alone), validated."""
+        return _options(cls, config, options)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group, str) or not self.group:
+            raise errors.ConfigError("group must be a non-empty string")
+        if self.check_local_transaction is not None and not callable(self.check_local_transaction):
+            raise errors.ConfigError("check_local_transaction must be callable")
+        for name in ("request_timeout_ms", "connect_timeout_ms", "retry_timeout_ms", "register_interval_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise errors.ConfigError(f"{name} must be a number > 0, got {value!r}")
