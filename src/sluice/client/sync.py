@@ -142,7 +142,14 @@ class _SyncBase:
                     lt.stop()
                     raise
                 self._lt = lt
+                self._bind(self._client)
             return self._client, self._lt
+
+    def _bind(self, client) -> None:
+        """``client`` now runs, in the loop thread ``_lt`` (called under ``_lock``)."""
+
+    def _unbind(self) -> None:
+        """The facade closes: its client is about to go (called under ``_lock``)."""
 
     async def _create(self):
         client = self._client_cls(self._bootstrap, **self._config)
@@ -159,6 +166,7 @@ class _SyncBase:
         Calls blocked in other threads fail with ``ClientClosed``; so do later calls.
         """
         with self._lock:
+            self._unbind()
             self._closed = True
             client, lt = self._client, self._lt
             self._client = self._lt = None
@@ -325,6 +333,12 @@ class SyncProducer(_SyncBase):
         client = await super()._create()
         client.on_unbuffered = self._unbuffered.append
         return client
+
+    def _bind(self, client: Producer) -> None:
+        self._outbox.bind(client)  # the compiled send goes through it from now on
+
+    def _unbind(self) -> None:
+        self._outbox.unbind()
 
     def _ensure(self) -> tuple:
         """As ``_SyncBase._ensure``; every call of a producer sends, so its ``ClientClosed``
