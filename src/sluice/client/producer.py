@@ -46,9 +46,10 @@ from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetad
 from sluice.client.arguments import check_partition, clarified, values_error
 from sluice.client.config import ProducerConfig
 from sluice.client.framing import Callback, record_size, tail_size, zz_len
+from sluice.client.identity import backoff_delay
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.partitioning import Partitioning, default_partitioner
-from sluice.client.sender import Sender, backoff_delay
+from sluice.client.sender import Sender
 from sluice.client.state import ProducerState
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.client.waiting_line import WaitingLine
