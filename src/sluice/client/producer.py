@@ -94,7 +94,7 @@ def _python_path(*record) -> bool:
     return False
 
 
-class Producer(Partitioning):
+class Producer:
     """Sends records to topics; see the module docstring for the moving parts.
 
     ``send`` returns an awaitable of (once the record is buffered) a future that resolves
@@ -146,7 +146,11 @@ class Producer(Partitioning):
         )
         self._memory = MemoryPool(int(config.buffer_memory))
         self._acc = Accumulator(self.linger, self.delivery_timeout)
-        self._init_partitioning(config.refused_partition_avoid_ms / 1000)
+        # which partition each record goes to (client/partitioning.py)
+        self._partitioning = parts = Partitioning(
+            self._cluster, self._acc, partitioner, self.batch_size, config.refused_partition_avoid_ms / 1000
+        )
+        self._sticky = parts.sticky
         # per topic: sends waiting for metadata or memory, in send order, and the task
         # that buffers them (a waiting topic holds up no other)
         self._line = WaitingLine(self)
@@ -158,7 +162,7 @@ class Producer(Partitioning):
         self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(
             state, forced=self._forced, refuse_sends=self._refuse_sends,
-            leave_leaderless=self._leave_leaderless, partition_refused=self._partition_refused,
+            leave_leaderless=parts.leave_leaderless, partition_refused=parts.partition_refused,
         )
         # The per-record path of the common record, in C with the compiled codec: it reads
         # (and never replaces) the state's dicts; False sends the record the Python way.  Its
@@ -527,7 +531,7 @@ class Producer(Partitioning):
         if not prepaid and (mem.used + reserve > mem.limit or mem.waiters):
             return False
         if partition is None:
-            partition = self._partition_for(topic, key, n)
+            partition = self._partitioning.partition_for(topic, key, n)
             sticky = key is None and self.partitioner is None
         else:
             sticky = False
@@ -542,7 +546,7 @@ class Producer(Partitioning):
                 acc.close(batch)  # full
                 batch, turn = None, True
                 if sticky:
-                    partition = self._switch_sticky(topic, n, partition)
+                    partition = self._partitioning.switch_sticky(topic, n, partition)
                     batch = acc.open.get((topic, partition))
                     if batch is not None:
                         before = batch.size
@@ -570,7 +574,7 @@ class Producer(Partitioning):
         """``batch`` holds ``batch_size`` bytes: close it, and move a sticky topic on."""
         self._acc.close(batch)
         if sticky:
-            self._switch_sticky(batch.topic, n, partition)
+            self._partitioning.switch_sticky(batch.topic, n, partition)
 
     @staticmethod
     def _reserve(key, value, headers) -> int:
@@ -632,7 +636,7 @@ class Producer(Partitioning):
         limit = self._max_batch_bytes(info)
         if partition is None:
             sticky = key is None and self.partitioner is None
-            partition = self._partition_for(topic, key, n)
+            partition = self._partitioning.partition_for(topic, key, n)
         else:
             sticky = False
             if not 0 <= partition < n:
@@ -694,7 +698,7 @@ class Producer(Partitioning):
         for (i, j), body in zip(spans, bodies, strict=True):
             acc.add_closed(topic, partition, body, j - i, ts, cum[j] - cum[i], bulk)
         if sticky:
-            self._switch_sticky(topic, n, partition)
+            self._partitioning.switch_sticky(topic, n, partition)
         return fut
 
     async def flush(self) -> None:
