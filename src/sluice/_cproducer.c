@@ -784,7 +784,8 @@ add_producer_types(PyObject *m)
     str_headers = PyUnicode_InternFromString("headers");
     str_partition = PyUnicode_InternFromString("partition");
     str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
-    if (!str_done || !str_set_result || !str_set_results || !str_set_exception || !str_key || !str_headers || !str_partition || !str_timestamp_ms)
+    if (!str_done || !str_set_result || !str_set_results || !str_set_exception || !str_key || !str_headers
+        || !str_partition || !str_timestamp_ms)
         return -1;
     if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&MemoryCounterType) < 0
         || PyType_Ready(&AppenderType) < 0)
