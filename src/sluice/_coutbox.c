@@ -5,6 +5,9 @@
  * ``send`` is SyncProducer.send for the common record (bytes, no headers, a topic whose
  * route is known and well within its size limit) on the caller's thread: a RecordFuture,
  * the record queued in ``items``, a hand-over scheduled on the loop unless one is pending.
+ * The facade binds the outbox to its producer once it runs (``bind``) and unbinds it when
+ * it closes; unbound, every send takes the Python path.  Bound, the outbox keeps the parts
+ * of the producer's ProducerState (client/state.py) it reads.
  * ``hand_over`` runs on the loop and buffers the queued records through the producer's
  * Appender, handing the rest to Producer.submit.  Both run under the GIL without calling
  * Python code between reading and changing the shared state (``items``, the byte counts and
@@ -24,13 +27,13 @@ typedef struct {
     PyObject *items;       /* deque of (topic, value, key, headers, partition, timestamp_ms, future) */
     PyObject *future_type; /* RecordFuture, made here as its __init__(group) would */
     PyObject *group, *condition;
-    /* what belongs to the facade's producer (``client``), found again when it changes */
+    /* the producer the facade bound (or None) and its ProducerState's parts (client/state.py) */
     PyObject *client, *topics, *routes, *memory, *appender;
     long long sent_bytes, handed_bytes, margin;
     char handing;
 } Outbox;
 
-static PyObject *str_lt, *str_closed, *str_client, *str_cluster, *str_topics, *str_routes, *str_memory,
+static PyObject *str_state, *str_topics, *str_routes, *str_memory,
     *str_appender, *str_append, *str_popleft, *str_submit, *str_unbuffered,
     *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition;
 
@@ -104,6 +107,11 @@ Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->group = Py_NewRef(group);
     self->condition = condition;
     self->margin = margin;
+    self->client = Py_NewRef(Py_None);
+    self->topics = Py_NewRef(Py_None);
+    self->routes = Py_NewRef(Py_None);
+    self->memory = Py_NewRef(Py_None);
+    self->appender = Py_NewRef(Py_None);
     return (PyObject *)self;
 }
 
@@ -111,12 +119,12 @@ Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static int
 bind_client(Outbox *self, PyObject *client)
 {
-    PyObject *cluster = PyObject_GetAttr(client, str_cluster);
-    PyObject *topics = cluster == NULL ? NULL : PyObject_GetAttr(cluster, str_topics);
-    Py_XDECREF(cluster);
-    PyObject *routes = topics == NULL ? NULL : PyObject_GetAttr(client, str_routes);
-    PyObject *memory = routes == NULL ? NULL : PyObject_GetAttr(client, str_memory);
-    PyObject *appender = memory == NULL ? NULL : PyObject_GetAttr(client, str_appender);
+    PyObject *state = PyObject_GetAttr(client, str_state); /* its ProducerState (client/state.py) */
+    PyObject *topics = state == NULL ? NULL : PyObject_GetAttr(state, str_topics);
+    PyObject *routes = topics == NULL ? NULL : PyObject_GetAttr(state, str_routes);
+    PyObject *memory = routes == NULL ? NULL : PyObject_GetAttr(state, str_memory);
+    PyObject *appender = memory == NULL ? NULL : PyObject_GetAttr(state, str_appender);
+    Py_XDECREF(state);
     if (appender == NULL) {
         Py_XDECREF(topics);
         Py_XDECREF(routes);
@@ -124,8 +132,10 @@ bind_client(Outbox *self, PyObject *client)
         return -1;
     }
     long long used, limit;
-    if (memory_counts(memory, &used, &limit) < 0 || !appender_check(appender))
-        Py_SETREF(appender, Py_NewRef(Py_None)); /* no compiled path: every record the Python way */
+    if (memory_counts(memory, &used, &limit) < 0 || !appender_check(appender) || !PyDict_CheckExact(topics)
+        || !PyDict_CheckExact(routes))
+        Py_SETREF(appender, Py_NewRef(Py_None)); /* no compiled path (or not a ProducerState's
+                                                    shape): every record the Python way */
     Py_XSETREF(self->client, Py_NewRef(client));
     Py_XSETREF(self->topics, topics);
     Py_XSETREF(self->routes, routes);
@@ -162,8 +172,21 @@ PyDoc_STRVAR(send_doc,
 "send(topic, value, *, key=None, headers=None, partition=None, timestamp_ms=None)\n\n"
 "SyncProducer.send (see its documentation), with the common record queued in C.");
 
+static PyObject *send_bound(Outbox *self, PyObject *client, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames);
+
 static PyObject *
 Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *client = Py_NewRef(self->client); /* bound while the facade's producer runs; the
+                                                   facade may unbind while this send runs */
+    PyObject *r = send_bound(self, client, args, nargsf, kwnames);
+    Py_DECREF(client);
+    return r;
+}
+
+static PyObject *
+send_bound(Outbox *self, PyObject *client, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *f[4];
     if (!send_arguments(args, nargsf, kwnames, f))
@@ -173,27 +196,7 @@ Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     if (headers != Py_None || !PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
         || !PyUnicode_CheckExact(topic))
         return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
-    /* the facade's producer and loop thread, as SyncProducer._ensure finds them */
-    PyObject *lt = PyObject_GetAttr(self->facade, str_lt);
-    if (lt == NULL)
-        return NULL;
-    Py_DECREF(lt); /* the facade holds it */
-    PyObject *closed = PyObject_GetAttr(self->facade, str_closed);
-    if (closed == NULL)
-        return NULL;
-    int is_closed = PyObject_IsTrue(closed);
-    Py_DECREF(closed);
-    PyObject *client = lt == Py_None || is_closed ? NULL : PyObject_GetAttr(self->facade, str_client);
-    if (client == NULL) {
-        if (is_closed < 0 || PyErr_Occurred())
-            return NULL;
-        return call_as_method(self->py_send, self->facade, args, nargsf, kwnames); /* not started, or closed: Python says */
-    }
-    int bound = client == self->client ? 0 : bind_client(self, client);
-    Py_DECREF(client);
-    if (bound < 0)
-        return NULL;
-    if (self->appender == Py_None)
+    if (client == Py_None || client != self->client || self->appender == Py_None) /* not started, or closed */
         return call_as_method(self->py_send, self->facade, args, nargsf, kwnames);
     /* surely fits: the topic's route is current and the record well within its batch limit */
     PyObject *info = PyDict_GetItemWithError(self->topics, topic);
@@ -220,14 +223,14 @@ Outbox_send(Outbox *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         goto fail;
     Py_DECREF(r);
     self->sent_bytes += PyBytes_GET_SIZE(value);
-    long long used, limit;
-    memory_counts(self->memory, &used, &limit); /* a MemoryCounter: bind_client saw to it */
+    long long used = 0, limit = 0; /* unbound meanwhile: "short", the blocking way */
+    memory_counts(self->memory, &used, &limit); /* a MemoryCounter while bound: bind_client saw to it */
     if (used + self->sent_bytes - self->handed_bytes > limit) {
         /* memory is short: until this record and every one before it is buffered */
-        r = PyObject_CallMethodOneArg(self->facade, str_buffer_all, self->client);
+        r = PyObject_CallMethodOneArg(self->facade, str_buffer_all, client);
     } else if (!self->handing) {
         self->handing = 1;
-        r = PyObject_CallMethodOneArg(self->facade, str_schedule, self->client);
+        r = PyObject_CallMethodOneArg(self->facade, str_schedule, client);
     } else {
         return fut;
     }
@@ -245,14 +248,39 @@ PyDoc_STRVAR(hand_over_doc,
 "On the producer's loop: buffer (or queue in the producer's waiting line) every record queued,\n"
 "in order; ends only after it cleared ``handing`` and then found ``items`` empty.");
 
+PyDoc_STRVAR(bind_doc,
+"bind(client) -> None\n\n"
+"Send the common record through producer ``client`` (its ``state``, client/state.py) from now on.");
+
+static PyObject *
+Outbox_bind(Outbox *self, PyObject *client)
+{
+    if (bind_client(self, client) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(unbind_doc,
+"unbind() -> None\n\n"
+"Send every record the Python way from now on (the facade is closing).");
+
+static PyObject *
+Outbox_unbind(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_SETREF(self->client, Py_NewRef(Py_None));
+    Py_SETREF(self->topics, Py_NewRef(Py_None));
+    Py_SETREF(self->routes, Py_NewRef(Py_None));
+    Py_SETREF(self->memory, Py_NewRef(Py_None));
+    Py_SETREF(self->appender, Py_NewRef(Py_None));
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 Outbox_hand_over(Outbox *self, PyObject *client)
 {
     PyObject *appender = NULL;
-    if (client != self->client && bind_client(self, client) < 0)
-        return NULL;
     int open = 0;
-    if (self->appender != Py_None) {
+    if (client == self->client && self->appender != Py_None) { /* else every record through submit */
         appender = Py_NewRef(self->appender);
         open = appender_open(appender);
     }
@@ -323,6 +351,8 @@ fail:
 static PyMethodDef Outbox_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Outbox_send, METH_FASTCALL | METH_KEYWORDS, send_doc},
     {"hand_over", (PyCFunction)Outbox_hand_over, METH_O, hand_over_doc},
+    {"bind", (PyCFunction)Outbox_bind, METH_O, bind_doc},
+    {"unbind", (PyCFunction)Outbox_unbind, METH_NOARGS, unbind_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -359,10 +389,9 @@ intern(PyObject **slot, const char *s)
 int
 add_outbox_type(PyObject *m)
 {
-    if (intern(&str_lt, "_lt") < 0 || intern(&str_closed, "_closed") < 0 || intern(&str_client, "_client") < 0
-        || intern(&str_cluster, "_cluster") < 0 || intern(&str_topics, "topics") < 0
-        || intern(&str_routes, "_routes") < 0 || intern(&str_memory, "_memory") < 0
-        || intern(&str_appender, "_appender") < 0 || intern(&str_append, "append") < 0
+    if (intern(&str_state, "state") < 0 || intern(&str_topics, "topics") < 0
+        || intern(&str_routes, "routes") < 0 || intern(&str_memory, "memory") < 0
+        || intern(&str_appender, "appender") < 0 || intern(&str_append, "append") < 0
         || intern(&str_popleft, "popleft") < 0
         || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "_unbuffered") < 0
         || intern(&str_buffer_all, "_buffer_all") < 0 || intern(&str_schedule, "_schedule_hand_over") < 0

@@ -377,10 +377,15 @@ memory_counts(PyObject *o, long long *used, long long *limit)
  * none, no headers) for a topic whose route is current, that fits in its partition's open
  * batch, with memory free.  Everything else, and anything unusual, is left to the Python
  * path, which ``append`` tells by returning False after changing nothing.  ``send`` is
- * Producer.send in C around it (the producer makes it its ``send`` with the compiled codec). */
+ * Producer.send in C around it (the producer makes it its ``send`` with the compiled codec).
+ *
+ * It is made with the producer's ProducerState (client/state.py, whose docstring draws its
+ * shape) and keeps the state's dicts and memory counter, which are never replaced; the
+ * producer's Python parts it calls are handed to it as callables. */
 typedef struct {
     PyObject_HEAD
-    PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
+    PyObject *state, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send,
+        *slow_send, *buffered_later;
     PyObject *loop; /* the producer's loop while it takes sends (started, not closing, not fenced), else None */
     int partitioner; /* a custom partitioner: keyed and keyless records choose in Python */
     long long header_size, slack, turn_bytes, turn_records;
@@ -388,13 +393,12 @@ typedef struct {
 
 static PyTypeObject AppenderType;
 
-static PyObject *str_set_exception,
-    *str_send_rest, *str_buffered_later, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
+static PyObject *str_set_exception, *str_key, *str_headers, *str_partition, *str_timestamp_ms;
 
 static int
 Appender_traverse(Appender *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->producer);
+    Py_VISIT(self->state);
     Py_VISIT(self->topics);
     Py_VISIT(self->routes);
     Py_VISIT(self->lanes);
@@ -404,6 +408,8 @@ Appender_traverse(Appender *self, visitproc visit, void *arg)
     Py_VISIT(self->crc32c);
     Py_VISIT(self->on_full);
     Py_VISIT(self->py_send);
+    Py_VISIT(self->slow_send);
+    Py_VISIT(self->buffered_later);
     Py_VISIT(self->loop);
     return 0;
 }
@@ -411,7 +417,7 @@ Appender_traverse(Appender *self, visitproc visit, void *arg)
 static int
 Appender_clear(Appender *self)
 {
-    Py_CLEAR(self->producer);
+    Py_CLEAR(self->state);
     Py_CLEAR(self->topics);
     Py_CLEAR(self->routes);
     Py_CLEAR(self->lanes);
@@ -421,6 +427,8 @@ Appender_clear(Appender *self)
     Py_CLEAR(self->crc32c);
     Py_CLEAR(self->on_full);
     Py_CLEAR(self->py_send);
+    Py_CLEAR(self->slow_send);
+    Py_CLEAR(self->buffered_later);
     Py_CLEAR(self->loop);
     return 0;
 }
@@ -433,34 +441,50 @@ Appender_dealloc(Appender *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* ``state.<name>``, which must be of ``type``: a new reference, or NULL with an exception set. */
+static PyObject *
+state_part(PyObject *state, const char *name, PyTypeObject *type)
+{
+    PyObject *o = PyObject_GetAttrString(state, name);
+    if (o != NULL && !PyObject_TypeCheck(o, type)) {
+        PyErr_Format(PyExc_TypeError, "ProducerState.%s must be a %s, not %.200s", name, type->tp_name,
+                     Py_TYPE(o)->tp_name);
+        Py_CLEAR(o);
+    }
+    return o;
+}
+
 static PyObject *
 Appender_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *producer, *topics, *routes, *lanes, *open, *memory, *sticky, *crc32c, *on_full, *py_send;
+    PyObject *state, *crc32c, *on_full, *py_send, *slow_send, *buffered_later;
     int partitioner;
     long long header_size, slack, turn_bytes, turn_records;
-    static char *names[] = {"producer", "topics", "routes", "lanes", "open", "memory", "sticky", "crc32c",
-                            "on_full", "py_send", "partitioner", "header_size", "slack", "turn_bytes",
-                            "turn_records", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!O!O!O!O!OOOpLLLL:Appender", names, &producer, &PyDict_Type,
-                                     &topics, &PyDict_Type, &routes, &PyDict_Type, &lanes, &PyDict_Type, &open,
-                                     &MemoryCounterType, &memory, &PyDict_Type, &sticky, &crc32c, &on_full, &py_send, &partitioner,
-                                     &header_size, &slack, &turn_bytes, &turn_records))
+    static char *names[] = {"state", "on_full", "py_send", "slow_send", "buffered_later", "crc32c", "partitioner",
+                            "header_size", "slack", "turn_bytes", "turn_records", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOpLLLL:Appender", names, &state, &on_full, &py_send,
+                                     &slow_send, &buffered_later, &crc32c, &partitioner, &header_size, &slack,
+                                     &turn_bytes, &turn_records))
         return NULL;
     Appender *self = (Appender *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->producer = Py_NewRef(producer);
-    self->topics = Py_NewRef(topics);
-    self->routes = Py_NewRef(routes);
-    self->lanes = Py_NewRef(lanes);
-    self->open = Py_NewRef(open);
-    self->memory = Py_NewRef(memory);
-    self->sticky = Py_NewRef(sticky);
+    self->state = Py_NewRef(state);
     self->crc32c = Py_NewRef(crc32c);
     self->on_full = Py_NewRef(on_full);
     self->py_send = Py_NewRef(py_send);
+    self->slow_send = Py_NewRef(slow_send);
+    self->buffered_later = Py_NewRef(buffered_later);
     self->loop = Py_NewRef(Py_None);
+    if ((self->topics = state_part(state, "topics", &PyDict_Type)) == NULL
+        || (self->routes = state_part(state, "routes", &PyDict_Type)) == NULL
+        || (self->lanes = state_part(state, "lanes", &PyDict_Type)) == NULL
+        || (self->open = state_part(state, "open", &PyDict_Type)) == NULL
+        || (self->memory = state_part(state, "memory", &MemoryCounterType)) == NULL
+        || (self->sticky = state_part(state, "sticky", &PyDict_Type)) == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->partitioner = partitioner;
     self->header_size = header_size;
     self->slack = slack;
@@ -674,11 +698,11 @@ Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kw
 {
     PyObject *f[4];
     if (!send_arguments(args, nargsf, kwnames, f))
-        return call_as_method(self->py_send, self->producer, args, nargsf, kwnames);
+        return PyObject_Vectorcall(self->py_send, args, nargsf, kwnames);
     PyObject *key = f[0], *headers = f[1], *part = f[2], *ts = f[3];
     PyObject *loop = self->loop;
     if (loop == Py_None) /* not started, closing or fenced: Python raises or fails the future */
-        return call_as_method(self->py_send, self->producer, args, nargsf, kwnames);
+        return PyObject_Vectorcall(self->py_send, args, nargsf, kwnames);
     PyObject *fut = send_future_new(loop);
     PyObject *buffered = fut == NULL ? NULL : send_future_new(loop);
     if (buffered == NULL) {
@@ -690,11 +714,11 @@ Appender_send(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kw
     if (done == 1) {
         r = send_future_set_result(buffered, fut) < 0 ? NULL : Py_NewRef(Py_None);
     } else if (done == 2) { /* buffered, and the loop should turn: buffered is told on its next turn */
-        PyObject *later[3] = {self->producer, buffered, fut};
-        r = PyObject_VectorcallMethod(str_buffered_later, later, 3, NULL);
+        PyObject *later[3] = {NULL, buffered, fut}; /* [0]: room for a bound method's self */
+        r = PyObject_Vectorcall(self->buffered_later, later + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     } else if (done == 0) {
-        PyObject *rest[9] = {self->producer, topic, value, key, headers, part, ts, fut, buffered};
-        r = PyObject_VectorcallMethod(str_send_rest, rest, 9, NULL);
+        PyObject *rest[9] = {NULL, topic, value, key, headers, part, ts, fut, buffered};
+        r = PyObject_Vectorcall(self->slow_send, rest + 1, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(fut);
         Py_DECREF(buffered);
         return r; /* the future _send_rest returns: buffered */
@@ -736,8 +760,9 @@ static PyMemberDef Appender_members[] = {
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sluice._crecords.Appender",
-    .tp_doc = "Appender(producer, topics, routes, lanes, open, memory, sticky, crc32c, on_full, py_send, "
-              "partitioner, header_size, slack, turn_bytes, turn_records): the producer's per-record path for the common record.",
+    .tp_doc = "Appender(state, on_full, py_send, slow_send, buffered_later, crc32c, partitioner, header_size, "
+              "slack, turn_bytes, turn_records): the producer's per-record path for the common record, over its "
+              "ProducerState (client/state.py).",
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Appender_new,
@@ -755,14 +780,12 @@ add_producer_types(PyObject *m)
     str_set_result = PyUnicode_InternFromString("set_result");
     str_set_results = PyUnicode_InternFromString("_set_results");
     str_set_exception = PyUnicode_InternFromString("set_exception");
-    str_send_rest = PyUnicode_InternFromString("_send_rest");
-    str_buffered_later = PyUnicode_InternFromString("_buffered_later");
     str_key = PyUnicode_InternFromString("key");
     str_headers = PyUnicode_InternFromString("headers");
     str_partition = PyUnicode_InternFromString("partition");
     str_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
-    if (!str_done || !str_set_result || !str_set_results || !str_set_exception || !str_send_rest
-        || !str_buffered_later || !str_key || !str_headers || !str_partition || !str_timestamp_ms)
+    if (!str_done || !str_set_result || !str_set_results || !str_set_exception || !str_key || !str_headers
+        || !str_partition || !str_timestamp_ms)
         return -1;
     if (PyType_Ready(&RecordBufferType) < 0 || PyType_Ready(&MemoryCounterType) < 0
         || PyType_Ready(&AppenderType) < 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 _HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")  # a host name, IPv4 or IPv6 address
 _INTEGER = re.compile(r"-?[0-9]+")  # a config number: ASCII digits, "-" for a negative one
+_CLUSTER_URL = re.compile(r"etcd://(?P<hosts>[^/]+)(?:/(?P<cluster>[A-Za-z0-9._-]+))?/?")
 
 
 def _unspecified(host: str) -> bool:
@@ -36,6 +38,31 @@ def _unspecified(host: str) -> bool:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """``etcd://host:port[,host:port...][/cluster]`` -> (endpoints, cluster name).
+
+    ``ConfigError`` saying the expected form for anything else.
+    """
+    form = "expected etcd://HOST:PORT[,HOST:PORT...][/CLUSTER-NAME]"
+    m = _CLUSTER_URL.fullmatch(url.strip()) if isinstance(url, str) else None
+    if m is None:
+        raise ConfigError(f"bad cluster address {url!r}: {form}")
+    endpoints = []
+    for part in m["hosts"].split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(f"bad etcd endpoint {part!r} in {url!r}: {form}")
+        endpoints.append((host, int(port)))
+    return endpoints, m["cluster"] or "default"
+
+
+def session_ttl(session_timeout_ms: int) -> int:
+    """The lease TTL, in whole seconds, for a session timeout; ``ConfigError`` below 1 s."""
+    if session_timeout_ms < 1000:
+        raise ConfigError(f"session timeout must be at least 1000 ms, got {session_timeout_ms}")
+    return math.ceil(session_timeout_ms / 1000)
 
 
 def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
@@ -258,8 +285,6 @@ class ServerConfig:
         if self.tail_cache_bytes < 0:
             raise ConfigError(f"tail cache bytes must be ≥ 0, got {self.tail_cache_bytes}")
         if self.cluster is not None:
-            from sluice.cluster.etcd import parse_cluster_url, session_ttl
-
             parse_cluster_url(self.cluster)
             session_ttl(self.session_timeout_ms)
             if _unspecified(self.host) and self.advertised_host is None:

@@ -33,8 +33,8 @@ def values(broker, tp=("t", 0)):
 
 def start_sequence_at(p: Producer, tp, sequence: int) -> None:
     """Test hook: the partition's next sequence (before its first batch is drained)."""
-    sender = p._sender
-    st = sender._seqs[tp] = PartitionSequences(sender._producer_id, sender._producer_epoch, sender._explicit)
+    identity = p._sender.identity
+    st = identity.partitions[tp] = PartitionSequences(identity.producer_id, identity.producer_epoch, identity.explicit)
     st.next_sequence = sequence
 
 
@@ -239,7 +239,7 @@ async def test_sequences_wrap_at_2_31(explicit):
     broker = FakeBroker({"t": 1})
     kw = {"producer_id": DERIVED + 5, "producer_epoch": 2} if explicit else {}
     async with make(broker, linger_ms=0, **kw) as p:
-        await until(lambda: p._sender._producer_id is not None)
+        await until(lambda: p._sender.identity.producer_id is not None)
         start_sequence_at(p, ("t", 0), SEQUENCE_MOD - 3)
         futs = []
         for i in range(4):

@@ -16,7 +16,7 @@ from sluice.client import Producer, RecordMetadata, SyncProducer, sync
 from sluice.client.accumulator import _RecordBuffer
 from sluice.client.outbox import Outbox as PyOutbox
 from sluice.client.producer import _TURN_BYTES, _TURN_RECORDS, _python_path
-from sluice.client.sync import FutureGroup, RecordFuture
+from sluice.client.record_future import FutureGroup, RecordFuture
 from sluice.protocol import records
 
 from .fakebroker import FakeBroker

@@ -10,8 +10,9 @@ import time
 import pytest
 from cluster_helpers import REQUEST_MS, SESSION_MS, answered, eventually, free_ports, hold_session
 
-from sluice.cluster.etcd import EtcdStore, parse_cluster_url
+from sluice.cluster.etcd import EtcdStore
 from sluice.cluster.store import BrokerRegistration, PartitionState, TopicRecord, initial_states
+from sluice.config import parse_cluster_url
 from sluice.errors import ConfigError, InvalidRequest, MetadataUnavailable
 
 # a lapsed 1 s lease: etcd checks expiry about every 0.5 s; the rest is slack for a busy machine

@@ -15,7 +15,15 @@ from click.core import ParameterSource
 
 from sluice.cli.output import data_options, echo_json, iso_ms, stdout_bytes, table, wants_json
 from sluice.cli.params import StartPosition
-from sluice.protocol.subscriptions import MODES, SubscriptionConfig, config_differences
+from sluice.protocol.subscriptions import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_TIMEOUT_MS,
+    MODES,
+    SubscriptionConfig,
+    config_differences,
+)
+
+_SUBSCRIPTION = SubscriptionConfig()  # the options' defaults
 
 
 def _admin(ctx):
@@ -45,16 +53,20 @@ def sub() -> None:
 @click.argument("name")
 @click.option("--from", "start", type=StartPosition(), default=None, metavar="POSITION",
               help="earliest | latest | OFFSET | ISO-TIME.  [default: earliest]")
-@click.option("--mode", type=click.Choice(MODES), default="unordered", show_default=True,
+@click.option("--mode", type=click.Choice(MODES), default=_SUBSCRIPTION.mode, show_default=True,
               help="ordered: a partition's next message only after the previous one is acked; "
                    "key-ordered: the same, per key (a failing message holds back only its key).")
-@click.option("--max-attempts", type=click.IntRange(0, 1000), default=0, show_default=True,
+@click.option("--max-attempts", type=click.IntRange(0, MAX_ATTEMPTS_LIMIT), default=_SUBSCRIPTION.max_attempts,
+              show_default=True,
               help="Deliveries before a message goes to TOPIC.NAME.dlq (0: never).")
-@click.option("--ack-timeout-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=30_000, show_default=True,
+@click.option("--ack-timeout-ms", type=click.IntRange(1, MAX_TIMEOUT_MS), default=_SUBSCRIPTION.ack_timeout_ms,
+              show_default=True,
               help="A delivery not acked by then is redelivered.")
-@click.option("--backoff-ms", type=click.IntRange(0, 24 * 3600 * 1000), default=1000, show_default=True,
+@click.option("--backoff-ms", type=click.IntRange(0, MAX_TIMEOUT_MS), default=_SUBSCRIPTION.backoff_initial_ms,
+              show_default=True,
               help="Wait before the first redelivery after a failure; doubles each time.")
-@click.option("--backoff-max-ms", type=click.IntRange(1, 24 * 3600 * 1000), default=60_000, show_default=True)
+@click.option("--backoff-max-ms", type=click.IntRange(1, MAX_TIMEOUT_MS), default=_SUBSCRIPTION.backoff_max_ms,
+              show_default=True)
 @click.option("--tag", "tags", multiple=True, help="Deliver only messages with this tag (repeatable).")
 @click.option("--if-not-exists", is_flag=True, help="Succeed if it exists already.")
 @click.pass_context

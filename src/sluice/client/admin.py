@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from sluice import errors
+from sluice.client.config import position
 from sluice.client.status import ClusterStatus
-from sluice.client.subscriber import position
 from sluice.client.transport import Cluster, Connection, ConnectionFactory
 from sluice.config import MAX_PARTITIONS
 from sluice.protocol import messages

@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 
 from sluice import errors
 from sluice.client.commits import GroupCommits
+from sluice.client.config import ConsumerConfig
 from sluice.client.positions import Positions, backoff
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages, records
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 WARN_EVERY_S = 10.0  # "broker unavailable" warnings of a consumer, at most one per this
 
 TP = tuple[str, int]
-_RESETS = ("earliest", "latest", "error")
 
 
 class Consumer(Positions, GroupCommits):
@@ -75,72 +75,39 @@ class Consumer(Positions, GroupCommits):
     def __init__(
         self,
         bootstrap: str | Sequence[str],
+        config: ConsumerConfig | None = None,
         *,
-        group: str | None = None,
-        auto_offset_reset: str = "earliest",
-        enable_auto_commit: bool = True,
-        auto_commit_interval_ms: float = 5000,
-        fetch_max_wait_ms: int = 500,
-        fetch_min_bytes: int = 1,
-        fetch_max_bytes: int = 50 * 1024 * 1024,
-        max_partition_fetch_bytes: int = 8 * 1024 * 1024,
-        check_crcs: bool = True,
-        request_timeout_ms: float = 30000,
-        connect_timeout_ms: float = 10000,
-        retry_timeout_ms: float = 60000,
-        metadata_max_age_ms: float = 30000,
-        unknown_topic_wait_ms: float = 1000,
         connection_factory: ConnectionFactory | None = None,
+        **options,
     ) -> None:
-        """``metadata_max_age_ms``: how often metadata is refreshed, which picks up new
-        partitions of subscribed topics.  ``retry_timeout_ms``: how long retriable errors
-        (a broker restarting, a lost connection) are retried before they surface;
-        ``unknown_topic_wait_ms``: how long an assigned partition that does not exist is
-        asked about again before it is an error (see the module docstring)."""
-        if auto_offset_reset not in _RESETS:
-            raise errors.ConfigError(
-                f"auto_offset_reset must be one of {_RESETS}, got {auto_offset_reset!r}"
-            )
-        if group is not None and (not isinstance(group, str) or not group):
-            raise errors.ConfigError("group must be a non-empty string or None")
-        for name, value, low in (
-            ("auto_commit_interval_ms", auto_commit_interval_ms, 1),
-            ("fetch_max_wait_ms", fetch_max_wait_ms, 0),
-            ("fetch_min_bytes", fetch_min_bytes, 0),
-            ("fetch_max_bytes", fetch_max_bytes, 1),
-            ("max_partition_fetch_bytes", max_partition_fetch_bytes, 1),
-            ("request_timeout_ms", request_timeout_ms, 1),
-            ("retry_timeout_ms", retry_timeout_ms, 0),
-            ("metadata_max_age_ms", metadata_max_age_ms, 1),
-            ("unknown_topic_wait_ms", unknown_topic_wait_ms, 0),
-        ):
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
-                raise errors.ConfigError(f"{name} must be a number >= {low}, got {value!r}")
-        if request_timeout_ms <= fetch_max_wait_ms:
-            raise errors.ConfigError("request_timeout_ms must exceed fetch_max_wait_ms")
-        self.group = group
-        self.auto_offset_reset = auto_offset_reset
-        self.auto_commit = bool(enable_auto_commit and group)
-        self.auto_commit_interval = auto_commit_interval_ms / 1000
-        self.fetch_max_wait_ms = int(fetch_max_wait_ms)
-        self.fetch_min_bytes = int(fetch_min_bytes)
-        self.fetch_max_bytes = int(fetch_max_bytes)
-        self.max_partition_fetch_bytes = int(max_partition_fetch_bytes)
-        self.check_crcs = check_crcs
-        self.request_timeout = request_timeout_ms / 1000
-        self.retry_timeout = retry_timeout_ms / 1000
+        """``config``: the settings (client/config.py's ``ConsumerConfig``); keyword
+        arguments ``options`` are settings too, over ``config`` or the defaults
+        (``Consumer(bootstrap, group="g")``).  ``ConfigError`` for a bad one,
+        ``TypeError`` for a keyword that is no setting."""
+        config = self.config = ConsumerConfig.of(config, **options)
+        self.group = config.group
+        self.auto_offset_reset = config.auto_offset_reset
+        self.auto_commit = bool(config.enable_auto_commit and config.group)
+        self.auto_commit_interval = config.auto_commit_interval_ms / 1000
+        self.fetch_max_wait_ms = int(config.fetch_max_wait_ms)
+        self.fetch_min_bytes = int(config.fetch_min_bytes)
+        self.fetch_max_bytes = int(config.fetch_max_bytes)
+        self.max_partition_fetch_bytes = int(config.max_partition_fetch_bytes)
+        self.check_crcs = config.check_crcs
+        self.request_timeout = config.request_timeout_ms / 1000
+        self.retry_timeout = config.retry_timeout_ms / 1000
         self._failing_since: float | None = None  # first retriable failure of a read loop
         self._failures = 0  # consecutive retriable failures (backoff)
         self._warned_at = -WARN_EVERY_S  # when "broker unavailable" was last a warning
-        self.metadata_max_age = metadata_max_age_ms / 1000
-        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
+        self.metadata_max_age = config.metadata_max_age_ms / 1000
+        self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
         # assigned partitions the metadata says do not exist, and since when it says so
         self._missing: set[TP] = set()
         self._missing_since: float | None = None
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
-            connect_timeout=connect_timeout_ms / 1000,
+            connect_timeout=config.connect_timeout_ms / 1000,
             request_timeout=self.request_timeout,
         )
         self._subscription: list[str] | None = None

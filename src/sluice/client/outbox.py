@@ -9,7 +9,9 @@ queued while it ends is never left behind.
 
 ``Outbox`` here is the pure-Python reference of ``sluice._crecords.Outbox``, whose ``send``
 is ``SyncProducer.send`` in C for the common record (``SyncProducer.send`` is its Python
-path) and whose ``hand_over`` buffers through the producer's compiled Appender.
+path) and whose ``hand_over`` buffers through the producer's compiled Appender.  The facade
+binds the outbox to its producer once that runs (``bind``), and unbinds it when it closes;
+the compiled one reads the producer's ``state`` (client/state.py) only then.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ class Outbox:
         self.items = items
         self.sent_bytes = self.handed_bytes = 0
         self.handing = False
+
+    def bind(self, client) -> None:
+        """The facade's producer runs: the compiled outbox sends through it from now on
+        (this one sends every record the Python way, bound or not)."""
+
+    def unbind(self) -> None:
+        """The facade is closing: every record the Python way from now on."""
 
     def hand_over(self, client) -> None:
         """On the producer's loop: buffer (or queue in the producer's waiting line) every

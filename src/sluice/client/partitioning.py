@@ -1,4 +1,5 @@
-"""Partitioning of the producer: which partition a record goes to (a part of ``Producer``).
+"""Partitioning of the producer: which partition a record goes to (``Partitioning``, which
+the producer makes and asks).
 
 A record with an explicit partition goes there; one with a key, to the key's (CRC-32C of
 the key modulo the partition count, or ``partitioner(key, n)`` when given); a keyless one,
@@ -6,9 +7,9 @@ to its topic's *sticky* partition.
 
 **The sticky partition moves on per batch** (Kafka's KIP-480): keyless records fill one
 batch of one partition, and the batch after it goes to another partition.  The partition
-moves on when its batch fills (``_switch_sticky``, called from the compiled path
-too) and when a keyless record finds the batch it went to closed (by ``linger_ms``, a
-flush, a bulk send) and would open a new one (``_partition_for``).  So keyless records
+moves on when its batch fills (``switch_sticky``, called from the compiled path
+too, through the producer) and when a keyless record finds the batch it went to closed (by ``linger_ms``, a
+flush, a bulk send) and would open a new one (``partition_for``).  So keyless records
 spread evenly over the partitions whatever closes their batches, and a batch still holds
 many records whenever they come faster than the linger.
 
@@ -21,7 +22,7 @@ take records for a while counts as at most ``batch_size`` behind the fullest, so
 up by a batch, not by all it missed.  The first pick is random among equals (producers do
 not all start on partition 0).
 A partition cannot take records while metadata shows it without a leader, or for
-``refused_partition_avoid_ms`` after it *refused* a send (``_partition_refused``, told by
+``refused_partition_avoid_ms`` after it *refused* a send (``partition_refused``, told by
 the sender: too few in-sync replicas, no replica to elect, a leader that does not answer
 or is stopping, a failing disk, a full write queue).  Each refusal of a retried batch there extends the time, so a
 partition is avoided while its batches keep being refused, and tried again by the first
@@ -40,10 +41,13 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import crc32c as _crc32c
 
 from sluice import errors
+from sluice.client.accumulator import Accumulator
+from sluice.client.transport import Cluster
 
 
 def default_partitioner(key: bytes, partitions: int) -> int:
@@ -53,7 +57,7 @@ def default_partitioner(key: bytes, partitions: int) -> int:
 
 # The errors by which a partition refuses records for a while: keyless records go elsewhere.
 # Not NOT_LEADER: the partition has (or soon has) another leader, which the metadata refresh
-# it brings about tells; one without is left by ``_leave_leaderless``.
+# it brings about tells; one without is left by ``leave_leaderless``.
 REFUSALS = (
     errors.NotEnoughReplicas,
     errors.EligibleLeadersNotAvailable,
@@ -66,18 +70,38 @@ REFUSALS = (
 
 
 class Partitioning:
-    """The producer's partitioner state (``_init_partitioning``): ``_sticky`` (topic ->
-    sticky partition, read by the compiled path), the batch count each sticky partition had
-    when it was picked, and the partitions avoided until when."""
+    """Which partition each record of one producer goes to (module docstring).
 
-    def _init_partitioning(self, avoid_refused: float) -> None:
-        self._sticky: dict[str, int] = {}
+    Made with the producer's ``cluster`` (metadata) and accumulator ``acc`` (its open and
+    closed batches), its settings ``partitioner`` (None: CRC-32C of the key), ``batch_size``
+    and ``avoid_refused`` (``refused_partition_avoid_ms``, in seconds).  Its state:
+    ``sticky`` (topic -> sticky partition, read by the compiled path through the producer's
+    ``ProducerState``), the batch count each sticky partition had when it was picked, and
+    the partitions avoided until when.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        acc: Accumulator,
+        partitioner: Callable[[bytes | None, int], int] | None,
+        batch_size: int,
+        avoid_refused: float,
+    ) -> None:
+        self._cluster = cluster
+        self._acc = acc
+        self.partitioner = partitioner
+        self.batch_size = batch_size
+        self.sticky: dict[str, int] = {}
         # topic -> batches opened on its sticky partition before it was picked
         self._sticky_mark: dict[str, int] = {}
         self._avoid_refused = avoid_refused
         self._refused_until: dict[tuple[str, int], float] = {}
 
-    def _partition_for(self, topic: str, key: bytes | None, n: int) -> int:
+    def partition_for(self, topic: str, key: bytes | None, n: int) -> int:
+        """The partition of a record of ``topic`` (``n`` partitions) with ``key``, not
+        given one: the partitioner's, the key's, or the sticky one (``UnknownPartition``
+        when a custom partitioner answers out of range)."""
         if self.partitioner is not None:
             p = self.partitioner(key, n)
             if not 0 <= p < n:
@@ -85,20 +109,20 @@ class Partitioning:
             return p
         if key is not None:
             return _crc32c.crc32c(key) % n
-        p = self._sticky.get(topic)
+        p = self.sticky.get(topic)
         if p is None or p >= n:
-            return self._switch_sticky(topic, n, -1)
+            return self.switch_sticky(topic, n, -1)
         tp = (topic, p)
         acc = self._acc
         if tp not in acc.open and acc.opened.get(tp, 0) != self._sticky_mark[topic]:
             # its batch closed since it was picked: this record opens a batch elsewhere
-            p = self._switch_sticky(topic, n, p)
+            p = self.switch_sticky(topic, n, p)
         return p
 
-    def _switch_sticky(self, topic: str, n: int, old: int) -> int:
+    def switch_sticky(self, topic: str, n: int, old: int) -> int:
         """Move ``topic``'s keyless records on from ``old`` (-1: none yet) to the next
         partition that can take them; returns it."""
-        p = self._sticky[topic] = self._pick(topic, n, old)
+        p = self.sticky[topic] = self._pick(topic, n, old)
         self._sticky_mark[topic] = self._acc.opened.get((topic, p), 0)
         return p
 
@@ -136,7 +160,7 @@ class Partitioning:
         floor = max(usable)[0] - self.batch_size  # a partition catches up by a batch at most
         return min((max(load, floor), i, p) for load, i, p in usable)[2]
 
-    def _partition_refused(self, topic: str, partition: int, exc: BaseException) -> None:
+    def partition_refused(self, topic: str, partition: int, exc: BaseException) -> None:
         """The sender was refused a batch of ``topic[partition]`` by ``exc`` (it retries
         it there): keyless records avoid that partition for ``refused_partition_avoid_ms``,
         leaving it at once when it is their sticky one."""
@@ -149,13 +173,13 @@ class Partitioning:
                 del refused[tp]
         refused[(topic, partition)] = now + self._avoid_refused
         info = self._cluster.topics.get(topic)
-        if self._sticky.get(topic) == partition and info is not None and partition < info.partitions:
-            self._switch_sticky(topic, info.partitions, partition)
+        if self.sticky.get(topic) == partition and info is not None and partition < info.partitions:
+            self.switch_sticky(topic, info.partitions, partition)
 
-    def _leave_leaderless(self) -> None:
+    def leave_leaderless(self) -> None:
         """After a metadata refresh: keyless records stop going to a sticky partition that
         has no leader now (those buffered for it wait for one, up to their deadline)."""
-        for topic, p in list(self._sticky.items()):
+        for topic, p in list(self.sticky.items()):
             info = self._cluster.topics.get(topic)
             if info is not None and p < info.partitions and info.leaders[p] < 0:
-                self._switch_sticky(topic, info.partitions, p)
+                self.switch_sticky(topic, info.partitions, p)

@@ -37,25 +37,27 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat
 from operator import add, methodcaller
+from types import MethodType
 
 import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
 from sluice.client.arguments import check_partition, clarified, values_error
+from sluice.client.config import ProducerConfig
 from sluice.client.framing import Callback, record_size, tail_size, zz_len
+from sluice.client.identity import backoff_delay
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.partitioning import Partitioning, default_partitioner
-from sluice.client.sender import Sender, backoff_delay
-from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
+from sluice.client.sender import Sender
+from sluice.client.state import ProducerState
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.client.waiting_line import WaitingLine
 from sluice.config import check_topic_name
-from sluice.protocol import messages, records
+from sluice.protocol import records
 
 __all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
 
-_ACKS = {"none": messages.ACKS_NONE, "leader": messages.ACKS_LEADER, "all": messages.ACKS_ALL}
 _time = time.time
 _MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
 # Upper bound of a record's framing around its value in the bulk path: length varint,
@@ -92,12 +94,7 @@ def _python_path(*record) -> bool:
     return False
 
 
-def _positive(name: str, value, minimum: float = 1) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
-        raise errors.ConfigError(f"{name} must be a number >= {minimum}, got {value!r}")
-
-
-class Producer(Partitioning):
+class Producer:
     """Sends records to topics; see the module docstring for the moving parts.
 
     ``send`` returns an awaitable of (once the record is buffered) a future that resolves
@@ -113,150 +110,68 @@ class Producer(Partitioning):
     def __init__(
         self,
         bootstrap: str | Sequence[str],
+        config: ProducerConfig | None = None,
         *,
-        acks: str = "all",
-        batch_size: int = 262144,
-        linger_ms: float = 5,
-        buffer_memory: int = 64 * 1024 * 1024,
-        max_block_ms: float = 60000,
-        unknown_topic_wait_ms: float = 1000,
-        compression: str = "none",
-        max_in_flight: int = 16,
-        retries: int | None = None,
-        retry_backoff_ms: float = 100,
-        retry_backoff_max_ms: float = 1000,
-        delivery_timeout_ms: float = 120000,
-        request_timeout_ms: float = 30000,
-        max_request_size: int = 16 * 1024 * 1024,
-        partitioner: Callable[[bytes | None, int], int] | None = None,
-        connect_timeout_ms: float = 10000,
-        metadata_max_age_ms: float = 30000,
         connection_factory: ConnectionFactory | None = None,
-        enable_idempotence: bool | None = None,
-        max_in_flight_per_partition: int | None = None,
-        producer_id: int | None = None,
-        producer_epoch: int | None = None,
-        refused_partition_avoid_ms: float = 5000,
+        **options,
     ) -> None:
-        """``acks``: ``"all"`` (the default, as Kafka's since 3.0): a send is acknowledged
-        once every in-sync replica has it (the partition's high watermark passed it);
-        ``"leader"``: once the leader appended it; ``"none"``: not at all.  With one broker
-        ``"all"`` and ``"leader"`` answer at the same moment.
-
-        ``metadata_max_age_ms``: how often metadata of the topics sent to is refreshed,
-        which picks up new partitions and changed size limits.
-
-        ``enable_idempotence``: on unless ``acks="none"`` (which cannot be idempotent: the
-        producer would never hear of a gap).  Off, batches carry no producer id, a retry
-        after a lost answer may store a batch twice, and a partition has one request in
-        flight.  ``max_in_flight_per_partition``: with idempotence, how many of a
-        partition's batches may be in flight at once (1 to 5, default 5); without, only 1.
-
-        ``producer_id`` and ``producer_epoch`` (both or neither; implies idempotence): an
-        identity the caller derives itself, ``producer_id`` in [2**62, 2**63) (brokers hand
-        out ids below), ``producer_epoch`` in 0..32767.  A batch of an older epoch of that id
-        than one a partition stored fails with ``ProducerFenced``, and so does every later
-        send of this producer.  Such a producer never renumbers: after a batch of it failed
-        for good, later sends to that partition fail with ``OutOfOrderSequence``.
-
-        ``refused_partition_avoid_ms``: how long records without a key or partition avoid a
-        partition that refused a send (too few in-sync replicas, no leader, a leader that
-        does not answer; client/partitioning.py); 0: they never avoid one."""
-        if acks not in _ACKS:
-            raise errors.ConfigError(f"acks must be one of {sorted(_ACKS)}, got {acks!r}")
-        if compression not in records.COMPRESSION_CODES:
-            raise errors.ConfigError(
-                f"compression must be one of {sorted(records.COMPRESSION_CODES)}, got {compression!r}"
-            )
-        _positive("batch_size", batch_size, records.HEADER_SIZE + 1)
-        _positive("linger_ms", linger_ms, 0)
-        _positive("buffer_memory", buffer_memory, 1)
-        _positive("max_block_ms", max_block_ms, 0)
-        _positive("unknown_topic_wait_ms", unknown_topic_wait_ms, 0)
-        _positive("max_in_flight", max_in_flight, 1)
-        if retries is not None:
-            _positive("retries", retries, 0)
-        _positive("retry_backoff_ms", retry_backoff_ms, 0)
-        _positive("retry_backoff_max_ms", retry_backoff_max_ms, 0)
-        _positive("delivery_timeout_ms", delivery_timeout_ms, 1)
-        _positive("request_timeout_ms", request_timeout_ms, 1)
-        _positive("max_request_size", max_request_size, records.HEADER_SIZE + 1)
-        _positive("connect_timeout_ms", connect_timeout_ms, 1)
-        _positive("metadata_max_age_ms", metadata_max_age_ms, 1)
-        _positive("refused_partition_avoid_ms", refused_partition_avoid_ms, 0)
-        if retry_backoff_max_ms < retry_backoff_ms:
-            raise errors.ConfigError("retry_backoff_max_ms must be >= retry_backoff_ms")
-        if batch_size > buffer_memory:
-            raise errors.ConfigError("batch_size must not exceed buffer_memory")
-        if partitioner is not None and not callable(partitioner):
-            raise errors.ConfigError("partitioner must be a callable (key, partitions) -> int")
-        if (producer_id is None) != (producer_epoch is None):
-            raise errors.ConfigError("producer_id and producer_epoch go together")
-        if producer_id is not None:
-            check_identity(producer_id, producer_epoch)
-        if enable_idempotence is None:
-            enable_idempotence = acks != "none"
-        elif not isinstance(enable_idempotence, bool):
-            raise errors.ConfigError(f"enable_idempotence must be a bool, got {enable_idempotence!r}")
-        if enable_idempotence and acks == "none":
-            raise errors.ConfigError('enable_idempotence needs acks="leader" or "all", not "none"')
-        if producer_id is not None and not enable_idempotence:
-            raise errors.ConfigError("producer_id needs enable_idempotence")
-        top = MAX_IN_FLIGHT_BATCHES if enable_idempotence else 1
-        if max_in_flight_per_partition is None:
-            max_in_flight_per_partition = top
-        if (
-            not isinstance(max_in_flight_per_partition, int) or isinstance(max_in_flight_per_partition, bool)
-            or not 1 <= max_in_flight_per_partition <= top
-        ):
-            raise errors.ConfigError(
-                f"max_in_flight_per_partition must be an int in 1..{top}"
-                f"{'' if enable_idempotence else ' without idempotence'}, got {max_in_flight_per_partition!r}"
-            )
-        self.acks = _ACKS[acks]
-        self.batch_size = int(batch_size)
-        self.linger = linger_ms / 1000
-        self.max_block = max_block_ms / 1000
-        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
-        self.codec = records.COMPRESSION_CODES[compression]
-        self.max_in_flight = int(max_in_flight)
-        self.retries = retries
-        self.backoff = retry_backoff_ms / 1000
-        self.backoff_max = retry_backoff_max_ms / 1000
-        self.delivery_timeout = delivery_timeout_ms / 1000
-        self.request_timeout = request_timeout_ms / 1000
-        self.max_request_size = int(max_request_size)
-        self.partitioner = partitioner
-        self.metadata_max_age = metadata_max_age_ms / 1000
-        self.enable_idempotence = enable_idempotence
-        self.max_in_flight_per_partition = max_in_flight_per_partition
-        self.producer_identity = None if producer_id is None else (producer_id, producer_epoch)
+        """``config``: the settings (client/config.py's ``ProducerConfig``); keyword
+        arguments ``options`` are settings too, over ``config`` or the defaults
+        (``Producer(bootstrap, acks="all", linger_ms=1)``).  ``ConfigError`` for a bad
+        one, ``TypeError`` for a keyword that is no setting."""
+        config = self.config = ProducerConfig.of(config, **options)
+        self.acks = config.acks_code
+        self.batch_size = int(config.batch_size)
+        self.linger = config.linger_ms / 1000
+        self.max_block = config.max_block_ms / 1000
+        self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
+        self.codec = config.codec
+        self.max_in_flight = int(config.max_in_flight)
+        self.retries = config.retries
+        self.backoff = config.retry_backoff_ms / 1000
+        self.backoff_max = config.retry_backoff_max_ms / 1000
+        self.delivery_timeout = config.delivery_timeout_ms / 1000
+        self.request_timeout = config.request_timeout_ms / 1000
+        self.max_request_size = int(config.max_request_size)
+        self.partitioner = partitioner = config.partitioner
+        self.metadata_max_age = config.metadata_max_age_ms / 1000
+        self.enable_idempotence = config.idempotent
+        self.max_in_flight_per_partition = config.in_flight_per_partition
+        self.producer_identity = config.identity
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
-            connect_timeout=connect_timeout_ms / 1000,
+            connect_timeout=config.connect_timeout_ms / 1000,
             request_timeout=self.request_timeout,
         )
-        self._memory = MemoryPool(int(buffer_memory))
+        self._memory = MemoryPool(int(config.buffer_memory))
         self._acc = Accumulator(self.linger, self.delivery_timeout)
-        self._init_partitioning(refused_partition_avoid_ms / 1000)
-        # topic -> (metadata, partitions, batch byte limit, record bytes per batch)
-        self._routes: dict[str, tuple] = {}
+        # which partition each record goes to (client/partitioning.py)
+        self._partitioning = parts = Partitioning(
+            self._cluster, self._acc, partitioner, self.batch_size, config.refused_partition_avoid_ms / 1000
+        )
+        self._sticky = parts.sticky
         # per topic: sends waiting for metadata or memory, in send order, and the task
         # that buffers them (a waiting topic holds up no other)
         self._line = WaitingLine(self)
+        # what the sender, the compiled path and the sync facade share (client/state.py)
+        self.state = state = ProducerState(config, self._cluster, self._acc, self._memory, self._line, self._sticky)
+        # topic -> (metadata, partitions, batch byte limit, record bytes per batch)
+        self._routes = state.routes
         # told each error that kept a record of submit() from being buffered (sync facade)
         self.on_unbuffered: Callable[[BaseException], object] | None = None
-        self._sender = Sender(self, self._cluster, self._acc, self._memory, self._forced)
+        self._sender = Sender(
+            state, forced=self._forced, refuse_sends=self._refuse_sends,
+            leave_leaderless=parts.leave_leaderless, partition_refused=parts.partition_refused,
+        )
         # The per-record path of the common record, in C with the compiled codec: it reads
-        # (and never replaces) the dicts above; False sends the record the Python way.  Its
+        # (and never replaces) the state's dicts; False sends the record the Python way.  Its
         # ``send`` is this class's ``send`` in C, calling back ``send`` or ``_send_rest``.
         self._append_common: Callable[..., bool] = _python_path
-        self._appender = None
         if records._C is not None:
-            self._appender = appender = records._C.Appender(
-                self, self._cluster.topics, self._routes, self._line.lanes, self._acc.open, self._memory,
-                self._sticky, _crc32c.crc32c, self._batch_full, Producer.send, partitioner is not None,
+            state.appender = appender = records._C.Appender(
+                state, self._batch_full, MethodType(Producer.send, self), self._send_rest, self._buffered_later,
+                _crc32c.crc32c, partitioner is not None,
                 records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES, _TURN_RECORDS,
             )
             self._append_common = appender.append
@@ -282,8 +197,8 @@ class Producer(Partitioning):
         self._sender.metadata_at = time.monotonic()
         self._started = True
         self._sender.start(self._loop)
-        if self._appender is not None:
-            self._appender.loop = self._loop  # the compiled send takes sends from now on
+        if self.state.appender is not None:
+            self.state.appender.loop = self._loop  # the compiled send takes sends from now on
 
     async def close(self) -> None:
         """Flush everything buffered, wait for acks, then stop.  Idempotent.
@@ -336,8 +251,8 @@ class Producer(Partitioning):
 
     def _refuse_sends(self) -> None:
         """Closing or fenced: from now on every send takes the Python path, which refuses it."""
-        if self._appender is not None:
-            self._appender.loop = None
+        if self.state.appender is not None:
+            self.state.appender.loop = None
 
     def _check_open(self) -> None:
         """Raise, before a send buffers anything, when the producer cannot send."""
@@ -421,10 +336,7 @@ class Producer(Partitioning):
         return info
 
     def _max_batch_bytes(self, info) -> int:
-        limit = self.max_request_size
-        if info.max_message_bytes > 0:
-            limit = min(limit, info.max_message_bytes)
-        return limit
+        return self.state.max_batch_bytes(info)
 
     # ------------------------------------------------------------------ sending
 
@@ -619,7 +531,7 @@ class Producer(Partitioning):
         if not prepaid and (mem.used + reserve > mem.limit or mem.waiters):
             return False
         if partition is None:
-            partition = self._partition_for(topic, key, n)
+            partition = self._partitioning.partition_for(topic, key, n)
             sticky = key is None and self.partitioner is None
         else:
             sticky = False
@@ -634,7 +546,7 @@ class Producer(Partitioning):
                 acc.close(batch)  # full
                 batch, turn = None, True
                 if sticky:
-                    partition = self._switch_sticky(topic, n, partition)
+                    partition = self._partitioning.switch_sticky(topic, n, partition)
                     batch = acc.open.get((topic, partition))
                     if batch is not None:
                         before = batch.size
@@ -662,7 +574,7 @@ class Producer(Partitioning):
         """``batch`` holds ``batch_size`` bytes: close it, and move a sticky topic on."""
         self._acc.close(batch)
         if sticky:
-            self._switch_sticky(batch.topic, n, partition)
+            self._partitioning.switch_sticky(batch.topic, n, partition)
 
     @staticmethod
     def _reserve(key, value, headers) -> int:
@@ -724,7 +636,7 @@ class Producer(Partitioning):
         limit = self._max_batch_bytes(info)
         if partition is None:
             sticky = key is None and self.partitioner is None
-            partition = self._partition_for(topic, key, n)
+            partition = self._partitioning.partition_for(topic, key, n)
         else:
             sticky = False
             if not 0 <= partition < n:
@@ -786,7 +698,7 @@ class Producer(Partitioning):
         for (i, j), body in zip(spans, bodies, strict=True):
             acc.add_closed(topic, partition, body, j - i, ts, cum[j] - cum[i], bulk)
         if sticky:
-            self._switch_sticky(topic, n, partition)
+            self._partitioning.switch_sticky(topic, n, partition)
         return fut
 
     async def flush(self) -> None:

@@ -14,7 +14,8 @@ number of its batches: that alone keeps its order across retries.  With idempote
 default) up to ``max_in_flight_per_partition`` (at most 5) of its *batches* are in flight at
 once, in one or more requests: the broker remembers the last 5 batches per producer and
 partition, so every retried batch is answered with its original offset.  Batches get their
-sequence when first drained (client/sequences.py); a retried batch keeps it, goes back to its
+sequence when first drained (client/sequences.py, under the producer id and epoch of
+client/identity.py); a retried batch keeps it, goes back to its
 queue in drain order, ahead of every later batch, and is resent only once nothing of its
 partition is in flight (as Kafka's producer does since KAFKA-5494: after a failure the
 partition runs one request at a time until it is back in sequence).  So does the first
@@ -44,33 +45,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable
 
 from sluice import errors
-from sluice.client.accumulator import Accumulator, Batch, MemoryPool
-from sluice.client.sequences import GAP, MAX_EPOCH, RETRY, PartitionSequences
-from sluice.client.transport import Cluster
+from sluice.client.accumulator import Batch
+from sluice.client.identity import ProducerIdentity, backoff_delay
+from sluice.client.sequences import GAP, RETRY, PartitionSequences
+from sluice.client.state import ProducerState
 from sluice.protocol import messages
 
 log = logging.getLogger("sluice.client.producer")
 
 TP = tuple[str, int]
-IDENTITY_WARN_EVERY_S = 10.0  # "no producer id yet" warnings, at most one per this
 RETRY_WARN_EVERY_S = 10.0  # "retrying" warnings, at most one per this
 # A request unanswered this long may be held by a leader that stalled and was replaced:
 # metadata is asked (of other brokers first) every SLOW_REFRESH_S while it stays so.
 SLOW_REQUEST_S = 1.0
 SLOW_REFRESH_S = 0.25
 METADATA_TIMEOUT_S = 5.0  # a metadata request of the sender (capped by request_timeout_ms)
-
-
-def backoff_delay(base: float, maximum: float, attempt: int) -> float:
-    """``base * 2**attempt`` capped at ``maximum``, with +-20 % jitter."""
-    delay = min(base * (2 ** min(attempt, 30)), maximum)
-    return delay * random.uniform(0.8, 1.2) if delay else 0.0
 
 
 class _Unsent(Exception):
@@ -106,50 +100,55 @@ def _earliest(wake_at: float | None, t: float) -> float:
 class Sender:
     """The sender task of one ``Producer`` and the state of its requests.
 
-    ``producer`` supplies the settings (read once here), ``_refuse_sends()`` (told once the
-    producer is fenced) and ``forced()`` (flush or close in
-    progress: lingering batches close at once).  ``identity`` is an explicit ``(producer id,
-    epoch)`` or None to ask the broker for one (``INIT_PRODUCER_ID``) when idempotent.
+    ``state`` is the producer's shared state (client/state.py): its settings (read once
+    here), cluster, accumulator and buffer memory.  The producer's hooks: ``forced()`` (flush
+    or close in progress: lingering batches close at once), ``refuse_sends()`` (told once
+    the producer is fenced), ``leave_leaderless()`` (after a metadata refresh: sticky
+    topics leave partitions without a leader) and ``partition_refused(topic, partition,
+    error)`` (the partitioner avoids that partition a while).  The identity is ``config.identity``, an explicit ``(producer id, epoch)``, or
+    None to ask the broker for one (``INIT_PRODUCER_ID``) when idempotent.
     """
 
     def __init__(
         self,
-        producer,
-        cluster: Cluster,
-        acc: Accumulator,
-        memory: MemoryPool,
+        state: ProducerState,
+        *,
         forced: Callable[[], bool],
+        refuse_sends: Callable[[], None],
+        leave_leaderless: Callable[[], None],
+        partition_refused: Callable[[str, int, BaseException], None],
     ) -> None:
-        self.acks = producer.acks
-        self.codec = producer.codec
-        self.max_in_flight = producer.max_in_flight
-        self.per_partition = producer.max_in_flight_per_partition
-        self.idempotent = producer.enable_idempotence
-        self.retries = producer.retries
-        self.backoff = producer.backoff
-        self.backoff_max = producer.backoff_max
-        self.delivery_timeout = producer.delivery_timeout
-        self.request_timeout = producer.request_timeout
-        self.max_request_size = producer.max_request_size
-        self.metadata_max_age = producer.metadata_max_age
-        self.unknown_topic_wait = producer.unknown_topic_wait
+        config = state.config
+        self.acks = config.acks_code
+        self.codec = config.codec
+        self.max_in_flight = int(config.max_in_flight)
+        self.per_partition = config.in_flight_per_partition
+        self.idempotent = config.idempotent
+        self.retries = config.retries
+        self.backoff = config.retry_backoff_ms / 1000
+        self.backoff_max = config.retry_backoff_max_ms / 1000
+        self.delivery_timeout = config.delivery_timeout_ms / 1000
+        self.request_timeout = config.request_timeout_ms / 1000
+        self.max_request_size = int(config.max_request_size)
+        self.metadata_max_age = config.metadata_max_age_ms / 1000
+        self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
         self.metadata_at = 0.0  # monotonic time of the last metadata refresh
         # partitions with queued batches that metadata says do not exist, since when
         self._missing_since: dict[TP, float] = {}
         self._retry_warned_at = -math.inf
-        self._cluster = cluster
-        self._acc = acc
-        self._memory = memory
+        self._cluster = state.cluster
+        self._acc = acc = state.accumulator
+        self._memory = state.memory
         self._forced = forced
-        self._refuse_sends = producer._refuse_sends
-        self._leave_leaderless = producer._leave_leaderless
-        self._partition_refused = producer._partition_refused
-        identity = producer.producer_identity
-        self._explicit = identity is not None
-        self._producer_id, self._producer_epoch = identity or (None, None)
-        self._identity_error: errors.SluiceError | None = None
+        self._refuse_sends = refuse_sends
+        self._leave_leaderless = leave_leaderless
+        self._partition_refused = partition_refused
+        # the producer id and epoch, and each partition's sequences (client/identity.py)
+        self.identity = ProducerIdentity(
+            state.cluster, config.identity, backoff=self.backoff, backoff_max=self.backoff_max, on_change=self.wake
+        )
         self.fenced: errors.ProducerFenced | None = None
-        self._seqs: dict[TP, PartitionSequences] = {}
+        self._seqs: dict[TP, PartitionSequences] = self.identity.partitions
         self._inflight: dict[TP, int] = {}  # batches in flight per partition
         self._inflight_nodes: dict[int, int] = {}
         # requests per node whose task writes them (a count that only close(), which
@@ -162,23 +161,23 @@ class Sender:
         self._sent_to: dict[TP, int] = {}  # the node each partition's last request went to
         self._task: asyncio.Task | None = None
         self._refresh_task: asyncio.Task | None = None
-        self._init_task: asyncio.Task | None = None
         self._waiter: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         acc.on_ready = self.wake
-        acc.on_end = self._batch_ended
+        acc.on_end = self.identity.batch_ended
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        if self.idempotent and not self._explicit:
-            self._need_identity()  # ready by the first send, usually
+        if self.idempotent:
+            self.identity.start(loop)
         self._task = loop.create_task(self._run(), name="sluice-producer-sender")
 
     def tasks(self) -> list[asyncio.Task]:
         """Every task still to cancel on close."""
-        return [t for t in (self._task, self._refresh_task, self._init_task, *self._requests) if t is not None]
+        tasks = (self._task, self._refresh_task, self.identity.task, *self._requests)
+        return [t for t in tasks if t is not None]
 
     def release(self, batch: Batch) -> None:
         self._memory.release(batch.reserved)
@@ -296,70 +295,6 @@ class Sender:
             self.metadata_at = time.monotonic()  # a failed refresh is not repeated at once either
             self.wake()
 
-    # ------------------------------------------------------------------ producer identity
-
-    def _need_identity(self) -> None:
-        if self._init_task is None or self._init_task.done():
-            self._init_task = self._loop.create_task(self._init_producer_id())
-
-    async def _init_producer_id(self) -> None:
-        """Ask any broker for a producer id (``INIT_PRODUCER_ID``), retrying retriable errors
-        with backoff; a non-retriable one is kept in ``_identity_error`` (the queued batches
-        fail with it)."""
-        attempt = 0
-        warned_at = -math.inf
-        while True:
-            try:
-                response, _ = await self._cluster.request(messages.InitProducerIdRequest())
-                if not 0 <= response.producer_id < 1 << 62 or not 0 <= response.producer_epoch <= MAX_EPOCH:
-                    raise errors.UnknownServerError(
-                        f"INIT_PRODUCER_ID answered id {response.producer_id} epoch {response.producer_epoch}"
-                    )
-                self._producer_id, self._producer_epoch = response.producer_id, response.producer_epoch
-                self._identity_error = None
-                return
-            except errors.SluiceError as exc:
-                self._identity_error = exc
-                if not exc.retriable:
-                    return
-                if time.monotonic() - warned_at >= IDENTITY_WARN_EVERY_S:
-                    warned_at = time.monotonic()
-                    log.warning(
-                        "no producer id yet (sends wait for one, up to delivery_timeout_ms): %s; retrying", exc
-                    )
-            finally:
-                self.wake()
-            await asyncio.sleep(backoff_delay(self.backoff, self.backoff_max, attempt))
-            attempt += 1
-
-    def _sequences(self, tp: TP) -> PartitionSequences | None:
-        """The partition's sequence state; None while no producer id is known yet."""
-        st = self._seqs.get(tp)
-        if st is None and self._producer_id is not None:
-            st = self._seqs[tp] = PartitionSequences(self._producer_id, self._producer_epoch, self._explicit)
-        return st
-
-    def _renumber(self, tp: TP, st: PartitionSequences, q: deque[Batch]) -> bool:
-        """Continue ``tp`` under a new identity (nothing of it in flight); False while a
-        fresh producer id is awaited."""
-        if st.epoch < MAX_EPOCH:
-            st.renumber(q)
-        elif self._producer_id is not None and self._producer_id != st.producer_id:
-            st.reset_identity(self._producer_id, self._producer_epoch, q)
-        else:
-            self._producer_id = None  # past the last epoch: a fresh id for this partition
-            self._need_identity()
-            return False
-        log.info("%s[%d]: sequence gap left by a failed batch; continuing as producer %d epoch %d "
-                 "from sequence 0", tp[0], tp[1], st.producer_id, st.epoch)
-        return True
-
-    def _batch_ended(self, b: Batch, exc: BaseException | None) -> None:
-        if exc is not None and b.drain_no >= 0:
-            st = self._seqs.get((b.topic, b.partition))
-            if st is not None:
-                st.failed(b)
-
     # ------------------------------------------------------------------ dispatch
 
     def _ready(self, tp: TP, q: deque[Batch]) -> bool:
@@ -378,9 +313,10 @@ class Sender:
         """Idempotence's preconditions for sending ``tp``: True when it must wait (or its
         batches were failed: fenced, or no producer id can be had)."""
         exc = self.fenced
-        if exc is None and self._producer_id is None and tp not in self._seqs:
-            self._need_identity()
-            err = self._identity_error
+        identity = self.identity
+        if exc is None and identity.producer_id is None and tp not in self._seqs:
+            identity.need()
+            err = identity.error
             if err is not None and not err.retriable:
                 exc = err
             else:
@@ -391,9 +327,9 @@ class Sender:
             while q:
                 self._acc.finish(q.popleft(), exc, self.release)
             return True
-        st = self._sequences(tp)
+        st = identity.sequences(tp)
         if st.renumber_pending:
-            if self._inflight.get(tp, 0) or not self._renumber(tp, st, q):
+            if self._inflight.get(tp, 0) or not identity.renumber(tp, st, q):
                 return True
         return False
 

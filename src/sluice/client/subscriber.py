@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 
 from sluice import errors
+from sluice.client.config import SubscriberConfig, position
 from sluice.client.settling import Pending, nack_delay, runs
 from sluice.client.transport import Cluster, Connection
 from sluice.protocol import messages as m
@@ -45,7 +46,6 @@ from sluice.protocol.ranges import RangeSet
 from sluice.protocol.records import decode_records
 from sluice.protocol.subscriptions import (
     SubscriptionConfig,
-    check_config,
     check_name,
     config_differences,
     tag_of,
@@ -57,20 +57,6 @@ RESUBSCRIBE_S = 0.5  # between attempts to subscribe partitions not served yet
 METADATA_S = 10.0  # how often partitions are looked for (new partitions, moved leaders)
 LOST_WARN_EVERY_S = 10.0  # "partitions lost their broker" warnings, at most one per this
 _SETTLING = threading.Lock()
-
-
-def position(start: str | int) -> m.Position:
-    """``earliest`` / ``latest`` / an offset (int) / ``time:<ms since the epoch>``."""
-    if isinstance(start, int):
-        return m.Position(kind="offset", value=start)
-    if start in ("earliest", "latest"):
-        return m.Position(kind=start)
-    if isinstance(start, str) and start.startswith("time:"):
-        try:
-            return m.Position(kind="time", value=int(start[5:]))
-        except ValueError:
-            pass
-    raise errors.ConfigError(f"start must be 'earliest', 'latest', an offset or 'time:<ms>', not {start!r}")
 
 
 class Message(msgspec.Struct, gc=False):
@@ -177,50 +163,30 @@ class Subscriber:
         bootstrap: str | Sequence[str],
         topic: str,
         subscription: str,
-        *,
-        prefetch: int = 1000,
-        create: bool = True,
-        start: str | int = "earliest",
-        config: SubscriptionConfig | None = None,
-        mode: str | None = None,
-        max_attempts: int | None = None,
-        ack_timeout_ms: int | None = None,
-        backoff_initial_ms: int | None = None,
-        backoff_max_ms: int | None = None,
-        tags: Sequence[str] | None = None,
-        ack_interval_ms: float = 5,
-        request_timeout_ms: float = 30000,
-        connect_timeout_ms: float = 10000,
-        unknown_topic_wait_ms: float = 1000,
+        settings: SubscriberConfig | None = None,
+        **options,
     ) -> None:
+        """``settings``: client/config.py's ``SubscriberConfig``; keyword arguments
+        ``options`` are settings too (``prefetch``, ``config``, ``mode`` …), over
+        ``settings`` or the defaults.  ``ConfigError`` for a bad one, ``TypeError`` for a
+        keyword that is no setting."""
         check_name(subscription)
-        if prefetch < 1:
-            raise errors.ConfigError("prefetch must be ≥ 1")
-        cfg = config or SubscriptionConfig()
-        overrides = {k: v for k, v in (("mode", mode), ("max_attempts", max_attempts),
-                                        ("ack_timeout_ms", ack_timeout_ms),
-                                        ("backoff_initial_ms", backoff_initial_ms),
-                                        ("backoff_max_ms", backoff_max_ms),
-                                        ("tags", None if tags is None else list(tags))) if v is not None}
-        if overrides:
-            cfg = msgspec.structs.replace(cfg, **overrides)
-        try:
-            check_config(cfg)
-        except errors.InvalidSubscription as exc:
-            raise errors.ConfigError(exc.message) from None
+        settings = self.settings = SubscriberConfig.of(settings, **options)
+        cfg = settings.subscription
         self.topic = topic
         self.subscription = subscription
-        self.prefetch = prefetch
-        self._create = cfg if create else None
+        self.prefetch = prefetch = settings.prefetch
+        self._create = cfg if settings.create else None
         # the settings asked for (all of ``config``'s, if given): a subscription that exists
         # with others keeps them, and the first partition that says so is warned about
-        self._asked = (cfg, cfg.__struct_fields__ if config is not None else tuple(overrides))
-        self._start = position(start)
-        self._ack_interval = ack_interval_ms / 1000
-        self.unknown_topic_wait = unknown_topic_wait_ms / 1000
+        self._asked = (cfg, settings.asked)
+        self._start = position(settings.start)
+        self._ack_interval = settings.ack_interval_ms / 1000
+        self.unknown_topic_wait = settings.unknown_topic_wait_ms / 1000
         self._missing_since: float | None = None  # since when metadata says the topic does not exist
         self._cluster = Cluster(
-            bootstrap, request_timeout=request_timeout_ms / 1000, connect_timeout=connect_timeout_ms / 1000
+            bootstrap, request_timeout=settings.request_timeout_ms / 1000,
+            connect_timeout=settings.connect_timeout_ms / 1000,
         )
         self._served: dict[int, Connection] = {}  # partition -> connection delivering it
         self._sessions: dict[int, object] = {}  # partition -> token of its current session

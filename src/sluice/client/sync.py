@@ -1,7 +1,7 @@
 """Blocking facades over the asyncio clients, for the CLI, scripts and Spark executors.
 
-Each facade owns a private event loop running in a daemon thread and forwards calls with
-``asyncio.run_coroutine_threadsafe``; the asyncio client is created inside that loop on first
+Each facade owns a private event loop running in a daemon thread (client/loop_thread.py)
+and forwards calls with ``asyncio.run_coroutine_threadsafe``; the asyncio client is created inside that loop on first
 use.  The facades are safe to call from any thread (calls are serialised onto the loop).
 ``close()`` is final: calls still blocked in other threads then fail with ``ClientClosed``,
 and so does every later call (a closed facade never reopens).  They pickle as their
@@ -15,14 +15,15 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import _base as _futures
 
 from sluice import errors
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer
 from sluice.client.framing import tail_size
+from sluice.client.loop_thread import LoopThread
 from sluice.client.outbox import Outbox as _PyOutbox
 from sluice.client.producer import Producer
+from sluice.client.record_future import FutureGroup, RecordFuture
 from sluice.client.subscriber import Message, Subscriber
 from sluice.client.transaction import TransactionProducer, _state_of
 from sluice.protocol import records
@@ -30,79 +31,6 @@ from sluice.protocol import records
 __all__ = ["SyncProducer", "SyncConsumer", "SyncAdmin", "SyncTransactionProducer"]
 
 _Outbox = records._C.Outbox if records._C is not None else _PyOutbox
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """A loop for a facade's thread: uvloop's where it is installed (the loop is private)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-class _LoopThread:
-    """An event loop running forever in a daemon thread.
-
-    ``run`` blocks the calling thread on a coroutine run in the loop; ``stop`` cancels
-    whatever still runs there, so blocked callers get ``ClientClosed`` instead of hanging.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.loop = _new_loop()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._lock = threading.Lock()
-        self._stopped = False
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro, timeout: float | None = None):
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise errors.ClientError("blocking call from the client's own loop thread")
-        with self._lock:
-            if self._stopped:
-                coro.close()
-                raise errors.ClientClosed("client is closed")
-            cf = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return cf.result(timeout)
-        except concurrent.futures.CancelledError:
-            if self._stopped:
-                raise errors.ClientClosed("client closed during the call") from None
-            raise
-
-    def call_soon(self, fn, *args) -> None:
-        """Schedule ``fn(*args)`` on the loop without waiting; FIFO with ``run``."""
-        with self._lock:
-            if self._stopped:
-                raise errors.ClientClosed("client is closed")
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def stop(self) -> None:
-        """Cancel what still runs on the loop (its callers get ``ClientClosed``), stop it."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        try:
-            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(10)
-        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
-async def _cancel_all() -> None:
-    me = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not me]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _SyncBase:
@@ -115,7 +43,7 @@ class _SyncBase:
         self._client_cls(bootstrap, **config)
         self._bootstrap = bootstrap
         self._config = config
-        self._lt: _LoopThread | None = None
+        self._lt: LoopThread | None = None
         self._client = None
         self._closed = False
         self._lock = threading.Lock()  # guards _lt, _client, _closed
@@ -135,14 +63,21 @@ class _SyncBase:
             if self._closed:
                 raise errors.ClientClosed(f"{type(self).__name__} is closed")
             if self._client is None:
-                lt = _LoopThread(self._thread_name)
+                lt = LoopThread(self._thread_name)
                 try:
                     self._client = lt.run(self._create())
                 except BaseException:
                     lt.stop()
                     raise
                 self._lt = lt
+                self._bind(self._client)
             return self._client, self._lt
+
+    def _bind(self, client) -> None:
+        """``client`` now runs, in the loop thread ``_lt`` (called under ``_lock``)."""
+
+    def _unbind(self) -> None:
+        """The facade closes: its client is about to go (called under ``_lock``)."""
 
     async def _create(self):
         client = self._client_cls(self._bootstrap, **self._config)
@@ -159,6 +94,7 @@ class _SyncBase:
         Calls blocked in other threads fail with ``ClientClosed``; so do later calls.
         """
         with self._lock:
+            self._unbind()
             self._closed = True
             client, lt = self._client, self._lt
             self._client = self._lt = None
@@ -174,115 +110,6 @@ class _SyncBase:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-_DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
-
-
-class FutureGroup:
-    r"""What the ``RecordFuture``\ s of one producer share: a ``threading.Condition``, and
-    how many threads wait on it (so that an outcome nobody waits for notifies nobody)."""
-
-    __slots__ = ("lock", "condition", "sleepers")
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()  # the condition's: taken directly, without its Python __enter__
-        self.condition = threading.Condition(self.lock)
-        self.sleepers = 0  # changed with the lock held
-
-
-class RecordFuture(concurrent.futures.Future):
-    """The ``concurrent.futures.Future`` of one record sent with ``SyncProducer.send``.
-
-    A plain future builds its own ``threading.Condition``, which costs more than buffering
-    the record; the futures of one producer share one (their ``FutureGroup``).  A waiter
-    may then be woken by another future's outcome, so ``result`` and ``exception`` wait
-    until this one is done (or ``timeout`` passed).  Everything else,
-    ``concurrent.futures.wait`` and ``as_completed`` included, works as on any future.
-    """
-
-    _result = None  # until set on the future: class defaults, like the two lists below
-    _exception = None
-    _state = _futures.PENDING  # the compiled Outbox makes them without __init__
-
-    def __init__(self, group: FutureGroup) -> None:
-        # not super().__init__(), which builds a Condition and two lists of its own
-        self._group = group
-        self._condition = group.condition
-        self._state = _futures.PENDING
-
-    @property
-    def _waiters(self) -> list:
-        """``concurrent.futures.wait``'s waiters: a list made on first use."""
-        return self.__dict__.setdefault("_waiter_list", [])
-
-    @property
-    def _done_callbacks(self) -> list:
-        return self.__dict__.setdefault("_callback_list", [])
-
-    def done(self) -> bool:
-        return self._state in _DONE  # one read: no lock needed
-
-    def _wait(self, timeout: float | None) -> None:
-        if self._state not in _DONE:
-            group = self._group
-            with group.condition:
-                group.sleepers += 1
-                try:
-                    group.condition.wait_for(lambda: self._state in _DONE, timeout)
-                finally:
-                    group.sleepers -= 1
-
-    def result(self, timeout: float | None = None):
-        self._wait(timeout)
-        return super().result(0)  # raises TimeoutError if still pending
-
-    def exception(self, timeout: float | None = None):
-        self._wait(timeout)
-        return super().exception(0)
-
-    def set_result(self, result) -> None:
-        """As ``Future.set_result``, without waking the group when nobody waits."""
-        group = self._group
-        with group.lock:
-            if self._state in _DONE:
-                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-            called = self._finish(result)
-            if group.sleepers:
-                group.condition.notify_all()
-        if called:
-            self._invoke_callbacks()
-
-    def _finish(self, result) -> bool:
-        """With the group's lock held: the result set, ``concurrent.futures.wait`` told;
-        whether callbacks are to be invoked (once the lock is released)."""
-        self._result = result
-        self._state = _futures.FINISHED
-        made = self.__dict__
-        for waiter in made.get("_waiter_list", ()):
-            waiter.add_result(self)
-        return "_callback_list" in made
-
-    @staticmethod
-    def _set_results(futures: list[RecordFuture], results: list) -> None:
-        """``set_result`` of each future not done yet, under one lock and with one
-        notification per group (a batch's acknowledgement: see ``RecordBuffer.resolve_records``)."""
-        group = futures[0]._group
-        called = []  # futures with callbacks to invoke, once the lock is released
-        others = []  # futures of another group
-        with group.lock:
-            for fut, result in zip(futures, results, strict=True):
-                if fut._group is not group:
-                    others.append((fut, result))
-                elif fut._state not in _DONE and fut._finish(result):
-                    called.append(fut)
-            if group.sleepers:
-                group.condition.notify_all()
-        for fut in called:
-            fut._invoke_callbacks()
-        for fut, result in others:
-            if not fut.done():
-                fut.set_result(result)
 
 
 class SyncProducer(_SyncBase):
@@ -326,6 +153,12 @@ class SyncProducer(_SyncBase):
         client.on_unbuffered = self._unbuffered.append
         return client
 
+    def _bind(self, client: Producer) -> None:
+        self._outbox.bind(client)  # the compiled send goes through it from now on
+
+    def _unbind(self) -> None:
+        self._outbox.unbind()
+
     def _ensure(self) -> tuple:
         """As ``_SyncBase._ensure``; every call of a producer sends, so its ``ClientClosed``
         is a send refused before anything was buffered (``maybe_stored`` False)."""
@@ -350,7 +183,7 @@ class SyncProducer(_SyncBase):
         outbox = self._outbox
         outbox.items.append((topic, value, key, headers, partition, timestamp_ms, cf))
         outbox.sent_bytes += len(value) if value is not None else 0
-        mem = client._memory
+        mem = client.state.memory
         if mem.used + outbox.sent_bytes - outbox.handed_bytes > mem.limit:
             self._buffer_all(client)
         elif not outbox.handing:
@@ -365,7 +198,7 @@ class SyncProducer(_SyncBase):
     def _schedule_hand_over(self, client: Producer) -> None:
         self._loop_thread().call_soon(self._outbox.hand_over, client)
 
-    def _loop_thread(self) -> _LoopThread:
+    def _loop_thread(self) -> LoopThread:
         lt = self._lt
         if lt is None:  # closed by another thread meanwhile
             raise errors.unbuffered(errors.ClientClosed(f"{type(self).__name__} is closed"))
@@ -377,12 +210,12 @@ class SyncProducer(_SyncBase):
 
     async def _hand_over_then(self, client: Producer, fn, *args, **kw):
         self._hand_over(client)
-        await client._line.drained()
+        await client.state.line.drained()
         return await fn(client, *args, **kw)
 
     async def _hand_over_and_buffer(self, client: Producer) -> None:
         self._hand_over(client)
-        await client._line.drained()
+        await client.state.line.drained()
 
     def _failed_immediately(self) -> BaseException | None:
         errs = self._unbuffered.copy()  # in place: the producer appends to this list
@@ -480,10 +313,11 @@ def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
     metadata is known and it is well within the topic's size limit (a read of the loop's
     metadata from another thread: a stale answer only sends the record the blocking way).
     A record of bytes without headers is sized from the producer's route of the topic."""
-    info = client._cluster.topics.get(topic)
+    state = client.state
+    info = state.topics.get(topic)
     if info is None:
         return False
-    route = client._routes.get(topic)
+    route = state.routes.get(topic)
     if (
         route is not None and route[0] is info and headers is None
         and value.__class__ is bytes and (key is None or key.__class__ is bytes)
@@ -493,7 +327,7 @@ def _surely_fits(client: Producer, topic: str, key, value, headers) -> bool:
         tail = tail_size(key, value, headers)
     except (TypeError, AttributeError):
         return False  # let send() raise it
-    return tail + _MARGIN <= client._max_batch_bytes(info)
+    return tail + _MARGIN <= state.max_batch_bytes(info)
 
 
 # bytes of a record and its batch beside its key, value and headers, with room to spare
@@ -721,11 +555,11 @@ class SyncAdmin(_SyncBase):
 
 class SyncSubscriber:
     """Blocking ``Subscriber`` (takes the same arguments), for scripts and the command
-    line: it runs in a private event loop thread (``_LoopThread``).  Messages it returns
+    line: it runs in a private event loop thread (``LoopThread``).  Messages it returns
     may be acked, nacked and touched from any thread."""
 
     def __init__(self, bootstrap, topic: str, subscription: str, **config) -> None:
-        self._lt = _LoopThread("sluice-subscriber")
+        self._lt = LoopThread("sluice-subscriber")
 
         async def create() -> Subscriber:
             sub = Subscriber(bootstrap, topic, subscription, **config)

@@ -49,6 +49,7 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.arguments import argument_error, check_partition
+from sluice.client.config import TransactionProducerConfig
 from sluice.client.framing import record_size, tail_size
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.config import TopicConfig
@@ -156,31 +157,23 @@ class TransactionProducer:
     def __init__(
         self,
         bootstrap: str | Sequence[str],
+        config: TransactionProducerConfig | None = None,
         *,
-        group: str,
-        check_local_transaction: LocalTransaction | None = None,
-        request_timeout_ms: float = 30000,
-        connect_timeout_ms: float = 10000,
-        retry_timeout_ms: float = 30000,
-        register_interval_ms: float = 1000,
         connection_factory: ConnectionFactory | None = None,
+        **options,
     ) -> None:
-        if not isinstance(group, str) or not group:
-            raise errors.ConfigError("group must be a non-empty string")
-        if check_local_transaction is not None and not callable(check_local_transaction):
-            raise errors.ConfigError("check_local_transaction must be callable")
-        for name, value in (("request_timeout_ms", request_timeout_ms), ("connect_timeout_ms", connect_timeout_ms),
-                            ("retry_timeout_ms", retry_timeout_ms), ("register_interval_ms", register_interval_ms)):
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise errors.ConfigError(f"{name} must be a number > 0, got {value!r}")
-        self.group = group
-        self.check_local_transaction = check_local_transaction
-        self.request_timeout = request_timeout_ms / 1000
-        self.retry_timeout = retry_timeout_ms / 1000
-        self.register_interval = register_interval_ms / 1000
+        """``config``: client/config.py's ``TransactionProducerConfig``; keyword arguments
+        ``options`` are settings too (``group=...`` …), over ``config``.  ``ConfigError``
+        for a bad one, ``TypeError`` for a keyword that is no setting."""
+        config = self.config = TransactionProducerConfig.of(config, **options)
+        self.group = config.group
+        self.check_local_transaction = config.check_local_transaction
+        self.request_timeout = config.request_timeout_ms / 1000
+        self.retry_timeout = config.retry_timeout_ms / 1000
+        self.register_interval = config.register_interval_ms / 1000
         self._cluster = Cluster(
             bootstrap, connection_factory=connection_factory,
-            connect_timeout=connect_timeout_ms / 1000, request_timeout=self.request_timeout,
+            connect_timeout=config.connect_timeout_ms / 1000, request_timeout=self.request_timeout,
         )
         self._registered: weakref.WeakSet = weakref.WeakSet()
         self._checking: set[str] = set()  # ids whose check runs here now

@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -67,6 +66,7 @@ from sluice.cluster.store import (
     reassigned_state,
     unknown_topic,
 )
+from sluice.config import parse_cluster_url, session_ttl
 from sluice.errors import (
     ClusterIdMismatch,
     ConfigError,
@@ -92,7 +92,6 @@ _GRPC_OPTIONS = {
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
 }
-_URL = re.compile(r"etcd://(?P<hosts>[^/]+)(?:/(?P<cluster>[A-Za-z0-9._-]+))?/?")
 _CONTENDED_TRIES = 20  # read-check-write loops lost to concurrent writers before giving up
 CAMPAIGN_LOG_EVERY_S = 30.0  # "campaign for controller waits" (etcd out): at most one line per this
 
@@ -115,31 +114,6 @@ class _Counter(msgspec.Struct):
 
 class _ClusterId(msgspec.Struct):
     id: str
-
-
-def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
-    """``etcd://host:port[,host:port...][/cluster]`` -> (endpoints, cluster name).
-
-    ``ConfigError`` saying the expected form for anything else.
-    """
-    form = "expected etcd://HOST:PORT[,HOST:PORT...][/CLUSTER-NAME]"
-    m = _URL.fullmatch(url.strip()) if isinstance(url, str) else None
-    if m is None:
-        raise ConfigError(f"bad cluster address {url!r}: {form}")
-    endpoints = []
-    for part in m["hosts"].split(","):
-        host, _, port = part.strip().rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ConfigError(f"bad etcd endpoint {part!r} in {url!r}: {form}")
-        endpoints.append((host, int(port)))
-    return endpoints, m["cluster"] or "default"
-
-
-def session_ttl(session_timeout_ms: int) -> int:
-    """The lease TTL, in whole seconds, for a session timeout; ``ConfigError`` below 1 s."""
-    if session_timeout_ms < 1000:
-        raise ConfigError(f"session timeout must be at least 1000 ms, got {session_timeout_ms}")
-    return math.ceil(session_timeout_ms / 1000)
 
 
 @dataclass
