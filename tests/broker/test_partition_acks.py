@@ -1,6 +1,6 @@
 """Partition: appended apart from acknowledged; the purgatory of acks=all writes; bounds.
 
-A "slow follower" is simulated by stopping the ISR step (``_log_end_moved``) from moving
+A "slow follower" is simulated by stopping the ISR step (``Leadership.log_end_moved``) from moving
 the high watermark: the test then moves it by hand with ``advance_high_watermark``, as
 the replication step's ISR logic will.
 """
