@@ -37,7 +37,7 @@ from sluice.broker.follower_append import FollowerAppends
 from sluice.broker.leader_append import LeaderAppends
 from sluice.broker.leadership import Follower, Leadership
 from sluice.broker.reading import Reads
-from sluice.broker.writer import Append, AppendResult, Writer
+from sluice.broker.writer import Append, Writer
 from sluice.config import TopicConfig
 from sluice.errors import BrokerShuttingDown, StorageError, UnknownTopic
 from sluice.protocol.records import BatchSpan
@@ -45,8 +45,6 @@ from sluice.storage.log import PartitionLog, ReadResult
 from sluice.storage.segment import Segment
 from sluice.storage.syncer import Syncer
 from sluice.storage.tail import Tail
-
-__all__ = ["AppendResult", "Follower", "Partition"]
 
 
 class Partition:
