@@ -15,7 +15,10 @@ that each hold one concern of it.
 - ``Compaction`` (broker/compacting.py): the log cleaner's passes over a compacted log.
 
 ``Partition`` builds them and is the one interface the rest of the broker uses: each of
-its methods forwards to the object holding the concern.  Besides, it carries what the
+its methods forwards to the object holding the concern.  The parts are attributes of it
+(``reads``, ``leadership``, ``disk``, ``writer``, ``leader_appends``,
+``follower_appends``, ``compaction``) for their own tests and for whoever needs one
+concern whole; the broker's services call ``Partition``'s methods.  Besides, it carries what the
 replication service records about the partition's state in the metadata store
 (``state_version``, ``seen_version``, ``stale_epoch``, ``withdrawing``,
 ``fenced_version``, ``leader_log_start``; broker/replication.py) and applies retention
@@ -28,7 +31,7 @@ Concurrency: event loop only; the file calls run in the writer's and readers' th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 from sluice.broker.compacting import Compaction
@@ -107,7 +110,7 @@ class Partition:
         self.new_epoch_needed: Callable[[str], None] = lambda why: None
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
 
-    def _write_run(self, group: list[Append]):
+    def _write_run(self, group: list[Append]) -> Awaitable[None]:
         """The writer's turn for a run of queued appends: a follower's copies or a leader's."""
         if group[0].replica:
             return self.follower_appends.write(group)
