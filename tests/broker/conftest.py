@@ -36,7 +36,7 @@ async def open_partition(tmp_path):
 
     yield open_
     for part in opened:
-        if not part._closing:
+        if not part.closing:
             await part.close()
     write_ex.shutdown(wait=True)
     read_ex.shutdown(wait=True)

@@ -1,6 +1,6 @@
 """Partition: appended apart from acknowledged; the purgatory of acks=all writes; bounds.
 
-A "slow follower" is simulated by stopping the ISR step (``_log_end_moved``) from moving
+A "slow follower" is simulated by stopping the ISR step (``Leadership.log_end_moved``) from moving
 the high watermark: the test then moves it by hand with ``advance_high_watermark``, as
 the replication step's ISR logic will.
 """
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def stall_followers(part: Partition, monkeypatch) -> None:
     """The high watermark no longer follows the log end by itself."""
-    monkeypatch.setattr(part, "_log_end_moved", lambda: None)
+    monkeypatch.setattr(part.leadership, "log_end_moved", lambda: None)
 
 
 async def settle() -> None:
@@ -45,7 +45,7 @@ async def test_single_replica_acks_all_completes_through_the_high_watermark(open
     assert [r.base_offset for r in results] == [0, 1, 2, 3, 4]
     assert part.high_watermark == part.log_end_offset == 5
     await settle()
-    assert part._acks.requests == 0 and part._acks.bytes == 0
+    assert part.leadership.acks.requests == 0 and part.leadership.acks.bytes == 0
 
 
 async def test_acks_all_waits_for_the_high_watermark_and_acks_leader_does_not(open_partition, monkeypatch):
@@ -77,13 +77,13 @@ async def test_a_slow_acks_all_wait_never_holds_back_the_writer_or_other_waits(o
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(first, 0.05)  # the produce handler's timeout_ms
     await settle()
-    assert first.cancelled() and part._acks.requests == 1
+    assert first.cancelled() and part.leadership.acks.requests == 1
     for i in range(20):
         await part.append(*request([b"leader-%d" % i]))
     part.advance_high_watermark(2)  # the log end is 22 by now
     assert (await second).base_offset == 1
     await settle()
-    assert part._acks.requests == 0
+    assert part.leadership.acks.requests == 0
 
 
 async def test_min_insync_replicas_above_the_isr_refuses_acks_all_at_once(open_partition):
@@ -142,7 +142,7 @@ async def test_writer_queue_is_bounded_in_bytes(open_partition):
     futures = [part.append(*request([b"q" * 1000])) for _ in range(4)]
     assert isinstance(futures[3].exception(), BrokerBusy)
     assert [r.base_offset for r in await asyncio.gather(*futures[:3])] == [0, 1, 2]
-    assert part._queued_bytes == 0
+    assert part.writer.queued_bytes == 0
     assert (await part.append(*request([b"after"]))).base_offset == 3
 
 
@@ -210,10 +210,10 @@ async def test_a_write_in_the_thread_when_leadership_moves_is_not_acknowledged(o
     part = open_partition()
     stall_followers(part, monkeypatch)
     gate = threading.Event()
-    part._write_executor.submit(gate.wait)  # the writer's thread is busy until the gate opens
+    part.writer.write_executor.submit(gate.wait)  # the writer's thread is busy until the gate opens
     big = b"x" * 70_000  # every group is written in the thread
     write = part.append(*request([big]), acks_all=True)
-    await until(lambda: not part._queue)  # taken by the writer, waiting for its thread
+    await until(lambda: not part.writer.queue)  # taken by the writer, waiting for its thread
     part.make_follower(1)
     gate.set()
     await until(lambda: part.log_end_offset == 1)

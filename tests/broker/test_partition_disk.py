@@ -36,7 +36,7 @@ def disk(tmp_path, monkeypatch):
 def troubled(part) -> list[StorageError]:
     """The disk trouble ``part`` reports from now on."""
     reports: list[StorageError] = []
-    part._on_disk_failure = lambda p, err: reports.append(err)
+    part.disk.on_failure = reports.append
     return reports
 
 

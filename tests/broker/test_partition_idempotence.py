@@ -84,7 +84,7 @@ async def test_a_refused_request_in_a_group_does_not_disturb_the_others(open_par
 
 async def test_an_acks_all_duplicate_waits_for_the_high_watermark(open_partition, monkeypatch):
     part = open_partition()
-    monkeypatch.setattr(part, "_log_end_moved", lambda: None)  # a slow follower
+    monkeypatch.setattr(part.leadership, "log_end_moved", lambda: None)  # a slow follower
     original = part.append(*request_of(idempotent([b"a"], PID, 0)), acks_all=True)
     await asyncio.sleep(0.05)
     dup = part.append(*request_of(idempotent([b"a"], PID, 0)), acks_all=True)
@@ -112,9 +112,7 @@ async def test_the_state_survives_a_restart(tmp_path, clean):
         if clean:
             await part.close()
         else:  # a crash: no snapshot at the end; the tail is folded in from the log
-            part._closing = True
-            part._wakeup.set()
-            await part._task
+            await part.writer.stop()  # no close: no snapshot, no index saved
             for seg in plog.segments:
                 seg.close()
         plog, config = _open(tmp_path / "p", **{"segment.bytes": "1024"})

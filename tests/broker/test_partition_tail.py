@@ -25,7 +25,7 @@ def check_reads(part: Partition, rng: random.Random, reads: int = 40) -> int:
         offset = rng.randint(max(start, end - 60), end - 1)
         bound = rng.choice([end, rng.randint(offset, end)])
         max_bytes = rng.choice([0, 1, 100, 700, 5000, 1 << 20])
-        got = part._tail.read(offset, max_bytes, bound)
+        got = part.reads.tail.read(offset, max_bytes, bound)
         if got is not None:
             answered += 1
             assert got == plog.read(offset, max_bytes, bound).data, (offset, max_bytes, bound)
@@ -52,7 +52,7 @@ async def test_the_tail_answers_as_the_log_does(open_partition, seed):
             sent.append(batch)
         # the newest write is always in the tail
         newest, end = result.batch_offsets[-1], part.log_end_offset
-        assert part._tail.read(newest, 1 << 20, end) == part.log.read(newest, 1 << 20, end).data
+        assert part.reads.tail.read(newest, 1 << 20, end) == part.log.read(newest, 1 << 20, end).data
         answered += check_reads(part, rng)
     assert answered > 400
 
@@ -65,19 +65,19 @@ async def test_reads_after_a_truncation_come_from_the_log(open_partition):
     part = open_partition(**{"flush.messages": "0"})
     for i in range(10):
         await part.append(*request([b"x%d" % i] * 3))
-    assert part._tail.read(27, 1 << 20, 30) is not None
+    assert part.reads.tail.read(27, 1 << 20, 30) is not None
     await part.truncate_to(15)
-    assert part._tail.read(12, 1 << 20, 15) is None
+    assert part.reads.tail.read(12, 1 << 20, 15) is None
     await part.append(*request([b"after"] * 5))
     got = await part.read(12, 1 << 20, part.log_end_offset)
     assert got.data == part.log.read(12, 1 << 20, part.log_end_offset).data
-    assert part._tail.read(15, 1 << 20, 20) == part.log.read(15, 1 << 20, 20).data
+    assert part.reads.tail.read(15, 1 << 20, 20) == part.log.read(15, 1 << 20, 20).data
 
 
 async def test_no_tail_when_it_is_off(open_partition):
     part = open_partition(tail_cache_bytes=0, **{"flush.messages": "0"})
     await part.append(*request([b"x"] * 3))
-    assert part._tail.read(0, 1 << 20, 3) is None
+    assert part.reads.tail.read(0, 1 << 20, 3) is None
     assert (await part.read(0, 1 << 20, 3)).data == part.log.read(0, 1 << 20, 3).data
 
 

@@ -1,6 +1,6 @@
 """Storage test helpers: build batches, append them the way the partition writer does.
 
-``append_batches`` follows ``broker.partition.Partition._write_group`` / ``_write_blocking``
+``append_batches`` follows ``broker.leader_append.LeaderAppends.write`` / ``Writer.write``
 step for step (validate -> roll_due -> new segment, rolled segment flush + seal + recovery
 point -> roll -> assign_offsets -> Segment.write -> appended -> the single-replica ISR step
 advance_high_watermark), minus the threads, so a PartitionLog test exercises the same

@@ -38,7 +38,7 @@ BATCHES = st.lists(st.lists(st.tuples(KEYS, VALUES), min_size=1, max_size=4), mi
 
 
 def run_pass(plog: PartitionLog, now: int, delete_retention_ms: int = DAY, min_dirty: int = 0):
-    """One cleaner pass, step by step as Partition._clean runs it; the plan (None: no pass)."""
+    """One cleaner pass, step by step as Compaction._clean runs it (broker/compacting.py); the plan (None: no pass)."""
     plan = plan_cleaning(plog, min_dirty, delete_retention_ms, now)
     if plan is None:
         return None

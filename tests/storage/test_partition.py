@@ -78,9 +78,9 @@ async def open_partition(tmp_path):
 
     yield open_
     for part in opened:
-        if not part._closing:  # a test may have closed it already
+        if not part.closing:  # a test may have closed it already
             await part.close()
-        part._syncer.close()
+        part.writer.syncer.close()
     write_ex.shutdown(wait=True)
     read_ex.shutdown(wait=True)
 

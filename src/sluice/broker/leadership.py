@@ -1,12 +1,13 @@
 """Leadership of a partition: its role, its followers as the leader sees them, the ISR it
-applies, and the high watermark they give.
+applies, the high watermark they give, and the ``acks=all`` writes waiting for it.
 
-``Leadership`` is a part of ``Partition`` (a mixin, broker/partition.py holds the state):
-on the leader the high watermark is the minimum log end over the in-sync replicas, its own
-counted once written (and fsynced with ``flush.messages=1``), each follower's as its
-replica fetches report it.  The partition only reports who lags (``lagging``) and who
-caught up (``caught_up``); who is in the ISR is decided by compare-and-swap in the
-metadata store (broker/replication.py) and applied here (``set_isr``).
+On the leader the high watermark is the minimum log end over the in-sync replicas, its own
+counted once written (and fsynced with ``flush.messages=1``: ``synced_end``, which the
+writer moves), each follower's as its replica fetches report it.  The partition only
+reports who lags (``lagging``) and who caught up (``caught_up``); who is in the ISR is
+decided by compare-and-swap in the metadata store (broker/replication.py) and applied here
+(``set_isr``).  A move of the high watermark completes the ``acks=all`` waits it passes
+(``acks``, broker/purgatory.py) and wakes the fetches waiting for it (broker/reading.py).
 
 Event loop only.
 """
@@ -15,9 +16,14 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
 
+from sluice.broker.purgatory import Purgatory
+from sluice.broker.reading import Reads
+from sluice.config import TopicConfig
 from sluice.errors import LeadershipLost, NotEnoughReplicasAfterAppend
+from sluice.storage.log import PartitionLog
 
 
 @dataclass
@@ -35,15 +41,55 @@ class Follower:
 
 
 class Leadership:
-    """Role, followers, ISR and high watermark of ``Partition`` (see its state there)."""
+    """Role, followers, ISR and high watermark of one partition.
+
+    ``log``: the partition's log (its high watermark and leader-epoch cache are moved
+    here); ``config``: the topic's config (``min.insync.replicas``; replaced on a
+    reconfiguration); ``reads``: whose waiters a high watermark move or a role change
+    wakes; ``replica_id``: this broker; ``leader_epoch``: the epoch it starts in (never
+    below one already in the log: a restart keeps the last one stamped); ``leader``: whether
+    it starts as the leader; ``name``: ``topic-index``, for errors.
+    """
+
+    def __init__(
+        self, log: PartitionLog, config: TopicConfig, reads: Reads, replica_id: int, leader_epoch: int,
+        leader: bool, name: str,
+    ) -> None:
+        self.log = log
+        self.config = config
+        self._reads = reads
+        self._name = name
+        self.replica_id = replica_id
+        self.leader_epoch = max(leader_epoch, log.epochs.latest_epoch, 0)
+        self.is_leader = leader
+        self.isr: tuple[int, ...] = (replica_id,)
+        self.joining: tuple[int, ...] = ()  # on the leader: an ISR expansion being written
+        self.followers: dict[int, Follower] = {}  # on the leader: the other replicas
+        self.failed_followers: set[int] = set()  # on the leader: replicas that cannot write
+        self.acks = Purgatory()  # acks=all writes waiting for the high watermark
+        # the log end as far as the writer has finished with it (written, and fsynced with
+        # flush.messages=1); below the log end only while a leader's fsync runs.  Moved by
+        # the writer (broker/writer.py).
+        self.synced_end = log.log_end_offset
+        self._marks: deque[tuple[int, int]] = deque()  # (log end, bytes appended) on the leader
+        self._appended_bytes = 0
+        if leader:
+            self.log_end_moved()
 
     # ------------------------------------------------------------------ high watermark
 
-    def _log_end_moved(self) -> None:
+    def leader_appended(self, log_end: int, size: int) -> None:
+        """The writer appended ``size`` bytes up to ``log_end`` while this broker leads:
+        count them for ``max_isr_lag_bytes`` and move the high watermark."""
+        self._appended_bytes += size
+        self._marks.append((log_end, self._appended_bytes))
+        self.log_end_moved()
+
+    def log_end_moved(self) -> None:
         """The ISR step: the high watermark is the minimum log end over the ISR (a
         follower not heard from in this epoch holds it where it is).  The leader's own
         counts once written, and fsynced where the flush policy says "always"."""
-        end = min(self.log.log_end_offset, self._synced_end)
+        end = min(self.log.log_end_offset, self.synced_end)
         for r in self.maximal_isr:
             f = self.followers.get(r)
             if f is not None:
@@ -73,7 +119,7 @@ class Leadership:
         if settled:
             self.joining = ()
         if self.is_leader:
-            self._log_end_moved()
+            self.log_end_moved()
 
     def expanding(self, joining: list[int]) -> None:
         """The leader is writing an ISR with ``joining`` added to the store (Kafka's
@@ -101,7 +147,7 @@ class Leadership:
             f.caught_up_at = max(f.caught_up_at, f.fetched_at)
         f.log_end, f.leader_end_at_fetch, f.fetched_at = offset, leader_end, now
         if replica_id in self.isr or replica_id in self.joining:
-            self._log_end_moved()
+            self.log_end_moved()
 
     def lagging(self, max_lag_s: float) -> list[int]:
         """In-sync followers that have not caught up with the log end for ``max_lag_s``."""
@@ -130,7 +176,7 @@ class Leadership:
                 return start
         return self.log.log_end_offset
 
-    def _max_isr_lag_bytes(self) -> int:
+    def max_isr_lag_bytes(self) -> int:
         """How many bytes of the leader's log the furthest-behind in-sync follower lacks
         (0 when unknown: this leader has not appended since the follower's offset)."""
         worst = min(
@@ -157,10 +203,10 @@ class Leadership:
         """Move the high watermark up to ``offset`` (never past the log end, never down):
         complete the ``acks=all`` waits it passes and wake fetches waiting for data."""
         if self.log.advance_high_watermark(offset):
-            self._acks.complete(self.log.high_watermark, self._isr_short())
-            self._notify()
+            self.acks.complete(self.log.high_watermark, self.isr_short())
+            self._reads.notify()
 
-    def _isr_short(self) -> NotEnoughReplicasAfterAppend | None:
+    def isr_short(self) -> NotEnoughReplicasAfterAppend | None:
         """The error an ``acks=all`` write passed by the high watermark now gets instead of
         its acknowledgement: the ISR that moved the high watermark has fewer members than
         ``min.insync.replicas`` (it shrank after the write was admitted); None when it is
@@ -169,7 +215,7 @@ class Leadership:
         if have >= need:
             return None
         return NotEnoughReplicasAfterAppend(
-            f"{self.topic}-{self.index}: the ISR shrank to {have} replica(s) (min.insync.replicas is "
+            f"{self._name}: the ISR shrank to {have} replica(s) (min.insync.replicas is "
             f"{need}) before the write was replicated: it was appended, maybe stored"
         )
 
@@ -207,8 +253,7 @@ class Leadership:
         self.joining = ()
         self.followers = {}
         self.failed_followers = set()
-        self._acks.fail_all(LeadershipLost(
-            f"{self.topic}-{self.index} got a new leader (epoch {leader_epoch}) before the write was replicated"
+        self.acks.fail_all(LeadershipLost(
+            f"{self._name} got a new leader (epoch {leader_epoch}) before the write was replicated"
         ))
-        self._notify()
-        self._notify_replicas()
+        self._reads.wake_all()

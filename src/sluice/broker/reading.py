@@ -1,40 +1,41 @@
 """Reading a partition: consumers' and replicas' reads, and the long polls waiting for more.
 
-``Reading`` is a part of ``Partition`` (a mixin, broker/partition.py holds the state).
 Consumers read below the high watermark, replicas below the log end.  A read at the end of
 the log is answered from the partition's tail (storage/tail.py: its newest writes, kept in
 memory), any other in a reader thread; one with nothing new is answered at once.  A fetch
 long poll waits with ``add_waiter`` until the high watermark moves, a replica fetch with
 ``add_replica_waiter`` until the leader appends.
 
-Event loop only.
+Event loop only (the disk reads run in the given reader executor).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 from sluice.errors import OffsetNotAvailable, OffsetOutOfRange, storage_error_from_os
-from sluice.storage.log import NotYetAvailable, OutOfRange, ReadResult
+from sluice.storage.log import NotYetAvailable, OutOfRange, PartitionLog, ReadResult
+from sluice.storage.tail import Tail
 
 
-class Reading:
-    @property
-    def high_watermark(self) -> int:
-        return self.log.high_watermark
+class Reads:
+    """The reads of one partition's log and the long polls waiting on it.
 
-    @property
-    def log_end_offset(self) -> int:
-        return self.log.log_end_offset
+    ``log``: the partition's log; ``tail``: its newest leader writes, which the writer
+    fills (broker/writer.py); ``read_executor``: the threads disk reads run in; ``name``:
+    ``topic-index``, for errors.  ``notify`` (the high watermark moved) and
+    ``notify_replicas`` (the leader appended, or its role changed) wake the waiters.
+    """
 
-    @property
-    def log_start_offset(self) -> int:
-        return self.log.log_start_offset
-
-    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
-        """(epoch, end offset) for a follower's OffsetsForLeaderEpoch (storage/epochs.py)."""
-        return self.log.epochs.end_offset_for_epoch(epoch, self.log.log_end_offset)
+    def __init__(self, log: PartitionLog, tail: Tail, read_executor: Executor, name: str) -> None:
+        self.log = log
+        self.tail = tail
+        self._read_executor = read_executor
+        self._name = name
+        self._waiters: list[Callable[[], None]] = []  # fetch long polls: the high watermark
+        self._replica_waiters: list[Callable[[], None]] = []  # replica fetches: appends
 
     async def read(self, offset: int, max_bytes: int, upper_bound: int) -> ReadResult:
         """Whole batches from ``offset`` below ``upper_bound`` — the high watermark for a
@@ -49,7 +50,7 @@ class Reading:
             raise NotYetAvailable(f"offset {offset} is above {bound}, the bound of this read")
         if offset == bound:  # nothing new: answer without a thread hop (long polls idle here)
             return ReadResult(b"", plog.high_watermark, start, leo)
-        data = self._tail.read(offset, max_bytes, bound)
+        data = self.tail.read(offset, max_bytes, bound)
         if data is not None:  # just written: answered from memory (storage/tail.py)
             return ReadResult(data, plog.high_watermark, start, leo)
         loop = asyncio.get_running_loop()
@@ -62,16 +63,16 @@ class Reading:
             return await self.read(offset, max_bytes, upper_bound)
         except OutOfRange:
             raise OffsetOutOfRange(
-                f"offset {offset} of {self.topic}-{self.index} is outside "
-                f"[{self.log_start_offset}, {self.log_end_offset}]"
+                f"offset {offset} of {self._name} is outside "
+                f"[{self.log.log_start_offset}, {self.log.log_end_offset}]"
             ) from None
         except NotYetAvailable:
             raise OffsetNotAvailable(
-                f"offset {offset} of {self.topic}-{self.index} is above the high watermark "
-                f"{self.high_watermark} (log end {self.log_end_offset}); retry"
+                f"offset {offset} of {self._name} is above the high watermark "
+                f"{self.log.high_watermark} (log end {self.log.log_end_offset}); retry"
             ) from None
         except OSError as exc:
-            raise storage_error_from_os(exc, f"read {self.topic}-{self.index}") from exc
+            raise storage_error_from_os(exc, f"read {self._name}") from exc
 
     async def offset_for_time(self, timestamp: int) -> int | None:
         """First offset below the high watermark whose batch reaches ``timestamp``."""
@@ -90,11 +91,6 @@ class Reading:
         except ValueError:
             pass
 
-    def wake_fetches(self) -> None:
-        """Call every fetch waiter now, as if the high watermark had moved."""
-        self._notify()
-        self._notify_replicas()
-
     def add_replica_waiter(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, the next time the leader appends (replica fetch long poll)."""
         self._replica_waiters.append(callback)
@@ -105,12 +101,18 @@ class Reading:
         except ValueError:
             pass
 
-    def _notify_replicas(self) -> None:
+    def wake_all(self) -> None:
+        """Call every waiter now, fetches' and replicas', as if the high watermark had
+        moved and the leader appended."""
+        self.notify()
+        self.notify_replicas()
+
+    def notify_replicas(self) -> None:
         waiters, self._replica_waiters = self._replica_waiters, []
         for cb in waiters:
             cb()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for cb in waiters:
             cb()
