@@ -246,7 +246,7 @@ class ServerConfig:
     # partitions of the internal topic __groups (committed offsets) when it is created;
     # an existing __groups keeps its count (groups are placed by it)
     groups_partitions: int = 8
-    # transactional messages (broker/transactions.py): a half message unresolved this long
+    # transactional messages (broker/transactions/): a half message unresolved this long
     # is checked back with a producer of its group, at most every interval, at most
     # max checks times before it is rolled back and copied to __txn_discarded
     txn_check_timeout_ms: int = 6_000

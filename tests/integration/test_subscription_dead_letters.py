@@ -1,6 +1,6 @@
 """Dead letters and re-drive against real broker processes: a message failing
 ``max_attempts`` times goes to ``<topic>.<subscription>.dlq`` with its reason, and
-``sub redrive`` copies a subscription's own dead letters back (broker/subscriptions.py,
+``sub redrive`` copies a subscription's own dead letters back (broker/subscriptions/,
 client/redrive.py)."""
 
 from __future__ import annotations

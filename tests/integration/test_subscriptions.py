@@ -1,7 +1,7 @@
 """Subscriptions against real broker processes: shared and separate consumption, ack
 deadlines, disconnects, nacks and backoff, ordered mode, seek, delete, describe, restarts,
 close, ``run`` and the blocking subscriber (broker/subscription.py,
-broker/subscriptions.py, client/subscriber.py).  Dead letters and re-drive, and topics
+broker/subscriptions/, client/subscriber.py).  Dead letters and re-drive, and topics
 changing under a subscription, have files of their own."""
 
 from __future__ import annotations

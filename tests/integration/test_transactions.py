@@ -1,5 +1,5 @@
 """Transactional messages against a real broker: commit, rollback, idempotent ends, refusals,
-check-back, max checks (broker/transactions.py, client/transaction.py)."""
+check-back, max checks (broker/transactions/, client/transaction.py)."""
 
 from __future__ import annotations
 

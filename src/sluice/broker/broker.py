@@ -15,9 +15,9 @@ The broker builds its services, each with the collaborators its constructor name
     ProduceService       broker/produce.py      PRODUCE, producer ids, in-process append
     FetchService         broker/fetch.py        FETCH, LIST_OFFSETS
     GroupService         broker/groups.py       committed offsets (GroupCoordinator)
-    TransactionManager   broker/transactions.py half messages
-    SubscriptionManager  broker/subscriptions.py
-    DelayedDelivery      broker/delays.py
+    TransactionManager   broker/transactions/  half messages
+    SubscriptionManager  broker/subscriptions/
+    DelayedDelivery      broker/transactions/delays.py
 
 ``handlers()`` maps each API key to its service's handler.  Lifecycle (``start``,
 ``drain``, ``hand_off_leadership``, ``close``), retention and the high watermarks
@@ -31,10 +31,10 @@ Data directory::
     <data>/logs/__groups-<n>/      committed offsets of consumer groups: the internal topic
                                    __groups (broker/coordinator.py, protocol/group_records.py)
     <data>/logs/__txn_discarded-0/  half messages given up after their checks (audit copies;
-                                   broker/transactions.py); transactions themselves live in
+                                   broker/transactions/); transactions themselves live in
                                    their data partitions
     subscriptions: no files; their cursors are control batches in the data partitions
-                                   (broker/subscriptions.py, protocol/subscriptions.py)
+                                   (broker/subscriptions/, protocol/subscriptions.py)
     <data>/groups.migrated/        group offset files of older brokers, kept after their
                                    import into __groups (broker/group_migration.py)
 

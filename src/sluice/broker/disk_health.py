@@ -4,13 +4,13 @@ stalls, and the step-down they trigger.
 Disk trouble fails fast (seed ``000``): a leader whose disk refuses a write or an fsync
 (not a full disk: that waits for space), or whose write has not returned after
 ``DISK_STALL_S``, hands its leadership to an in-sync follower (``on_failure``: the broker's
-broker/stepdown.py).  One whose fsync fails after followers could copy the group stops
-writing in that epoch instead of cutting its tail (``fence``): ``fenced_epoch`` is set, the
-leader's appends are refused in it, and should this broker lead again, in a later epoch,
+broker/replication/stepdown.py).  One whose fsync fails after followers could copy the
+group stops writing in that epoch instead of cutting its tail (``fence``): ``fenced_epoch``
+is set, the leader's appends are refused in it, and should this broker lead again, in a later epoch,
 its leader path first cuts back to what was fsynced (broker/leader_append.py).
 
 A follower's disk trouble is reported by its replica fetcher to its leader
-(broker/fetcher.py), not here.
+(broker/replication/follower.py), not here.
 
 Event loop only: the writer's disk jobs run elsewhere, ``watch`` only awaits them.
 """
@@ -72,7 +72,7 @@ class DiskHealth:
     def unsynced_from(self) -> int | None:
         """Where a tail that this broker published as leader but could not fsync starts
         (``fence``), until it is cut; None when there is none.  Kept when the partition
-        becomes a follower: its fetcher cuts there before fetching (broker/fetcher.py)."""
+        becomes a follower: its fetcher cuts there before fetching (broker/replication/follower.py)."""
         if self.fenced_epoch is None:
             return None
         lead = self._leadership
@@ -130,7 +130,7 @@ class DiskHealth:
 
     def trouble(self, err: StorageError) -> None:
         """A leader's disk failed or stalls: tell the broker, which hands the leadership to
-        an in-sync follower (broker/stepdown.py).  A full disk is not a failed one: it is
+        an in-sync follower (broker/replication/stepdown.py).  A full disk is not a failed one: it is
         reported to producers and waits for space (every replica usually fills alike).  A
         follower's trouble is reported by its replica fetcher to its leader."""
         if self._leadership.is_leader and self.on_failure is not None and not isinstance(err, DiskFull):

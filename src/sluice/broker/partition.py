@@ -58,7 +58,7 @@ class Partition:
     the writes and their fsyncs (without one given, the partition has its own, closed with
     it); ``tail_cache_bytes``: the newest leader writes kept in memory for tailing readers;
     ``on_disk_failure``: called (event loop) with the partition and the error when its
-    disk fails or stalls while it leads (broker/stepdown.py).  Built on the event loop: the
+    disk fails or stalls while it leads (broker/replication/stepdown.py).  Built on the event loop: the
     writer task starts at once.
     """
 
@@ -106,7 +106,7 @@ class Partition:
         self.fenced_version = -1  # the state version whose swap (new epoch, or leaving) was started
         # On the leader, call with a reason when it cut its own log: it stops leading in
         # this epoch at once and the broker has the store start a new one
-        # (ReplicaManager.new_leader_epoch).  Event loop.
+        # (PartitionStates.new_leader_epoch).  Event loop.
         self.new_epoch_needed: Callable[[str], None] = lambda why: None
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
 

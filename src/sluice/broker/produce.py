@@ -50,7 +50,7 @@ PRODUCED_INTERNAL = frozenset({DISCARD_TOPIC})
 
 
 class HalfMessages(Protocol):
-    """What the produce path tells the transaction manager (broker/transactions.py)."""
+    """What the produce path tells the transaction manager (broker/transactions/)."""
 
     def track(self, part: Partition, spans, chunk, fut: asyncio.Future) -> None: ...
 
@@ -119,7 +119,7 @@ class ProduceService:
         ``flush.messages=1``); ``acks=all`` once the high watermark passes them, i.e. every
         in-sync replica has them, within ``timeout_ms`` (else ``REQUEST_TIMED_OUT``, the
         records may be stored).  Refusals come at once: ``NOT_ENOUGH_REPLICAS``,
-        ``BROKER_BUSY`` (see broker/partition.py); ``INVALID_REQUEST`` for an internal
+        ``BROKER_BUSY`` (see broker/leader_append.py); ``INVALID_REQUEST`` for an internal
         topic (only brokers write those).  Batches of idempotent producers are checked by
         the partition's writer (storage/producers.py): a duplicate is answered with its
         original offset, ``OUT_OF_ORDER_SEQUENCE`` / ``PRODUCER_FENCED`` write nothing of the
@@ -146,7 +146,7 @@ class ProduceService:
                 results.append(m.ProducePartitionResult(topic=p.topic, partition=p.partition, **error_fields(exc)))
                 continue
             fut = part.append(chunk, spans, req.acks == m.ACKS_ALL, deadline)
-            self.transactions.track(part, spans, chunk, fut)  # half messages (broker/transactions.py)
+            self.transactions.track(part, spans, chunk, fut)  # half messages (broker/transactions/)
             pending.append((len(results), fut))
             results.append(None)
         if req.acks == m.ACKS_NONE:

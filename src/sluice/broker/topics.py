@@ -81,7 +81,7 @@ class Roles(Protocol):
 
 
 class TopicSubscriptions(Protocol):
-    """What the topic service asks of the subscriptions (broker/subscriptions.py)."""
+    """What the topic service asks of the subscriptions (broker/subscriptions/)."""
 
     async def names(self, topic: str) -> set[str]: ...
 

@@ -614,7 +614,7 @@ class InitProducerIdResponse(Response):
 # --------------------------------------------------------------------------- transactions
 # A transaction is a half message: a batch with the transactional attribute bit in its
 # target partition.  Its id is (topic, partition, offset) of that batch; its printable form
-# is ``topic/partition/offset`` (broker/transactions.py, client/transaction.py).
+# is ``topic/partition/offset`` (broker/transactions/, client/transaction.py).
 
 TXN_COMMITTED, TXN_ROLLED_BACK = "committed", "rolled_back"
 

@@ -16,7 +16,7 @@ Batch header (61 bytes, all big-endian)::
     21     2    attributes            int16: bits 0-2 compression (0 none, 3 lz4, 4 zstd),
                                       bit 3 timestamp type (1 = log append time),
                                       bit 4 transactional: a half message, never shown
-                                      to readers (broker/transactions.py),
+                                      to readers (broker/transactions/),
                                       bit 5 control: broker markers (a rollback),
                                       never shown to readers,
                                       bit 6 commit: the visible copy of a half message

@@ -2,7 +2,7 @@
 
 A subscription is served by the leader of each of its topic's partitions: requests name
 the partitions, and a client sends each partition's part to its leader
-(protocol/subscriptions.py has the state and its records, broker/subscriptions.py the
+(protocol/subscriptions.py has the state and its records, broker/subscriptions/ the
 server side).  Offset ranges are half-open [start, end) pairs.
 """
 

@@ -1,6 +1,6 @@
 """Subscriptions on the wire and in the log: names, settings, cursor records, dead letters.
 
-Sans-I/O, shared by the broker (broker/subscriptions.py) and the client
+Sans-I/O, shared by the broker (broker/subscriptions/) and the client
 (client/subscriber.py).
 
 A subscription is a named, durable cursor over one topic.  Its state on a partition —

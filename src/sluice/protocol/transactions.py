@@ -1,6 +1,6 @@
 """Transactional messages on the wire and in the log: ids, reserved headers, the batches.
 
-Sans-I/O, shared by the broker (broker/transactions.py) and the client
+Sans-I/O, shared by the broker (broker/transactions/) and the client
 (client/transaction.py).  A transaction is one **half message**: a batch its producer
 writes into the target partition with the transactional attribute bit set, invisible to
 every reader.  Its id is where it sits, ``(topic, partition, offset)``, printed

@@ -17,7 +17,7 @@ UNKNOWN_SERVER_ERROR on that request only.
 Each request's handler gets this connection as its peer (broker/peer.py ``Peer``: the
 client's ``address``, ``push``, ``on_close``...).  Server push: ``push`` writes a frames.PUSH frame (a messages.PUSHES struct, and
 attachments) to the client unasked, e.g. a transaction check to a registered producer
-(broker/transactions.py) or messages for a subscriber (broker/subscriptions.py), which
+(broker/transactions/) or messages for a subscriber (broker/subscriptions/), which
 pushes only while ``writable`` and resumes from ``on_writable``; ``on_close`` callbacks
 run when the connection goes, so state tied to it is dropped.
 

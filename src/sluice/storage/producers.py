@@ -29,7 +29,7 @@ outlives the batches it came from.  Producers idle longer than ``producer.id.exp
 The same fold keeps the offsets of the partition's **open half messages** (transactional
 messages not yet committed or rolled back: protocol/transactions.py), so that a new leader
 reads its log for transaction state from the oldest open half on, not from its start
-(``open_halves``; broker/transactions.py).
+(``open_halves``; broker/transactions/).
 
 Concurrency: a ``ProducerTable`` belongs to its partition's writer (event loop); the I/O
 functions (``rebuild``, ``write_snapshot``, ...) run in worker threads on tables no one else

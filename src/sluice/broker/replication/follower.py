@@ -26,7 +26,7 @@ fetch (``storage_error``; the data that answer brings is not written), so the le
 it from the ISR at once instead of waiting for the lag timeout (seed ``000``); the write is
 retried every ``STORAGE_RETRY_S``, each retry's fetch reporting the error again until a
 write works.  A write that hangs (a frozen disk) is reported the same way once its
-partition finds it stalled (broker/partition.py, ``DISK_STALL_S``); the partition is
+partition finds it stalled (broker/disk_health.py, ``DISK_STALL_S``); the partition is
 fetched again once it returns.  Fenced or
 stale requests wait for the next partition state, which moves the partition to another
 fetcher or makes it a leader.

@@ -2,7 +2,7 @@
 
 A partition's writer calls ``DiskStepDown.disk_failed`` when, while it leads, its disk
 refuses a write or an fsync (``EIO``, ``EROFS``...) or a write has not returned for
-``DISK_STALL_S`` (a hung or frozen disk: broker/partition.py).  Keeping the leadership
+``DISK_STALL_S`` (a hung or frozen disk: broker/disk_health.py).  Keeping the leadership
 would leave the partition unwritable, or stalled, while healthy followers sit idle (seed
 ``000``: fail fast).  So the broker hands it, by compare-and-swap on the partition's state
 in the metadata store, to an in-sync follower that is alive and fetching (the one
@@ -15,7 +15,7 @@ controller's, an ISR change).  The store's watch then applies the new state here
 
 With no other live in-sync replica the leader keeps the partition (it holds the only
 copy): producers keep getting the storage error, and a leader fenced after a failed
-fsync (``Partition._fence``) starts a new epoch of its own instead (the partition states'
+fsync (``DiskHealth.fence``) starts a new epoch of its own instead (the partition states'
 ``new_leader_epoch``: states.py), in which it cuts what its disk may have lost before
 writing again.  A full disk hands nothing over: it is
 reported to producers and waits for space.
