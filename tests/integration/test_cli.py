@@ -17,7 +17,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from brokers import BrokerProcess, free_port
+from sluice.harness import BrokerProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ import pytest
 from test_admin import millisecond_after_now
 from test_cli import assert_error, json_lines, lines_in, ok
 
-from brokers import BrokerProcess
+from sluice.harness import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
 

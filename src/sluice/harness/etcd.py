@@ -1,11 +1,10 @@
-"""A real etcd member for multi-process tests (imported as ``from etcd import EtcdProcess``).
+"""``EtcdProcess``: a real one-member etcd on free loopback client and peer ports.
 
-``EtcdProcess`` runs Debian's ``etcd`` (etcd-server 3.4, found on PATH or in /usr/bin) on
-free loopback client and peer ports with its own data directory, with a 500 ms election
-timeout so that it grants leases as short as 1 s (``tuned=False``: etcd's own defaults, as
-a user starts it).  It can be killed (SIGKILL), started
-again on the same data, paused (SIGSTOP) and resumed.  Whoever starts one kills it, in a
-``finally`` or a fixture's teardown.
+It runs Debian's ``etcd`` (etcd-server 3.4, found on PATH or in /usr/bin) with its own data
+directory and log file, with a 500 ms election timeout so that it grants leases as short as
+1 s (``tuned=False``: etcd's own defaults, as a user starts it).  It can be killed
+(SIGKILL), started again on the same data, paused (SIGSTOP) and resumed.  Whoever starts one
+kills it, whatever happens.
 """
 
 from __future__ import annotations
@@ -19,44 +18,46 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
-from brokers import free_ports, freeze
+from sluice.harness.ports import free_ports
+from sluice.harness.processes import freeze, kill_group, spawn, tail
 
 
 def etcd_binary() -> str:
+    """The path of the ``etcd`` binary; ``RuntimeError`` when there is none."""
     found = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
     if found is None:
-        pytest.fail("no etcd binary on PATH or in /usr/bin: install Debian's etcd-server (scripts/test does)")
+        raise RuntimeError("no etcd binary on PATH or in /usr/bin: install Debian's etcd-server (scripts/test does)")
     return found
 
 
 class EtcdProcess:
-    """One etcd member; ``kill``, ``start`` again on the same data, ``pause`` / ``resume``."""
+    """One etcd member named ``name``; ``kill``, ``start`` again on the same data,
+    ``pause`` / ``resume``."""
 
-    def __init__(self, data_dir: Path, log_path: Path, *, tuned: bool = True) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, *, tuned: bool = True, name: str = "test") -> None:
         self.data_dir, self.log_path = data_dir, log_path
-        self.tuned = tuned
+        self.tuned, self.name = tuned, name
         self.client_port, self.peer_port = free_ports(2)
         self.proc: subprocess.Popen | None = None
 
     def url(self, cluster: str) -> str:
+        """The ``--cluster`` URL of Sluice cluster ``cluster`` (its key prefix) here."""
         return f"etcd://127.0.0.1:{self.client_port}/{cluster}"
 
     def start(self, timeout: float = 30) -> EtcdProcess:
+        """Start and return once etcd reports healthy; ``RuntimeError`` (with its log) if
+        it exits first or is not healthy within ``timeout`` s (it then still runs: kill it)."""
         client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [
-                etcd_binary(), "--name", "test", "--data-dir", str(self.data_dir),
+                etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"test={peer}",
+                "--initial-cluster", f"{self.name}={peer}",
                 *(["--election-timeout", "500", "--heartbeat-interval", "50"] if self.tuned else []),
             ],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            self.log_path,
         )
-        log.close()
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -72,20 +73,14 @@ class EtcdProcess:
             time.sleep(0.05)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-5000:]
-        except FileNotFoundError:
-            return ""
+        return tail(self.log_path, 5000)
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        kill_group(self.proc)
 
     def pause(self) -> None:
-        """SIGSTOP, returning once every thread of etcd has stopped (``brokers.freeze``)."""
+        """SIGSTOP, returning once every thread of etcd has stopped (``processes.freeze``)."""
         freeze(self.proc.pid, group=True)
 
     def resume(self) -> None:
         os.killpg(self.proc.pid, signal.SIGCONT)
-
