@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sluice import native
 from sluice.storage import syncer as syncer_module
 from sluice.storage.segment import Segment
 from sluice.storage.syncer import Syncer
@@ -36,6 +37,8 @@ def test_native_where_a_compiler_is():
     have_headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if not (have_cc and have_headers):
         pytest.skip("no C compiler or Python headers: syncs run in Python threads")
+    if native.pure_python():
+        pytest.skip("SLUICE_PURE_PYTHON is set")
     assert syncer_module._csyncer is not None
 
 

@@ -5,7 +5,8 @@ the event loop.  Through a Python worker thread it costs two thread hops that ea
 the GIL, held by the loop while it works — on a busy machine as long as the fdatasync
 itself.  ``Syncer`` hands the file descriptor to native threads that run no Python
 (``sluice._csyncer``) and learns of each result through an eventfd the loop polls; where
-that extension is not built, it falls back to the given executor.
+that extension is not built or is turned off (``sluice.native``: ``SLUICE_PURE_PYTHON=1``),
+it falls back to the given executor.
 
 The partition writer's appends go the same way (``append``): a write to the page cache costs
 microseconds, but on the event loop a disk that hangs (a frozen file system) would stop the
@@ -25,13 +26,12 @@ import asyncio
 import os
 from concurrent.futures import Executor
 
+from sluice.native import load as load_extension
 from sluice.storage import faults
 from sluice.storage.segment import Segment
 
-try:
-    from sluice import _csyncer
-except ImportError:  # not built (no C compiler at install): Python threads do it
-    _csyncer = None
+# None when not built (no C compiler at install) or with SLUICE_PURE_PYTHON: Python threads do it
+_csyncer = load_extension("_csyncer")
 
 
 class Syncer:
