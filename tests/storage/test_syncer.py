@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import sysconfig
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -81,6 +82,29 @@ async def test_the_caller_may_close_its_descriptor_meanwhile(syncer, tmp_path):
         assert await fut is None
     finally:
         os.close(other)
+
+
+async def test_the_python_fallback_syncs_what_it_was_given_when_the_thread_runs_late(tmp_path):
+    """The worker thread runs the sync only after the caller closed its descriptor and the
+    number went to a pipe (which fdatasync refuses): the sync is still of the file."""
+    executor = ThreadPoolExecutor(1, thread_name_prefix="test-sync")
+    busy = threading.Event()
+    executor.submit(busy.wait, 10)  # the only thread is busy until the descriptor is reused
+    s = Syncer(2, executor, native=False)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"data")
+    fut = s.fdatasync(fd)
+    os.close(fd)
+    r, w = os.pipe()
+    busy.set()
+    try:
+        assert r == fd or w == fd  # the number was reused
+        assert await fut is None
+    finally:
+        os.close(r)
+        os.close(w)
+        s.close()
+        executor.shutdown(wait=True)
 
 
 async def test_a_bad_descriptor_fails_at_once_or_in_the_future(syncer):
