@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture(params=["native", "python"])
 def syncer(request):
     if request.param == "native" and syncer_module._csyncer is None:
-        pytest.skip("sluice._csyncer is not built")
+        pytest.skip("sluice._csyncer is not built or not used (SLUICE_PURE_PYTHON)")
     executor = ThreadPoolExecutor(2, thread_name_prefix="test-sync")
     s = Syncer(2, executor, native=request.param == "native")
     yield s
