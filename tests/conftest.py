@@ -17,7 +17,7 @@ import pytest
 # CPython 3.11.7 can raise "SystemError: AST constructor recursion depth mismatch" when a
 # garbage collector finalizer runs while pytest's assertion rewriter parses a module; the
 # hypothesis plugin imports its modules lazily mid-run, so they are imported here instead.
-from brokers import BrokerProcess  # noqa: E402 - after the hypothesis import above
+from sluice.harness import BrokerProcess  # noqa: E402 - after the hypothesis import above
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from sluice.client import Admin, Producer, Subscriber
+from sluice.harness import eventually
 
 FAST = dict(backoff_initial_ms=0)  # redeliver failures at once (tests about other delays set theirs)
 NEVER_MS = 600_000  # an ack timeout no test waits for
@@ -56,14 +57,9 @@ async def describe(bootstrap: str, topic: str, name: str):
 
 
 async def wait_for(check, what: str, timeout: float = 30.0, every: float = 0.05):
-    """Poll ``await check()`` until it returns something true; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(every)
+    """Poll ``await check()`` until it returns something true; fail after ``timeout`` s
+    (``sluice.harness.eventually``)."""
+    return await eventually(check, timeout, what, interval=every)
 
 
 async def settled(bootstrap: str, topic: str, name: str, timeout: float = 30.0):

@@ -14,6 +14,7 @@ from sluice.broker.broker import Broker
 from sluice.broker.peer import LOCAL
 from sluice.cluster.store import PartitionState
 from sluice.errors import NotEnoughReplicasAfterAppend
+from sluice.harness import eventually
 from sluice.protocol import messages as m
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,11 +99,7 @@ async def test_a_leader_that_cut_its_log_leads_on_only_in_a_new_epoch(broker: Br
     part = topic.partitions[0]
 
     async def until(condition) -> None:
-        for _ in range(500):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("not reached")
+        await eventually(condition, 5, interval=0.01)
 
     await until(lambda: part.state_version is not None and part.state_version > 0)  # the store's state applied
     epoch = part.leader_epoch

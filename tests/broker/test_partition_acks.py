@@ -15,6 +15,7 @@ from batches import request
 
 from sluice.broker.partition import Partition
 from sluice.errors import BrokerBusy, LeadershipLost, NotEnoughReplicas, NotLeader
+from sluice.harness import eventually
 from sluice.storage.log import NotYetAvailable, OutOfRange
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,11 +33,7 @@ async def settle() -> None:
 
 async def until(condition, timeout: float = 10.0) -> None:
     """Poll ``condition`` (the writer's fsync runs in a thread) until true or fail."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.002)
+    await eventually(condition, timeout, interval=0.002)
 
 
 async def test_single_replica_acks_all_completes_through_the_high_watermark(open_partition):

@@ -10,6 +10,7 @@ from sluice import errors
 from sluice.client import Producer
 from sluice.client.accumulator import Bulk
 from sluice.client.sequences import GAP, LOST, RETRY, SEQUENCE_MOD, PartitionSequences
+from sluice.harness import eventually
 from sluice.protocol import messages, records
 
 from .fakebroker import FakeBroker
@@ -39,11 +40,7 @@ def start_sequence_at(p: Producer, tp, sequence: int) -> None:
 
 
 async def until(cond, timeout=3.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.002)
+    await eventually(cond, timeout, interval=0.002)
 
 
 # ---------------------------------------------------------------- settings

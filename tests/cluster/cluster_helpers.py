@@ -1,35 +1,18 @@
-"""Helpers for the cluster tests: polling with deadlines, and a process holding a session."""
+"""Helpers for the cluster tests: polling with deadlines (``eventually``: sluice.harness), and
+a process holding a session."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from brokers import free_ports  # noqa: F401 - re-exported for the cluster tests
 from sluice.errors import MetadataUnavailable
+from sluice.harness import eventually, free_ports  # noqa: F401 - re-exported for the cluster tests
 
 HOLDER = Path(__file__).with_name("hold_session.py")
 SESSION_MS = 1000  # etcd runs with a 500 ms election timeout: it grants 1 s leases
 REQUEST_MS = 1000
-
-
-async def eventually(check, timeout: float = 10, what: str = "the condition"):
-    """Poll ``check()`` (sync or async) until it returns something truthy, and return that;
-    fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await asyncio.sleep(0.05)
 
 
 def answered(call, predicate=lambda result: True):

@@ -1,6 +1,6 @@
 """Real etcd processes for the cluster tests, and the stores under test.
 
-``etcd_factory`` starts Debian's ``etcd`` (etcd.py: ``EtcdProcess``) on free loopback client
+``etcd_factory`` starts Debian's ``etcd`` (``sluice.harness.EtcdProcess``) on free loopback client
 and peer ports with a fresh data directory, waits until it reports healthy, and kills it at
 the end of the test even when the test fails.  ``etcd`` is one such process shared by a test
 module; tests sharing it use their own cluster name (key prefix), so they never see each
@@ -17,9 +17,9 @@ import uuid
 import pytest
 from cluster_helpers import REQUEST_MS, SESSION_MS
 
-from etcd import EtcdProcess
 from sluice.cluster.embedded import EmbeddedStore
 from sluice.cluster.etcd import EtcdStore
+from sluice.harness import EtcdProcess
 
 
 @pytest.fixture

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -29,11 +27,11 @@ import pytest
 from checker import History, read_logs
 from proxy import FaultyProxy
 
-from brokers import BrokerProcess
-from etcd import EtcdProcess
+from sluice import harness
 from sluice.client import Admin, Producer
 from sluice.client.transport import Cluster
 from sluice.errors import SluiceError
+from sluice.harness import BrokerProcess, EtcdProcess
 from sluice.protocol.coordinator import GROUPS_TOPIC
 
 SESSION_MS = 1000
@@ -42,22 +40,9 @@ NODES = (1, 2, 3)
 
 
 async def eventually(check, timeout: float, what: str):
-    """Poll ``check()`` (sync or async) until it returns something truthy, and return that;
-    fail after ``timeout`` seconds.  Metadata errors while polling count as "not yet"."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            result = check()
-            if inspect.isawaitable(result):
-                result = await result
-        except (SluiceError, OSError) as exc:
-            result, last = None, exc
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s (last error: {last!r})")
-        await asyncio.sleep(0.1)
+    """``sluice.harness.eventually`` polling every 0.1 s, where metadata errors while
+    polling count as "not yet"."""
+    return await harness.eventually(check, timeout, what, interval=0.1, ignore=(SluiceError, OSError))
 
 
 class ThreeBrokers:

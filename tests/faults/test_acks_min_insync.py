@@ -17,9 +17,9 @@ import pytest
 from checker import read_logs
 from replicated import eventually
 
-from brokers import freeze
 from sluice.client import Admin, Producer
 from sluice.errors import NotEnoughReplicas, NotEnoughReplicasAfterAppend, SluiceError
+from sluice.harness import freeze
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,9 +13,9 @@ import shutil
 from checker import read_logs
 from replicated import eventually
 
-from brokers import BrokerProcess
 from sluice.client import Admin, Producer
 from sluice.errors import error_for_code
+from sluice.harness import BrokerProcess
 
 TOPIC = "orders"
 PER_PARTITION = 300

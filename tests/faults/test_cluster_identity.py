@@ -15,8 +15,8 @@ import shutil
 from checker import read_logs
 from replicated import eventually
 
-from brokers import BrokerProcess
 from sluice.client import Producer
+from sluice.harness import BrokerProcess
 
 TOPIC = "orders"
 

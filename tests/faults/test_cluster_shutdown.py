@@ -17,8 +17,8 @@ import time
 import pytest
 from replicated import NODES, ThreeBrokers, Workload, eventually
 
-from brokers import freeze
 from sluice.client import Admin
+from sluice.harness import freeze
 
 pytestmark = pytest.mark.timeout(120)
 

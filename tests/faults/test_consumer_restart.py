@@ -11,19 +11,13 @@ import pytest
 
 from sluice.client import Admin, Consumer, Producer
 from sluice.errors import ConnectionClosed
+from sluice.harness import eventually
 
 
 async def _produce(bootstrap: str, values: list[bytes]) -> None:
     async with Producer(bootstrap) as producer:
         for v in values:
             await (await producer.send("orders", v, key=b"customer-42"))
-
-
-async def _until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def _scenario(broker, restart) -> None:
@@ -45,10 +39,12 @@ async def _scenario(broker, restart) -> None:
 
     task = asyncio.ensure_future(loop())
     try:
-        await _until(lambda: len(seen) == len(before) or task.done())
+        await eventually(lambda: len(seen) == len(before) or task.done(), 30, "the first records", interval=0.02)
         await asyncio.to_thread(restart)
         await _produce(broker.bootstrap, after)
-        await _until(lambda: len(seen) == len(before) + len(after) or task.done())
+        await eventually(
+            lambda: len(seen) == len(before) + len(after) or task.done(), 30, "every record", interval=0.02
+        )
         assert not task.done(), task.exception()
     finally:
         await consumer.close()

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from brokers import BrokerProcess, freeze
-from etcd import EtcdProcess
 from sluice.client import Admin, Producer
 from sluice.client.transport import Cluster
+from sluice.harness import BrokerProcess, EtcdProcess, freeze
 
 pytestmark = pytest.mark.timeout(120)
 

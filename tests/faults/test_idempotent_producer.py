@@ -5,15 +5,14 @@ stored (a fault-injecting proxy), across a broker SIGKILL and restart, sequences
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from proxy import FaultyProxy
 
-from brokers import free_port
 from sluice.client import Admin, Consumer, Producer
 from sluice.client.sequences import SEQUENCE_MOD, PartitionSequences
 from sluice.errors import ProducerFenced
+from sluice.harness import eventually, free_port
 from sluice.protocol.messages import Api
 
 DERIVED = 1 << 62
@@ -35,13 +34,6 @@ async def _read_all(bootstrap: str, topic: str, partition: int = 0) -> list[tupl
     return out
 
 
-async def _until(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 async def _lost_answers(broker, proxy_port: int, restart: bool) -> None:
     async with Admin(broker.bootstrap) as admin:
         await admin.create_topic("idem", partitions=1)
@@ -54,7 +46,7 @@ async def _lost_answers(broker, proxy_port: int, restart: bool) -> None:
             futs = []
             for i in range(5):  # several requests in flight; the first answer is lost
                 futs.append(await producer.send("idem", b"v%d" % i, partition=0))
-            await _until(lambda: proxy.lost == 1)
+            await eventually(lambda: proxy.lost == 1, 20, "the lost answer", interval=0.01)
             if restart:
                 broker.kill()  # SIGKILL: the producer state must come back from the log
                 broker.start()

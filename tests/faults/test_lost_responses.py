@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 from proxy import FaultyProxy
 
-from brokers import free_port
 from sluice.client import Admin, Consumer, Producer
 from sluice.errors import ConnectionClosed, DeliveryTimeout
+from sluice.harness import eventually, free_port
 from sluice.protocol.messages import Api
 
 
@@ -38,13 +38,6 @@ async def _stored(bootstrap: str, topic: str, offsets: dict | None = None) -> Co
     finally:
         await consumer.close()
     return got
-
-
-async def _until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def _scenario(broker, proxy_port: int) -> None:
@@ -79,7 +72,7 @@ async def _scenario(broker, proxy_port: int) -> None:
             proxy.refuse = True
             proxy.cut_all()
             conns = list(producer._cluster._conns.values())
-            await _until(lambda: all(c.closed for c in conns))
+            await eventually(lambda: all(c.closed for c in conns), 10, "every connection closed", interval=0.01)
             started = time.monotonic()
             fut = await producer.send("lost", b"never-sent", partition=0)
             with pytest.raises(DeliveryTimeout) as info:

@@ -53,9 +53,9 @@ import pytest
 from checker import check_reads, read_logs
 from replicated import NODES, SESSION_MS, ThreeBrokers, Workload, eventually
 
-from brokers import freeze
 from sluice.client import Consumer
 from sluice.errors import SluiceError
+from sluice.harness import freeze
 from sluice.storage import faults as disk_faults
 
 TOPIC = "nemesis"

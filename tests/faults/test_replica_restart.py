@@ -15,8 +15,8 @@ import pytest
 from checker import read_logs
 from replicated import eventually
 
-from brokers import freeze
 from sluice.client import Admin, Producer
+from sluice.harness import freeze
 from sluice.storage.checkpoint import read_offsets
 
 pytestmark = pytest.mark.timeout(180)

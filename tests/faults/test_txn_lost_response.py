@@ -7,9 +7,9 @@ import asyncio
 
 from proxy import FaultyProxy
 
-from brokers import free_port
 from sluice.client.transaction import LocalTransactionState as S
 from sluice.client.transaction import TransactionProducer
+from sluice.harness import free_port
 from sluice.protocol.messages import Api
 from txn_helpers import list_open, make_topic, read_all
 

@@ -12,19 +12,15 @@ import pytest
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncAdmin, SyncConsumer, SyncProducer
 from sluice.client.admin import OffsetReset
+from sluice.harness import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
 
 async def until(condition, what: str, timeout: float = 10, interval: float = 0.05):
-    """Poll the async ``condition`` until it returns a truthy value; that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(interval)
+    """Poll the async ``condition`` until it returns a truthy value; that value
+    (``sluice.harness.eventually``)."""
+    return await eventually(condition, timeout, what, interval=interval)
 
 
 async def fill(bootstrap: str, topic: str, values: list[bytes], partition: int = 0) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from brokers import BrokerProcess, free_port
+from sluice.harness import BrokerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -408,14 +408,9 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[i
 
 
 def wait_for(condition, timeout: float = 15, what: str = "condition"):
-    """Poll ``condition()`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    """Poll ``condition()`` until it returns something truthy; fail after ``timeout`` s
+    (``sluice.harness.wait_until``)."""
+    return wait_until(condition, timeout, what)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import pytest
 from test_admin import millisecond_after_now
 from test_cli import assert_error, json_lines, lines_in, ok
 
-from brokers import BrokerProcess
+from sluice.harness import BrokerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,11 +34,7 @@ def rows(out: str) -> list[list[str]]:
 
 
 def poll(check, what: str, timeout: float = 20):
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
+    return wait_until(check, timeout, what, interval=0.1)
 
 
 # ---------------------------------------------------------------------- groups

@@ -12,7 +12,7 @@ import sys
 import pytest
 from test_cli import assert_error, lines_in, ok
 
-from brokers import free_port
+from sluice.harness import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -160,7 +160,7 @@ def test_a_bad_partition_count_is_a_usage_error(shared_broker, cli, n):
 
 @pytest.fixture(scope="module")
 def shared_broker(tmp_path_factory):
-    from brokers import BrokerProcess
+    from sluice.harness import BrokerProcess
 
     d = tmp_path_factory.mktemp("conventions")
     b = BrokerProcess(d / "data", d / "broker.log").start()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from test_cli import assert_error, lines_in, ok
 
-from brokers import BrokerProcess
+from sluice.harness import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
 

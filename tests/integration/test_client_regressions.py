@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from brokers import freeze
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncConsumer
+from sluice.harness import freeze
 
 
 async def create(bootstrap: str, name: str, partitions: int = 1) -> None:

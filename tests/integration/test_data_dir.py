@@ -6,8 +6,8 @@ import asyncio
 import subprocess
 import sys
 
-from brokers import free_port
 from sluice.client import Consumer, Producer
+from sluice.harness import free_port
 
 
 def _serve(data_dir, port: int, timeout: float = 30) -> subprocess.CompletedProcess:

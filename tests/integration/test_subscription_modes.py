@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from brokers import freeze
 from sluice.client import Admin, Consumer, DelayedProducer, Producer, Subscriber
+from sluice.harness import freeze
 from sluice.protocol.subscriptions import TAG_HEADER, SubscriptionConfig
 from sub_helpers import NEVER_MS, describe, make_topic, wait_for
 

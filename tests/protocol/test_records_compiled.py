@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluice import native
 from sluice.errors import CorruptRecord
 from sluice.protocol import records, records_py
 from sluice.protocol.records import Record, build_batch, encode_record
@@ -39,7 +40,7 @@ def test_compiled_where_a_compiler_is():
     have_headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if not (have_cc and have_headers):
         pytest.skip("no C compiler or Python headers: the pure-Python codec runs")
-    if os.environ.get("SLUICE_PURE_PYTHON", "") not in ("", "0"):
+    if native.pure_python():
         pytest.skip("SLUICE_PURE_PYTHON is set")
     assert records.COMPILED
 

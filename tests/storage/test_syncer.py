@@ -8,10 +8,12 @@ import errno
 import os
 import shutil
 import sysconfig
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sluice import native
 from sluice.storage import syncer as syncer_module
 from sluice.storage.segment import Segment
 from sluice.storage.syncer import Syncer
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture(params=["native", "python"])
 def syncer(request):
     if request.param == "native" and syncer_module._csyncer is None:
-        pytest.skip("sluice._csyncer is not built")
+        pytest.skip("sluice._csyncer is not built or not used (SLUICE_PURE_PYTHON)")
     executor = ThreadPoolExecutor(2, thread_name_prefix="test-sync")
     s = Syncer(2, executor, native=request.param == "native")
     yield s
@@ -36,6 +38,8 @@ def test_native_where_a_compiler_is():
     have_headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if not (have_cc and have_headers):
         pytest.skip("no C compiler or Python headers: syncs run in Python threads")
+    if native.pure_python():
+        pytest.skip("SLUICE_PURE_PYTHON is set")
     assert syncer_module._csyncer is not None
 
 
@@ -78,6 +82,29 @@ async def test_the_caller_may_close_its_descriptor_meanwhile(syncer, tmp_path):
         assert await fut is None
     finally:
         os.close(other)
+
+
+async def test_the_python_fallback_syncs_what_it_was_given_when_the_thread_runs_late(tmp_path):
+    """The worker thread runs the sync only after the caller closed its descriptor and the
+    number went to a pipe (which fdatasync refuses): the sync is still of the file."""
+    executor = ThreadPoolExecutor(1, thread_name_prefix="test-sync")
+    busy = threading.Event()
+    executor.submit(busy.wait, 10)  # the only thread is busy until the descriptor is reused
+    s = Syncer(2, executor, native=False)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"data")
+    fut = s.fdatasync(fd)
+    os.close(fd)
+    r, w = os.pipe()
+    busy.set()
+    try:
+        assert r == fd or w == fd  # the number was reused
+        assert await fut is None
+    finally:
+        os.close(r)
+        os.close(w)
+        s.close()
+        executor.shutdown(wait=True)
 
 
 async def test_a_bad_descriptor_fails_at_once_or_in_the_future(syncer):

@@ -10,101 +10,70 @@
   ``--session-timeout-ms 1000`` (a dead broker's lease expires after 1 s).
 
 etcd is Debian's ``etcd`` (package ``etcd-server``), found on PATH or in /usr/bin; every
-process is started on free loopback ports in a temporary directory and stopped at the end,
-whatever happens.
+process is started by ``sluice.harness`` on free loopback ports in a temporary directory
+(its log there too) and stopped at the end, whatever happens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from sluice.bench import workloads as w
-from sluice.bench.runner import free_port, wait_port
 from sluice.client import Admin, Producer
 from sluice.client.transport import Cluster
+from sluice.harness import BrokerProcess, EtcdProcess, etcd_binary, eventually
 
 SESSION_TIMEOUT_MS = 1000
 BROKERS = 3
 
 
-def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, sig)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 class LocalCluster:
-    """One etcd and ``BROKERS`` brokers (node ids 1..n) on free loopback ports."""
+    """One etcd and ``BROKERS`` brokers (node ids 1..n) on free loopback ports, each with
+    its data and log under ``root`` (``sluice.harness``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.etcd: subprocess.Popen | None = None
-        self.brokers: dict[int, subprocess.Popen] = {}
-        self.ports = {n: free_port() for n in range(1, BROKERS + 1)}
-        self.etcd_port = free_port()
+        self.etcd = EtcdProcess(root / "etcd", root / "etcd.log", name="bench")
+        url = self.etcd.url("bench")
+        self.brokers = {
+            n: BrokerProcess(
+                root / f"broker{n}", root / f"broker{n}.log",
+                ["--node-id", str(n), "--cluster", url, "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
+                 "--leader-rebalance-interval-ms", "0"],
+                log_level="WARNING",
+            )
+            for n in range(1, BROKERS + 1)
+        }
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+        return ",".join(b.bootstrap for b in self.brokers.values())
 
     def start(self) -> LocalCluster:
-        binary = shutil.which("etcd") or "/usr/bin/etcd"
-        if not os.access(binary, os.X_OK):
-            raise RuntimeError("cluster workloads need etcd: install Debian's etcd-server")
-        client, peer = f"http://127.0.0.1:{self.etcd_port}", f"http://127.0.0.1:{free_port()}"
-        self.etcd = subprocess.Popen(
-            [binary, "--name", "bench", "--data-dir", str(self.root / "etcd"),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"bench={peer}", "--election-timeout", "500", "--heartbeat-interval", "50"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"{client}/health", timeout=1) as r:
-                if json.loads(r.read()).get("health") == "true":
-                    break
-            if self.etcd.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("etcd did not become healthy")
-            time.sleep(0.05)
-        for n in self.ports:
+        try:
+            etcd_binary()
+        except RuntimeError:
+            raise RuntimeError("cluster workloads need etcd: install Debian's etcd-server") from None
+        self.etcd.start()
+        for n in self.brokers:
             self.start_broker(n)
         return self
 
     def start_broker(self, node: int) -> None:
-        port = self.ports[node]
-        self.brokers[node] = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli.main", "serve", "--node-id", str(node),
-             "--cluster", f"etcd://127.0.0.1:{self.etcd_port}/bench", "--data-dir", str(self.root / f"broker{node}"),
-             "--port", str(port), "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
-             "--leader-rebalance-interval-ms", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        wait_port(port, self.brokers[node], f"broker {node}")
+        self.brokers[node].start()
 
     def kill(self, node: int) -> None:
-        _stop(self.brokers.get(node), signal.SIGKILL)
+        self.brokers[node].kill()
 
     def stop(self) -> None:
-        for proc in self.brokers.values():
-            _stop(proc)
-        _stop(self.etcd)
+        for broker in self.brokers.values():
+            broker.stop(strict=False)
+        self.etcd.kill()
 
 
 @contextlib.contextmanager
@@ -127,15 +96,8 @@ async def _partition_state(bootstrap: str, topic: str, index: int):
 
 
 async def _until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(Exception):
-            result = await check()
-            if result:
-                return result
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not reached within {timeout} s")
-        await asyncio.sleep(0.05)
+    """``sluice.harness.eventually`` where any error while polling counts as "not yet"."""
+    return await eventually(check, timeout, what, ignore=(Exception,))
 
 
 async def _in_sync(bootstrap: str, topic: str, index: int = 0):

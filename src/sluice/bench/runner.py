@@ -1,8 +1,8 @@
 """``sluice bench``: start a broker (unless given one), run workloads, print result rows.
 
-The broker runs as a separate process (its own session, so its whole process group's CPU is
-measured) on a free loopback port with a temporary data directory, and is stopped with
-SIGTERM at the end, whatever happens.
+The broker runs as a separate process (``sluice.harness``: its own session, so its whole
+process group's CPU is measured) on a free loopback port with a temporary data directory,
+and is stopped with SIGTERM at the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from importlib.metadata import version as _pkg_version
+from pathlib import Path
 
 import psutil
 
 from sluice import errors
 from sluice.bench import workloads as w
+from sluice.harness import BrokerProcess
 
 ALL = ["P1-100B", "P1-1KiB", "P2-1KiB", "C1", "L1", "L1-fsync"]
 # P1 with one send() per record (asyncio), and with SyncProducer.send from a plain loop
@@ -64,47 +62,18 @@ class CpuMeter:
         return f"client_cpu={client:.0f}% server_cpu={server:.0f}%"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
-    """Return once ``proc`` listens on loopback ``port``; ``RuntimeError`` if it exits
-    first (with its last stderr, when piped) or does not listen within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            said = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-            raise RuntimeError(f"{what} exited with {proc.returncode}: {said}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not listen within {timeout} s")
-        time.sleep(0.05)
-
-
 @contextlib.contextmanager
 def broker_process():
-    """A broker on a free port with a temporary data dir; yields (bootstrap, pid)."""
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as data:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli.main", "serve", "--data-dir", data, "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-        )
+    """A broker (``sluice.harness.BrokerProcess``) on a free port with a temporary data dir
+    and log file; yields (bootstrap, pid).  Stopped with SIGTERM (SIGKILL after 30 s) on the
+    way out, whatever happens."""
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as root:
+        broker = BrokerProcess(Path(root) / "data", Path(root) / "broker.log", log_level="WARNING")
         try:
-            wait_port(port, proc, "broker")
-            yield f"127.0.0.1:{port}", proc.pid
+            broker.start()
+            yield broker.bootstrap, broker.pid
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            broker.stop(strict=False)
 
 
 def _run_one(name: str, bootstrap: str, meter: CpuMeter) -> w.Row:

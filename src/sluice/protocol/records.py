@@ -41,7 +41,6 @@ Record (varints are zig-zag encoded, as in Kafka and protobuf ``sint``)::
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -49,6 +48,7 @@ from typing import NamedTuple
 import crc32c as _crc32c
 import msgspec
 
+from sluice import native
 from sluice.errors import CorruptRecord, ProtocolError
 from sluice.protocol import records_py
 from sluice.protocol.records_py import (  # noqa: F401 - varints are part of this module's API
@@ -99,27 +99,13 @@ _ABI_VERSION = 11  # the version of sluice._crecords this module calls (see _cre
 
 
 def _compiled():
-    """The compiled codec (``sluice._crecords``), or None: not built, built from another
-    version of its source (reinstall to rebuild it), or turned off with
+    """The compiled codec (``sluice._crecords``, chosen by ``sluice.native``), or None: not
+    built, built from another version of its source, or turned off with
     ``SLUICE_PURE_PYTHON=1``.  The pure-Python functions here are its reference."""
-    if os.environ.get("SLUICE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from sluice import _crecords
-    except ImportError:
-        return None
-    if getattr(_crecords, "ABI_VERSION", None) != _ABI_VERSION:
-        import warnings
-
-        warnings.warn(
-            "sluice._crecords was built from another version of its source: the pure-Python "
-            "record codec runs instead (reinstall sluice to rebuild it)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    _crecords.init(CorruptRecord)
-    return _crecords
+    module = native.load("_crecords", _ABI_VERSION)
+    if module is not None:
+        module.init(CorruptRecord)
+    return module
 
 
 _C = _compiled()

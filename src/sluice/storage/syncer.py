@@ -5,7 +5,8 @@ the event loop.  Through a Python worker thread it costs two thread hops that ea
 the GIL, held by the loop while it works — on a busy machine as long as the fdatasync
 itself.  ``Syncer`` hands the file descriptor to native threads that run no Python
 (``sluice._csyncer``) and learns of each result through an eventfd the loop polls; where
-that extension is not built, it falls back to the given executor.
+that extension is not built or is turned off (``sluice.native``: ``SLUICE_PURE_PYTHON=1``),
+it falls back to the given executor.
 
 The partition writer's appends go the same way (``append``): a write to the page cache costs
 microseconds, but on the event loop a disk that hangs (a frozen file system) would stop the
@@ -25,13 +26,12 @@ import asyncio
 import os
 from concurrent.futures import Executor
 
+from sluice.native import load as load_extension
 from sluice.storage import faults
 from sluice.storage.segment import Segment
 
-try:
-    from sluice import _csyncer
-except ImportError:  # not built (no C compiler at install): Python threads do it
-    _csyncer = None
+# None when not built (no C compiler at install) or with SLUICE_PURE_PYTHON: Python threads do it
+_csyncer = load_extension("_csyncer")
 
 
 class Syncer:
@@ -58,9 +58,9 @@ class Syncer:
             raise RuntimeError("the syncer is closed")
         loop = asyncio.get_running_loop()
         if faults.injector is not None:  # a test's rules decide first, in a worker thread
-            return loop.run_in_executor(self._fallback, _checked_fdatasync, fd, path)
+            return self._on_a_copy(loop, _checked_fdatasync, fd, path)
         if not self._use_native:
-            return loop.run_in_executor(self._fallback, os.fdatasync, fd)
+            return self._on_a_copy(loop, _fdatasync, fd, path)
         fut, token = self._submitted(loop)
         self._native.submit(fd, token)  # OSError (EBADF, EMFILE) raised here
         self._waiting[token] = fut
@@ -81,6 +81,17 @@ class Syncer:
         self._native.submit_write(segment.fileno, token, buffers, segment.size, sync)
         self._waiting[token] = fut
         return fut
+
+    def _on_a_copy(self, loop: asyncio.AbstractEventLoop, sync, fd: int, path) -> asyncio.Future:
+        """``sync(copy of fd, path)`` in the fallback executor.  The copy is made now, as
+        the native threads' submission makes one: the caller may close ``fd`` meanwhile,
+        and its number, reused, must not be what the thread syncs."""
+        copy = os.dup(fd)  # OSError (EBADF) raised here
+        try:
+            return loop.run_in_executor(self._fallback, _closing, sync, copy, path)
+        except BaseException:
+            os.close(copy)
+            raise
 
     def _submitted(self, loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future, int]:
         """A future and a token for the next native job (starting the threads first)."""
@@ -123,6 +134,18 @@ def _append_blocking(segment: Segment, buffers: list, total: int, sync: bool) ->
         except OSError:
             os.ftruncate(segment.fileno, segment.size)
             raise
+
+
+def _closing(sync, fd: int, path: str | os.PathLike) -> None:
+    """``sync(fd, path)``, then close ``fd`` (a copy made for this sync)."""
+    try:
+        sync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def _fdatasync(fd: int, path: str | os.PathLike) -> None:
+    os.fdatasync(fd)
 
 
 def _checked_fdatasync(fd: int, path: str | os.PathLike) -> None:
