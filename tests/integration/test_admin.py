@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import timedelta, timezone
 
 import pytest
 
+from clock import millisecond_after_now
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncAdmin, SyncConsumer, SyncProducer
 from sluice.client.admin import OffsetReset
@@ -26,15 +27,6 @@ async def until(condition, what: str, timeout: float = 10, interval: float = 0.0
 async def fill(bootstrap: str, topic: str, values: list[bytes], partition: int = 0) -> None:
     async with Producer(bootstrap, linger_ms=0) as producer:
         await (await producer.send_many(topic, values, partition=partition))
-
-
-def millisecond_after_now() -> datetime:
-    """A time on a millisecond boundary after every broker timestamp given so far, once the
-    clock has passed it: messages written from now on are stamped at or after it."""
-    cut_ms = int(time.time() * 1000) + 1
-    while int(time.time() * 1000) <= cut_ms:
-        pass
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=cut_ms)
 
 
 # ---------------------------------------------------------------------- topic config

@@ -8,9 +8,10 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from test_cli import assert_error, lines_in, ok
 
 from sluice.harness import BrokerProcess
+
+from .test_cli import assert_error, lines_in, ok
 
 pytestmark = pytest.mark.timeout(120)
 

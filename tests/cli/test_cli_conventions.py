@@ -12,7 +12,8 @@ import signal
 import subprocess
 
 import pytest
-from test_cli import (
+
+from .test_cli import (
     assert_usage_error,
     committed,
     json_lines,

@@ -9,7 +9,6 @@ import logging
 import time
 
 import pytest
-from test_client import check_error, create
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, SyncProducer
@@ -17,6 +16,8 @@ from sluice.client.subscriber import Subscriber
 from sluice.client.transport import Connection
 from sluice.protocol import messages
 from sub_helpers import make_topic
+
+from .test_client import check_error, create
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,7 @@ import os
 import pty
 import subprocess
 
-from test_cli import assert_error, json_lines, ok, running, sluice_cmd, wait_for
+from .test_cli import assert_error, json_lines, ok, running, sluice_cmd, wait_for
 
 # ---------------------------------------------------------------------- streaming input
 

@@ -8,10 +8,11 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from test_admin import millisecond_after_now
-from test_cli import assert_error, json_lines, lines_in, ok
 
+from clock import millisecond_after_now
 from sluice.harness import BrokerProcess, wait_until
+
+from .test_cli import assert_error, json_lines, lines_in, ok
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import assert_error, lines_in, ok
 
 from sluice.harness import free_port
+
+from .test_cli import assert_error, lines_in, ok
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_cli import assert_error, json_lines
 
+from cli.test_cli import assert_error, json_lines
 from sluice import errors
 from sluice.bench import workloads as w
 from sluice.bench.runner import CpuMeter
