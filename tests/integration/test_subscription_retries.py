@@ -105,7 +105,7 @@ async def test_at_the_acked_ranges_bound_reading_stops_and_says_why(broker):
     """Every other message acked, the rest held: at 10,000 acked ranges the broker reads
     no new message (describe's ``stalled``, a warning in its log), and once the held ones
     are acked it reads on and delivers the rest."""
-    from sluice.broker.subscriptions.delivery import MAX_ACKED_RANGES
+    from sluice.broker.subscriptions.ledger import MAX_ACKED_RANGES
 
     bs = broker.bootstrap
     await make_topic(bs)

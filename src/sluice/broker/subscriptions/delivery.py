@@ -1,8 +1,10 @@
 """One subscription on one partition led here: the delivery state machine.
 
-``Cursor`` (cursor.py): the durable part — ``confirmed`` (every offset below is
-settled) and the acked ranges above it.  ``SubscriptionPartition``: the cursor plus
-what only the leader keeps in memory —
+``SubscriptionPartition`` reads the partition's log and pushes deliveries to the
+consumers' sessions (session.py) while they have credit, in turns; its books are a
+``Ledger`` (ledger.py): the cursor (cursor.py), the durable part — ``confirmed`` (every
+offset below is settled) and the acked ranges above it — plus what only the leader keeps
+in memory —
 
 - ``next_read``: the first offset not delivered yet (starts at ``confirmed`` after a load:
   what was in flight before a crash or a leader change is delivered again; ``catch_up``
@@ -21,7 +23,7 @@ what only the leader keeps in memory —
 Batches no reader sees (half messages, control batches — the subscription records among
 them) are settled as they are read, so ``confirmed`` passes them.
 
-Bounds: in flight is bounded by the consumers' prefetch; acked ranges by
+Bounds (ledger.py): in flight is bounded by the consumers' prefetch; acked ranges by
 ``MAX_ACKED_RANGES``: at the bound, no new message is read (``stalled`` says so in
 describe) until acks below close gaps — ack state is never dropped.  Retries are offset
 ranges, and every one is a gap in the acked ranges above ``confirmed``, so that bound
@@ -43,15 +45,13 @@ import time
 from typing import Protocol
 
 from sluice.broker.subscriptions.cursor import Cursor
-from sluice.broker.subscriptions.in_flight import InFlight, Unit
-from sluice.broker.subscriptions.keys import KeyOrder
-from sluice.broker.subscriptions.retries import Retries, Retry, failed_counts
-from sluice.broker.subscriptions.selection import pick
+from sluice.broker.subscriptions.ledger import Ledger
+from sluice.broker.subscriptions.retries import Retry
 from sluice.broker.subscriptions.session import Session
 from sluice.errors import BrokerError, NotLeader
 from sluice.protocol import messages as m
-from sluice.protocol.ranges import Pairs, RangeSet, count, first
-from sluice.protocol.records import HIDDEN_BITS, decode_batch, iter_batches
+from sluice.protocol.ranges import Pairs, RangeSet, first
+from sluice.protocol.records import HIDDEN_BITS, iter_batches
 from sluice.protocol.subscriptions import CursorState, SubscriptionConfig
 from sluice.storage.log import OutOfRange
 
@@ -59,9 +59,6 @@ log = logging.getLogger("sluice.broker.subscriptions")
 
 READ_BYTES = 1024 * 1024
 PEEK_BYTES = 64 * 1024  # read with no consumer ready: only to pass what none would be handed
-MAX_ACKED_RANGES = 10_000
-MAX_WAITING = 100_000  # key-ordered: messages held behind their keys before reading stops
-MAX_RETRIES = 100_000  # pending redeliveries before reading stops
 DEAD_LETTER_RETRY_S = 1.0  # after a failed dead-letter write
 
 
@@ -88,109 +85,70 @@ class Owner(Protocol):
 
 class SubscriptionPartition:
     """See the module docstring.  ``owner`` (``Owner``) is the partition's
-    ``PartitionSubscriptions`` (partition.py): the partition, persistence, dead letters."""
+    ``PartitionSubscriptions`` (partition.py): the partition, persistence, dead letters;
+    ``state`` the cursor record it was loaded from (or created with)."""
 
     def __init__(self, owner: Owner, state: CursorState) -> None:
         self.owner = owner
         self.part = owner.part
         self.name = state.name
         self.config: SubscriptionConfig = state.config
-        self.cursor = Cursor(state.confirmed, state.acked)
-        self.dead_lettered = state.dead_lettered
-        self.expired = state.expired
-        self.created_ms = state.created_ms
-        self.next_read = self.cursor.confirmed
+        self._ledger = Ledger(state, self.part.topic, self.part.index, self._dirty)
         self.sessions: list[Session] = []
         self._rr = 0
-        self._out = InFlight()
-        self._retries = Retries()
-        self._dead_lettering = 0  # messages being copied to the dead-letter topic
-        # offsets of retries read from the cursor record, above next_read: the first read
-        # after a load passes them without delivering them as new messages
-        self._restored = RangeSet()
-        now_ms, mono = time.time() * 1000, time.monotonic()
-        for a, b, attempt, due_ms in state.retries:
-            ranges = self.cursor.unsettled(a, b)  # journal entries outlive their acks
-            if not ranges:
-                continue
-            for x, y in ranges:
-                self._restored.add(x, y)
-            self._retries.restore(ranges, attempt, mono + max(0.0, due_ms - now_ms) / 1000)
-        self._keys = KeyOrder()  # key-ordered mode: messages held behind their key's one out
-        self._seeks = 0  # seeks so far: a read begun before one is stale when it returns
         self._stalled_logged = False
         self._wake = asyncio.Event()
         self._pump_task: asyncio.Task | None = None
         self.closed = False
 
-    # ------------------------------------------------------------------ state
+    @property
+    def cursor(self) -> Cursor:
+        return self._ledger.cursor
+
+    @property
+    def next_read(self) -> int:
+        return self._ledger.next_read
+
+    @property
+    def dead_lettered(self) -> int:
+        return self._ledger.dead_lettered
 
     def state(self, full: bool = False) -> CursorState:
-        """The record to write: with every pending retry when ``full`` (or when the
-        journal was lost), else with those scheduled since the last record."""
-        unsettled = self.cursor.unsettled
-        full = full or self._retries.journal_lost
-        if full:
-            now_ms, mono = time.time() * 1000, time.monotonic()
-            entries = self._in_flight_entries(int(now_ms))
-            entries += self._retries.all_entries(now_ms, mono)
-        else:
-            entries = self._retries.take_journal()
-        return CursorState(
-            name=self.name, config=self.config, confirmed=self.cursor.confirmed, acked=self.cursor.acked.pairs(),
-            retries=[(x, y, n, due) for a, b, n, due in entries for x, y in unsettled(a, b)], full=full,
-            dead_lettered=self.dead_lettered, expired=self.expired, created_ms=self.created_ms,
-        )
-
-    def _in_flight_entries(self, now_ms: int) -> list[tuple[int, int, int, int]]:
-        """Journal entries of the deliveries out now, each counted as failed and due at
-        once: what a broker that stops before they are settled leaves behind, as a consumer
-        gone does (``_requeue``).  A full record replaces the journal, so without them a
-        retry out at attempt N when it is written would come back after a crash as a new
-        message, its count started again — and ``max_attempts`` would never be reached.
-        Acks and later failures override them (the acked ranges and later entries)."""
-        return [
-            (a, b, n, now_ms)
-            for u in self._out.units()
-            for ranges, n in self._failed_counts(u.want.pairs(), u.attempt) if n > 0
-            for a, b in ranges
-        ]
+        """The record to write (``Ledger.state``)."""
+        return self._ledger.state(full)
 
     def unwritten(self) -> None:
         """The record ``state()`` gave was not written: the next one holds every retry."""
-        self._retries.lose_journal()
+        self._ledger.unwritten()
 
     def in_flight(self) -> int:
-        return self._out.count()
+        return self._ledger.in_flight()
 
     def retrying(self) -> int:
-        unsettled = self.cursor.unsettled
-        return sum(count(unsettled(a, b)) for r in self._retries for a, b in r.ranges) + self._dead_lettering
+        return self._ledger.retrying()
 
-    @property
-    def stalled(self) -> str:
-        if len(self.cursor.acked) >= MAX_ACKED_RANGES:
-            return f"ack state full: {len(self.cursor.acked)} acked ranges above offset {self.cursor.confirmed}"
-        if self._keys.waiting >= MAX_WAITING:
-            return f"{self._keys.waiting} messages wait behind their keys"
-        if len(self._retries) >= MAX_RETRIES:
-            return f"{len(self._retries)} redeliveries pending"
-        return ""
+    def settle(self, req: m.AckPartition) -> None:
+        """Apply a consumer's acks, nacks, touches and releases (see messages.AckPartition)."""
+        self._ledger.settle(req, self.part.high_watermark)
+        self.wake()
+
+    # ------------------------------------------------------------------ state
 
     def info(self) -> m.SubscriptionPartitionInfo:
-        if self.next_read < self.part.log_start_offset:  # retention ran: count what it took now
-            self._expire_below(self.part.log_start_offset)
+        ledger = self._ledger
+        if ledger.next_read < self.part.log_start_offset:  # retention ran: count what it took now
+            ledger.expire_below(self.part.log_start_offset)
             self.wake()  # keys released may let retries go
         hw = self.part.high_watermark
-        settled_above = self.cursor.acked.count()
+        settled_above = ledger.cursor.acked.count()
         return m.SubscriptionPartitionInfo(
             subscription=self.name, partition=self.part.index, config=self.config,
-            confirmed=self.cursor.confirmed, next_read=self.next_read, high_watermark=hw,
-            backlog=max(0, hw - self.cursor.confirmed - settled_above - self.owner.records_unsettled(self.cursor)),
-            acked_ranges=len(self.cursor.acked),
-            in_flight=self.in_flight(), retrying=self.retrying(), waiting=self._keys.waiting,
-            dead_lettered=self.dead_lettered,
-            expired=self.expired, consumers=len(self.sessions), stalled=self.stalled,
+            confirmed=ledger.cursor.confirmed, next_read=ledger.next_read, high_watermark=hw,
+            backlog=max(0, hw - ledger.cursor.confirmed - settled_above - self.owner.records_unsettled(ledger.cursor)),
+            acked_ranges=len(ledger.cursor.acked),
+            in_flight=ledger.in_flight(), retrying=ledger.retrying(), waiting=ledger.keys.waiting,
+            dead_lettered=ledger.dead_lettered,
+            expired=ledger.expired, consumers=len(self.sessions), stalled=ledger.stalled,
         )
 
     def _dirty(self) -> None:
@@ -225,7 +183,7 @@ class SubscriptionPartition:
         for s in self.sessions:
             s.end(self.part.index, exc)
         self.sessions.clear()
-        self._out.clear()
+        self._ledger.out.clear()
 
     def attach(self, session: Session) -> None:
         if session not in self.sessions:
@@ -237,123 +195,24 @@ class SubscriptionPartition:
         """The session's connection is gone: what it holds is redelivered at once."""
         if session in self.sessions:
             self.sessions.remove(session)
-        now = time.monotonic()
-        for unit in [u for u in self._out.units() if u.session is session]:
-            self._out.drop(unit)
-            self._requeue(unit.want.pairs(), unit.attempt, now, "consumer disconnected")
+        self._ledger.give_back(session)
         self.wake()
 
     def seek(self, offset: int) -> None:
         """Everything from ``offset`` on is unsettled and undelivered; the rest settled."""
-        for u in self._out.units():
-            u.session.credit_freed(u.want.count())
-        self._out.clear()
-        self._retries.clear()  # the seek's record holds every retry: none
-        self._keys.clear()
-        self._restored = RangeSet()
-        self.cursor.reset(offset)
-        self.next_read = offset
-        self._seeks += 1
-        self._dirty()
+        self._ledger.seek(offset)
         self.wake()
-
-    # ------------------------------------------------------------------ settling
-
-    def settle(self, req: m.AckPartition) -> None:
-        """Apply a consumer's acks, nacks, touches and releases (see messages.AckPartition)."""
-        now = time.monotonic()
-        lo, hi = self.cursor.confirmed, self.next_read
-        # an ack counts for any stored offset: after a restart or a leader change the acks
-        # of what the old leader delivered arrive before the new one has read that far
-        stored = self.part.high_watermark
-        for a, b in req.acks:
-            a, b = max(a, lo), min(b, stored)
-            if a >= b:
-                continue
-            if self.cursor.ack(a, b):
-                self._dirty()
-                self._release_keys(a, b)
-            for unit in self._out.overlapping(a, b):
-                n = unit.want.remove(a, b)
-                if n:
-                    unit.session.credit_freed(n)
-                    if not unit.want:
-                        self._out.drop(unit)
-        delay = req.nack_delay_ms
-        for pairs, counted in ((req.nacks, True), (req.releases, False)):
-            for a, b in pairs:
-                for unit in self._out.overlapping(max(a, lo), min(b, hi)):
-                    if not counted:
-                        # a consumer hands messages back as it shuts down: given back to it
-                        # now, they would count as an attempt once its connection goes
-                        unit.session.draining = True
-                    taken = self._take(unit, a, b)
-                    if not taken:
-                        continue
-                    reason = req.reason or ("nacked" if counted else "released")
-                    if not counted:
-                        self._retry(taken, unit.attempt - 1, now, reason)
-                        continue
-                    if delay >= 0:
-                        due = now + delay / 1000
-                    else:
-                        due = now + self.config.backoff_ms(unit.attempt) / 1000
-                    self._requeue(taken, unit.attempt, due, reason, failed=(a, b))
-        for a, b in req.touches:
-            for unit in self._out.overlapping(a, b):
-                self._out.touch(unit, now + self.config.ack_timeout_ms / 1000)
-        self.wake()
-
-    def _take(self, unit: Unit, a: int, b: int) -> Pairs:
-        """Take ``[a, b)`` out of a unit for a retry; ordered mode takes everything of the
-        unit from ``a`` on (the messages after a failed one wait for it)."""
-        if self.config.mode == "ordered":
-            b = unit.end
-        taken = unit.want.overlap(a, b)
-        n = sum(y - x for x, y in taken)
-        if not n:
-            return []
-        for x, y in taken:
-            unit.want.remove(x, y)
-        unit.session.credit_freed(n)
-        if not unit.want:
-            self._out.drop(unit)
-        return taken
-
-    def _requeue(
-        self, ranges: Pairs, attempt: int, due: float, reason: str, failed: tuple[int, int] | None = None
-    ) -> None:
-        """Retry ``ranges`` of a delivery that failed at ``attempt`` (``_failed_counts``) at
-        ``due``; those whose last attempt it was are due now: dead-lettered with no backoff
-        (an ordered partition would wait one for nothing)."""
-        last = self.config.max_attempts
-        for part, n in self._failed_counts(ranges, attempt, failed):
-            self._retry(part, n, min(due, time.monotonic()) if last and n >= last else due, reason)
-
-    def _failed_counts(self, ranges: Pairs, attempt: int, failed: tuple[int, int] | None = None):
-        return failed_counts(ranges, attempt, self.config.mode == "ordered", failed)
-
-    def _retry(self, ranges: Pairs, attempt: int, due: float, reason: str) -> None:
-        if self._retries.schedule(ranges, attempt, due, reason):
-            self._dirty()  # journaled: attempt counts and due times survive a restart
-
-    def _expire(self, now: float) -> None:
-        """Units past their deadline go back for redelivery after the backoff."""
-        for unit in self._out.expired(now):
-            n = unit.want.count()
-            unit.session.credit_freed(n)
-            due = now + self.config.backoff_ms(unit.attempt) / 1000
-            self._requeue(unit.want.pairs(), unit.attempt, due, "ack timeout")
 
     # ------------------------------------------------------------------ delivering
 
     async def _pump(self) -> None:
         """Deliver: due retries first, then new messages, while consumers have credit."""
+        ledger = self._ledger
         part = self.part
         while not self.closed:
             self._wake.clear()
             now = time.monotonic()
-            self._expire(now)
+            ledger.expire(now)
             try:
                 await self._deliver_retries(now)
                 await self._deliver_new()
@@ -368,11 +227,11 @@ class SubscriptionPartition:
                 continue
             # a retry due already waits for credit or for the one out before it (ordered):
             # a settle, freed credit or a new consumer wakes this, not a timer
-            nxt = self._next_retry()
-            first = self._out.next_deadline()
+            nxt = ledger.next_retry()
+            first = ledger.out.next_deadline()
             wake_at = ([] if first is None else [first]) + ([nxt.due] if nxt and nxt.due > now else [])
             timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
-            if self.next_read >= part.high_watermark:
+            if ledger.next_read >= part.high_watermark:
                 part.add_waiter(self._wake.set)
             try:
                 async with asyncio.timeout(timeout):
@@ -385,7 +244,7 @@ class SubscriptionPartition:
     def _note_stall(self) -> None:
         """Log when reading stops at a bound, and when it goes on (describe's ``stalled``
         says the same)."""
-        reason = self.stalled
+        reason = self._ledger.stalled
         if bool(reason) != self._stalled_logged:
             self._stalled_logged = bool(reason)
             where = f"subscription {self.name} of {self.part.topic}-{self.part.index}"
@@ -406,51 +265,45 @@ class SubscriptionPartition:
                 s.conn.on_writable(self.wake)
         return None
 
-    def _ordered_busy(self) -> bool:
-        """Ordered mode: a message is out (in flight, or being dead-lettered): nothing
-        behind it goes until it is settled."""
-        return self.config.mode == "ordered" and (bool(self._out) or self._dead_lettering > 0)
-
-    def _next_retry(self) -> Retry | None:
-        return self._retries.next(self.config.mode == "ordered")
-
     async def _deliver_retries(self, now: float) -> None:
-        while not self.closed and (r := self._next_retry()) is not None:
-            ranges = [p for a, b in r.ranges for p in self.cursor.unsettled(a, b)]
+        ledger = self._ledger
+        while not self.closed and (r := ledger.next_retry()) is not None:
+            ranges = [p for a, b in r.ranges for p in ledger.cursor.unsettled(a, b)]
             if not ranges:
-                self._retries.pop(r)
+                ledger.retries.pop(r)
                 for a, b in r.ranges:  # settled meanwhile (seek, retention): their keys go on
-                    self._release_keys(a, b)
+                    ledger.release_keys(a, b)
                 continue
             if r.due > now:
                 return
             if self.config.max_attempts and r.attempt >= self.config.max_attempts:
-                self._retries.pop(r)
+                ledger.retries.pop(r)
                 self._dead_letter(ranges, r)
                 continue
-            if self._ordered_busy():
+            if ledger.ordered_busy():
                 return
             session = self._ready_session()
             if session is None:
                 return
-            self._retries.pop(r)
+            ledger.retries.pop(r)
             await self._deliver_ranges(session, ranges, r.attempt + 1, r.reason)
 
     async def _deliver_ranges(self, session: Session, ranges: Pairs, attempt: int, reason: str) -> None:
         """Deliver the stored batches holding ``ranges`` to ``session``, as many messages as
         its credit takes; the rest wait as a retry due now, their attempt not counted."""
+        ledger = self._ledger
         pending = RangeSet(ranges)
         deliveries, attachments = [], []
-        seeks = self._seeks
+        seeks = ledger.seeks
         credit = session.prefetch - session.outstanding
         while pending and credit > 0:
             start = pending.starts[0]
             if start < self.part.log_start_offset:
-                self._expire_below(self.part.log_start_offset)
+                ledger.expire_below(self.part.log_start_offset)
                 pending.remove(start, self.part.log_start_offset)
                 continue
             data = (await self.part.read(start, READ_BYTES, self.part.high_watermark)).data
-            if self.closed or self._seeks != seeks:
+            if self.closed or ledger.seeks != seeks:
                 return  # a seek forgot these ranges (and what was handed out of them) meanwhile
             moved = False
             for h, pos in iter_batches(data, check_crc=False):
@@ -464,14 +317,14 @@ class SubscriptionPartition:
                 if want:
                     credit -= want.count()
                     mv = memoryview(data)[pos:pos + h.size]
-                    self._hand_out(session, h.base_offset, h.next_offset, mv, want, attempt, deliveries, attachments)
+                    ledger.hand_out(session, h.base_offset, h.next_offset, mv, want, attempt, deliveries, attachments)
             if not moved:
                 break
         self._push(session, deliveries, attachments)
         if pending and credit <= 0:  # the rest when there is credit again
-            self._retry(pending.pairs(), attempt - 1, time.monotonic(), reason)
+            ledger.retry(pending.pairs(), attempt - 1, time.monotonic(), reason)
         elif pending:  # not readable now (a new leader below its high watermark): later
-            self._retry(pending.pairs(), attempt - 1, time.monotonic() + DEAD_LETTER_RETRY_S, "not readable")
+            ledger.retry(pending.pairs(), attempt - 1, time.monotonic() + DEAD_LETTER_RETRY_S, "not readable")
 
     async def _deliver_new(self) -> None:
         """Read on from ``next_read`` and hand out while a consumer has credit.  With or
@@ -479,24 +332,25 @@ class SubscriptionPartition:
         and messages filtered out (settled as they pass; the hidden ones not written down
         on their own: a reload skips them again), restored retries, messages waiting
         behind their keys; it stops at the first message to hand out."""
+        ledger = self._ledger
         part = self.part
         ordered = self.config.mode == "ordered"
         # ordered: a message waiting for its redelivery goes before anything new
-        while not self.closed and not self._ordered_busy() and not (ordered and self._retries) and not self.stalled:
+        while not self.closed and not ledger.ordered_busy() and not (ordered and ledger.retries) and not ledger.stalled:
             hw = part.high_watermark
-            if self.next_read < part.log_start_offset:
-                self._expire_below(part.log_start_offset)
-            if self.next_read >= hw:
+            if ledger.next_read < part.log_start_offset:
+                ledger.expire_below(part.log_start_offset)
+            if ledger.next_read >= hw:
                 return
             session = self._ready_session()
-            seeks = self._seeks
+            seeks = ledger.seeks
             try:
-                data = (await part.read(self.next_read, READ_BYTES if session else PEEK_BYTES, hw)).data
+                data = (await part.read(ledger.next_read, READ_BYTES if session else PEEK_BYTES, hw)).data
             except OutOfRange:
                 continue  # retention moved the log start: expire and read again
             if self.closed:
                 return
-            if self._seeks != seeks:
+            if ledger.seeks != seeks:
                 # read from before a seek: taken from the new next_read, its batches would
                 # settle (hidden ones) or hand out (the client acking what they lack)
                 # everything from the seek's offset up to them
@@ -505,25 +359,25 @@ class SubscriptionPartition:
             out_of_credit = False
             try:
                 for h, pos in iter_batches(data, check_crc=False):
-                    lo, hi = self.next_read, h.next_offset
+                    lo, hi = ledger.next_read, h.next_offset
                     if hi <= lo:
                         continue
                     if h.attributes & HIDDEN_BITS or not h.records_count:
-                        self.cursor.ack(lo, hi)
-                        self.next_read = hi
+                        ledger.cursor.ack(lo, hi)
+                        ledger.next_read = hi
                         continue
-                    if self._ordered_busy():
+                    if ledger.ordered_busy():
                         return
                     credit = session.prefetch - session.outstanding if session is not None and session.ready else 0
-                    want, self.next_read = self._select(data, h, pos, lo, hi, credit)
+                    want, ledger.next_read = ledger.select(data, h, pos, lo, hi, credit)
                     if want:
                         mv = memoryview(data)[pos:pos + h.size]
-                        self._hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
-                    if self.next_read < hi:  # the consumer's credit ended inside the batch
+                        ledger.hand_out(session, h.base_offset, hi, mv, want, 1, deliveries, attachments)
+                    if ledger.next_read < hi:  # the consumer's credit ended inside the batch
                         out_of_credit = True
                         break
-                if self._restored:  # read past: those come as redeliveries only
-                    self._restored.pop_below(self.next_read)
+                if ledger.restored:  # read past: those come as redeliveries only
+                    ledger.restored.pop_below(ledger.next_read)
             finally:
                 if session is not None:
                     self._push(session, deliveries, attachments)
@@ -532,47 +386,6 @@ class SubscriptionPartition:
             # else another consumer has credit: the one chosen filled up (while the read
             # ran, say, from another partition's deliveries), and only its own credit
             # coming back would have woken this pump
-
-    def _select(self, data, h, pos: int, lo: int, hi: int, limit: int) -> tuple[RangeSet, int]:
-        """The offsets of the batch from ``lo`` to deliver now, at most ``limit`` (0: none,
-        no consumer has credit), and the offset to read on from: ``hi``, or the first one
-        to deliver past the limit.  Only with a tag filter or in key-ordered mode are its
-        records decoded (selection.py): filtered ones are settled, and a key's messages
-        behind one already out wait for it (``_release_keys``)."""
-        want = RangeSet(self.cursor.unsettled(lo, hi))
-        restored = RangeSet()  # waiting for their redelivery, with their attempt counts
-        if self._restored:
-            for a, b in self._restored.overlap(lo, hi):
-                want.remove(a, b)
-                for x, y in self.cursor.unsettled(a, b):
-                    restored.add(x, y)
-        cfg = self.config
-        keyed = cfg.mode == "key-ordered"
-        if not (want or (keyed and restored)) or not (cfg.tags or keyed):
-            taken = first(want.pairs(), limit)
-            return RangeSet(taken), (hi if want.count() <= limit else taken[-1][1] if taken else want.starts[0])
-        records = decode_batch(data, h, pos, self.part.topic, self.part.index)
-        chosen, stop = pick(records, lo, hi, want, restored, limit, set(cfg.tags), self._keys if keyed else None)
-        for a, b in want.pairs():  # filtered out (or compacted away): settled
-            for x, y in chosen.missing(a, b):
-                if self.cursor.ack(x, y):
-                    self._dirty()
-        return chosen, stop
-
-    def _release_keys(self, a: int, b: int) -> None:
-        """Offsets in ``[a, b)`` were settled: their keys' next messages go out."""
-        released = self._keys.release(a, b)
-        now = time.monotonic() if released else 0.0
-        for nxt in released:
-            self._retry([(nxt, nxt + 1)], 0, now, "")
-
-    def _hand_out(self, session, base, end, mv, want, attempt, deliveries, attachments) -> None:
-        deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
-        unit = Unit(base, end, mv, want, attempt, session, deadline)
-        self._out.add(unit)
-        session.outstanding += want.count()
-        deliveries.append(m.Delivery(base_offset=base, size=len(mv), attempt=attempt, want=want.pairs()))
-        attachments.append(mv)
 
     def _push(self, session: Session, deliveries: list, attachments: list) -> None:
         if not deliveries:
@@ -583,43 +396,18 @@ class SubscriptionPartition:
             deliveries=deliveries, ack_deadline_ms=deadline_ms,
         )
         if not session.conn.push(m.Push.DELIVER, 1, msg, attachments):
-            # gone: what was just handed out goes back at once, the attempt not counted
-            now = time.monotonic()
-            for d in deliveries:
-                for u in self._out.of_batch(d.base_offset):
-                    if u.session is session and u.attempt == d.attempt:
-                        self._out.drop(u)
-                        self._retry(u.want.pairs(), u.attempt - 1, now, "not delivered")
+            self._ledger.not_delivered(session, deliveries)  # gone: back at once
             self.detach(session)
-
-    def _expire_below(self, start: int) -> None:
-        """Retention deleted the log below ``start``: unsettled messages there are gone.
-        Counted (``expired``) and logged, never silently dropped from the books."""
-        if self.cursor.confirmed >= start:
-            self.next_read = max(self.next_read, start)
-            return
-        lost = count(self.cursor.unsettled(self.cursor.confirmed, start))
-        self.expired += lost
-        log.warning(
-            "subscription %s of %s-%d: %d unacked message(s) below offset %d were deleted by retention",
-            self.name, self.part.topic, self.part.index, lost, start,
-        )
-        below = self.cursor.confirmed
-        self.cursor.ack(below, start)
-        self._release_keys(below, start)
-        self.next_read = max(self.next_read, start)
-        self._dirty()
 
     # ------------------------------------------------------------------ dead letters
 
     def _dead_letter(self, ranges: Pairs, r: Retry) -> None:
-        n = count(ranges)
-        self._dead_lettering += n
+        n = self._ledger.dead_lettering_begins(ranges)
         task = asyncio.ensure_future(self._dead_letter_task(ranges, r, n))
         self.owner.track(task)
 
     async def _dead_letter_task(self, ranges: Pairs, r: Retry, n: int) -> None:
-        seeks = self._seeks
+        seeks = self._ledger.seeks
         try:
             await self.owner.dead_letter(self, ranges, r.attempt, r.reason)
         except asyncio.CancelledError:
@@ -629,15 +417,11 @@ class SubscriptionPartition:
                 "cannot dead-letter %d message(s) of %s-%d for %s: %s; retrying",
                 n, self.part.topic, self.part.index, self.name, exc,
             )
-            self._retry(ranges, r.attempt, time.monotonic() + DEAD_LETTER_RETRY_S, r.reason)
+            self._ledger.retry(ranges, r.attempt, time.monotonic() + DEAD_LETTER_RETRY_S, r.reason)
             return
         finally:
-            self._dead_lettering -= n
+            self._ledger.dead_lettering -= n
             self.wake()
-        if self.closed or self._seeks != seeks:
+        if self.closed or self._ledger.seeks != seeks:
             return  # a seek forgot these ranges meanwhile (the copies stay in the topic)
-        for a, b in ranges:
-            self.cursor.ack(a, b)
-            self._release_keys(a, b)
-        self.dead_lettered += n
-        self._dirty()
+        self._ledger.dead_lettered_at(ranges, n)
