@@ -18,6 +18,7 @@ from in_memory import Conn, local_writes, topic_of
 from sluice.broker.subscriptions.dead_letters import DeadLetters
 from sluice.broker.subscriptions.partition import PartitionSubscriptions
 from sluice.broker.subscriptions.session import Session
+from sluice.harness import eventually
 from sluice.protocol import messages as m
 from sluice.protocol import subscriptions as sub
 from sluice.protocol.records import build_batch, decode_records, encode_record
@@ -82,13 +83,6 @@ async def produce(part, values: list[bytes]) -> int:
     return (await part.append(*request(values))).base_offset
 
 
-async def wait_until(check, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def ack(*pairs, **kw) -> m.AckPartition:
     return m.AckPartition(partition=0, acks=list(pairs), **kw)
 
@@ -106,7 +100,7 @@ async def test_delivery_stays_within_credit_and_out_of_order_acks_move_the_curso
     await conn.wait_deliveries(10)
     assert [o for o, _ in conn.deliveries()] == list(range(10))  # each once
     sp.settle(ack((6, 10)))
-    await wait_until(lambda: sp.info().backlog == 0, "the backlog to be empty")
+    await eventually(lambda: sp.info().backlog == 0, 10, "the backlog to be empty", interval=0.01)
     info = sp.info()
     assert (info.in_flight, info.retrying, info.acked_ranges) == (0, 0, 0) and info.confirmed >= 10
 
@@ -173,7 +167,7 @@ async def test_after_max_attempts_a_message_is_copied_to_the_dead_letter_topic_t
     sp.settle(ack((0, 1), nacks=[(1, 2)], reason="cannot parse"))
     assert (await conn.wait_deliveries(3))[2] == (1, 2)
     sp.settle(ack(nacks=[(1, 2)], reason="still cannot"))
-    await wait_until(lambda: sp.dead_lettered == 1, "the dead letter")
+    await eventually(lambda: sp.dead_lettered == 1, 10, "the dead letter", interval=0.01)
     await asyncio.sleep(0.1)
     assert len(conn.deliveries()) == 3  # never a third time
     assert sp.cursor.confirmed >= 2 and (sp.in_flight(), sp.retrying()) == (0, 0)
