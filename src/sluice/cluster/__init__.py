@@ -1,5 +1,6 @@
 """Cluster metadata: the store interface (store.py), its embedded (embedded.py) and etcd
-(etcd.py) implementations, and the choice between them."""
+(etcd.py, composed of etcd_client.py, etcd_session.py and etcd_election.py)
+implementations, and the choice between them."""
 
 from __future__ import annotations
 
