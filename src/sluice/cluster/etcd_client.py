@@ -3,10 +3,12 @@
 ``EtcdClient`` holds the gRPC client of one endpoint at a time and runs every etcd call
 of the store: bounded by ``request_timeout_ms``, its errors translated into Sluice errors
 (``MetadataUnavailable``, retriable, naming the endpoint), moving to the next endpoint
-after a call that could not reach one.  It also follows key prefixes through outages
-(``follow``), retries read-check-write loops lost to concurrent writers (``retrying``),
-decodes stored JSON, and owns the store's background tasks.  It knows nothing of the key
-layout, the session or the controller (etcd_session.py, etcd_election.py).
+after a call that could not reach one (with several).  gRPC reconnects on its own, at
+most a second apart, so calls work again as soon as etcd is back.  It also follows key
+prefixes through outages (``follow``), retries read-check-write loops lost to concurrent
+writers (``retrying``), decodes stored JSON, and owns the store's background tasks.  It
+knows nothing of the key layout, the session or the controller (etcd_session.py,
+etcd_election.py).
 
 Event loop only.
 """
