@@ -1,9 +1,9 @@
 """Peer liveness: a broker that notices another broker's process is gone ends that
 broker's registration at once, instead of waiting for its session to lapse.
 
-A session (cluster/etcd.py) ends ``session_timeout_ms`` after its broker stopped renewing
-it: the only evidence a paused or cut-off broker leaves.  A broker whose process died
-leaves better evidence, at once: its connections reset or close, and its port refuses new
+A session (cluster/etcd_session.py) ends ``session_timeout_ms`` after its broker stopped
+renewing it: the only evidence a paused or cut-off broker leaves.  A broker whose process
+died leaves better evidence, at once: its connections reset or close, and its port refuses new
 ones (no process listens there any more).  So every broker of a cluster keeps one idle
 connection to each other live broker (``PeerLiveness``); when it closes, the broker tries
 the peer's registered address again: refused ``REFUSALS`` times in a row, ``CONFIRM_GAP_S``
