@@ -98,16 +98,12 @@ class Partition:
         )
         self.follower_appends = FollowerAppends(plog, config, self.leadership, self.disk, self.writer, tail, name)
         self.compaction = Compaction(plog, config, self.writer, name)
-        # What the replication service (broker/replication.py) records here:
+        # What the replication service (broker/replication/) records here:
         self.state_version: int | None = None  # of the store's state last applied (None: stale)
         self.seen_version = -1  # the newest version of the store's state applied here
         self.stale_epoch = -1  # never lead in this epoch or an older one (a restart, a cut log)
         self.withdrawing = False  # restarted with records lost: to leave the ISR until caught up
         self.fenced_version = -1  # the state version whose swap (new epoch, or leaving) was started
-        # On the leader, call with a reason when it cut its own log: it stops leading in
-        # this epoch at once and the broker has the store start a new one
-        # (PartitionStates.new_leader_epoch).  Event loop.
-        self.new_epoch_needed: Callable[[str], None] = lambda why: None
         self.leader_log_start = -1  # on a follower: its leader's log start, as last fetched
 
     def _write_run(self, group: list[Append]) -> Awaitable[None]:
