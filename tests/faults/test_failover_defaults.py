@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from sluice.client import Admin, Producer
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.harness import BrokerProcess, EtcdProcess, freeze
 
 pytestmark = pytest.mark.timeout(120)
