@@ -5,7 +5,9 @@ import asyncio
 import pytest
 
 from sluice import errors
-from sluice.client.transport import DEFAULT_PORT, Cluster, Connection, parse_bootstrap
+from sluice.client.addresses import DEFAULT_PORT, parse_bootstrap
+from sluice.client.cluster import Cluster
+from sluice.client.transport import Connection
 from sluice.protocol import frames, messages
 
 

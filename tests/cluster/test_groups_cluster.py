@@ -7,7 +7,7 @@ import pytest
 from cluster_helpers import eventually
 
 from sluice.client import Admin, Producer
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.errors import SluiceError
 from sluice.protocol.coordinator import GROUPS_TOPIC, group_partition
 

@@ -10,7 +10,7 @@ import pytest
 from cluster_helpers import eventually
 
 from sluice.client import Admin, Consumer, Producer
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 
 
 def cluster_args(etcd, cluster_name: str, node_id: int, *more: str) -> list[str]:

@@ -143,7 +143,7 @@ async def read_logs(bootstrap: str, topic: str) -> dict[int, list]:
     watermark now, as the partition's leader has it (each leader is asked for the end of
     what it leads: any other broker does not know it)."""
     from sluice.client import Admin, Consumer
-    from sluice.client.transport import Cluster
+    from sluice.client.cluster import Cluster
 
     cluster = Cluster(bootstrap)
     try:

@@ -29,7 +29,7 @@ from proxy import FaultyProxy
 
 from sluice import harness
 from sluice.client import Admin, Producer
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.errors import SluiceError
 from sluice.harness import BrokerProcess, EtcdProcess
 from sluice.protocol.coordinator import GROUPS_TOPIC

@@ -8,7 +8,7 @@ once (broker/liveness.py) and end its registration without waiting for its sessi
 
 A leader paused with SIGSTOP leaves no such evidence: it is deposed only when its session
 lapses, and its producers, whose requests wait on it, follow the new leader within
-``RESUME_S`` of its election (client/sender.py: a slow request makes the producer look at
+``RESUME_S`` of its election (client/leaders.py: a slow request makes the producer look at
 the metadata again, and a partition whose leader moved resends what was in flight there).
 
 Run by hand with ``-s`` the tests print each figure (``failover took ...``).
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from sluice.client import Admin, Producer
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.harness import BrokerProcess, EtcdProcess, freeze
 
 pytestmark = pytest.mark.timeout(120)

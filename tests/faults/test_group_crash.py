@@ -15,7 +15,7 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.protocol import messages as m
 
 pytestmark = pytest.mark.timeout(120)

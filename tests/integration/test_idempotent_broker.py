@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.client import Admin
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.errors import OutOfOrderSequence, error_for_code
 from sluice.protocol import messages as m
 from sluice.protocol.records import build_batch, encode_keyless_records

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sluice.bench import workloads as w
 from sluice.client import Admin, Producer
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.harness import BrokerProcess, EtcdProcess, etcd_binary, eventually
 
 SESSION_TIMEOUT_MS = 1000

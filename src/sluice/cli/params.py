@@ -74,7 +74,7 @@ class Checked(click.ParamType):
 
 
 def _check_bootstrap(value: str) -> None:
-    from sluice.client.transport import parse_bootstrap  # not at import: the CLI starts fast
+    from sluice.client.addresses import parse_bootstrap  # not at import: the CLI starts fast
 
     parse_bootstrap(value)
 

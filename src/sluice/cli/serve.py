@@ -103,7 +103,7 @@ def serve(ctx, data_dir: Path, host: str, port: int, node_id: int, topic_default
     Brokers of one cluster share the --cluster URL and each has its own --node-id and
     data directory.
     """
-    from sluice.client.transport import parse_bootstrap
+    from sluice.client.addresses import parse_bootstrap
     from sluice.server.app import run
 
     if logging.getLogger().level > logging.INFO:

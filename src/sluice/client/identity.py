@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 from sluice import errors
 from sluice.client.accumulator import Batch
+from sluice.client.cluster import Cluster
 from sluice.client.sequences import MAX_EPOCH, PartitionSequences
-from sluice.client.transport import Cluster
 from sluice.protocol import messages
 
 log = logging.getLogger("sluice.client.producer")

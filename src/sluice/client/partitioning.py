@@ -47,7 +47,7 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 
 
 def default_partitioner(key: bytes, partitions: int) -> int:

@@ -44,6 +44,7 @@ import crc32c as _crc32c
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
 from sluice.client.arguments import check_partition, clarified, values_error
+from sluice.client.cluster import Cluster
 from sluice.client.config import ProducerConfig
 from sluice.client.framing import Callback, record_size, tail_size, zz_len
 from sluice.client.identity import backoff_delay
@@ -51,7 +52,7 @@ from sluice.client.ordering import InOrderCallbacks
 from sluice.client.partitioning import Partitioning, default_partitioner
 from sluice.client.sender import Sender
 from sluice.client.state import ProducerState
-from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.client.transport import ConnectionFactory
 from sluice.client.waiting_line import WaitingLine
 from sluice.config import check_topic_name
 from sluice.protocol import records

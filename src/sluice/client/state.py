@@ -30,8 +30,8 @@ only sends a record the slower way.
 from __future__ import annotations
 
 from sluice.client.accumulator import Accumulator, MemoryPool
+from sluice.client.cluster import Cluster
 from sluice.client.config import ProducerConfig
-from sluice.client.transport import Cluster
 from sluice.client.waiting_line import WaitingLine
 
 

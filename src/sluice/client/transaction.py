@@ -49,9 +49,10 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.arguments import argument_error, check_partition
+from sluice.client.cluster import Cluster
 from sluice.client.config import TransactionProducerConfig
 from sluice.client.framing import record_size, tail_size
-from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.client.transport import ConnectionFactory
 from sluice.config import TopicConfig
 from sluice.protocol import messages as m
 from sluice.protocol import transactions as tx

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import crc32c as _crc32c
@@ -130,11 +131,15 @@ class PositionPartitioner:
         return (self.start + i) % partitions
 
 
-class _Sender:
+class TaskSender:
+    """What a write sends from each Spark task, and how (the module docstring); the writers
+    hold one, built on the driver and pickled to the tasks with them.
+
+    Constructed on the driver, when the write is planned: checks the columns, and that the
+    ``topic`` option names a topic that exists (``UnknownTopic`` now, not in every task).
+    ``write_id`` names a batch write (its tasks' identities derive from it)."""
+
     def __init__(self, opts: WriteOptions, schema: StructType) -> None:
-        """On the driver, when the write is planned: check the columns, and that the
-        ``topic`` option names a topic that exists (``UnknownTopic`` now, not in every task).
-        Draws the write id of a batch write."""
         check_schema(schema, opts)
         self.opts = opts
         self.write_id = uuid.uuid4().hex
@@ -142,19 +147,16 @@ class _Sender:
             with SyncAdmin(opts.bootstrap) as admin:
                 admin.describe_topic(opts.topic)
 
-    def _identity(self, context) -> tuple:
-        """What names this task's output across its reruns (see the module docstring)."""
-        return (self.write_id, context.partitionId())
-
-    def write(self, iterator) -> Written:
-        """Send every row of the task's Arrow batches; return once all are acknowledged."""
+    def write(self, iterator, identity: Callable[[object], tuple]) -> Written:
+        """In a task: send every row of its Arrow batches; return once all are acknowledged.
+        ``identity(task context)`` names the task's output across its reruns (exactly once)."""
         config = self.opts.producer_config()
         exactly_once = self.opts.exactly_once
         if exactly_once:
             from pyspark import TaskContext
 
             context = TaskContext.get()
-            producer_id = task_producer_id(*self._identity(context))
+            producer_id = task_producer_id(*identity(context))
             config.update(
                 producer_id=producer_id, producer_epoch=0,
                 partitioner=PositionPartitioner(producer_id), linger_ms=NO_LINGER_CLOSE_MS,
@@ -201,9 +203,19 @@ def _messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple]:
     return list(zip(topics, column("value"), column("key"), headers, column("partition"), strict=True))
 
 
-class BatchWriter(_Sender, DataSourceArrowWriter):
+class BatchWriter(DataSourceArrowWriter):
     """``df.write.format("sluice")``: a retried task sends nothing twice (see the module
     docstring)."""
+
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        self.sender = TaskSender(opts, schema)
+
+    def write(self, iterator) -> Written:
+        return self.sender.write(iterator, self._identity)
+
+    def _identity(self, context) -> tuple:
+        """What names this task's output across its reruns: (write id, partition id)."""
+        return (self.sender.write_id, context.partitionId())
 
     def commit(self, messages) -> None:
         log.info("wrote %d records to sluice", sum(m.records for m in messages if m))
@@ -213,11 +225,19 @@ class BatchWriter(_Sender, DataSourceArrowWriter):
         log.warning("write aborted; %d records already sent stay in their topics", sent)
 
 
-class StreamWriter(_Sender, DataSourceStreamArrowWriter):
+class StreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("sluice")``: exactly once across task retries and query
     restarts (see the module docstring)."""
 
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        self.sender = TaskSender(opts, schema)
+
+    def write(self, iterator) -> Written:
+        return self.sender.write(iterator, self._identity)
+
     def _identity(self, context) -> tuple:
+        """What names this task's output across its reruns: (query id, micro-batch id,
+        partition id)."""
         query = context.getLocalProperty("sql.streaming.queryId")
         batch = context.getLocalProperty("streaming.sql.batchId")
         if not query or batch is None:
