@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from sluice.client.transport import Cluster
+from sluice.client.cluster import Cluster
 from sluice.errors import ConnectionClosed, NotLeader, raise_for_code
 from sluice.protocol import messages as m
 
