@@ -12,7 +12,7 @@ visible only as the copy its commit writes.
 With a ``group``, starting positions come from the group's committed offsets and
 ``commit()`` stores positions (the next offset to read).  A committed offset the broker
 answers ``OffsetOutOfRange`` for is not used again: the partition is reset per
-``auto_offset_reset``.  Commits coalesce (client/commits.py, a part of ``Consumer``).
+``auto_offset_reset``.  Commits coalesce (client/commits.py's ``GroupCommits``).
 Group requests go to the group's coordinator, the
 leader of its ``__groups`` partition (``Cluster.coordinator_request``); ``NOT_COORDINATOR``
 is retriable like a moved leader: metadata is asked again and the request retried.
@@ -31,7 +31,7 @@ asked about again for ``unknown_topic_wait_ms`` (default 1 s: a topic may be bei
 right then), then ``getmany`` and iteration raise ``UnknownTopic`` / ``UnknownPartition``.
 A subscription only reads the topics that exist.
 
-Partition by partition (positions: client/positions.py, a part of ``Consumer``): one
+Partition by partition (client/positions.py's ``Positions``): one
 partition that cannot be read now (no leader, its leader's broker down) never holds up the
 others.  A starting position that cannot be found out now (a
 reset or a ``seek_to_*`` asks the partition's leader, and there is none, or it is down) is
@@ -40,6 +40,11 @@ while the other partitions are read; ``position()`` is None until then.  Only wh
 assigned partition has a position does the failure count as the broker failing (surfacing
 after ``retry_timeout_ms``, as above).  A partition with a position but no leader is warned
 about once and skipped until metadata names a leader again.
+
+The parts a consumer builds and asks, each given its collaborators when built:
+``Retries`` (client/retries.py: the retry policy, shared by all), ``GroupCommits`` (with a
+group), ``Positions`` (asks ``GroupCommits`` for committed offsets).  The consumer itself
+keeps the assignment, the metadata refreshes, the prefetch and the buffer of records.
 
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
@@ -57,19 +62,19 @@ from collections.abc import Iterable, Sequence
 from sluice import errors
 from sluice.client.commits import GroupCommits
 from sluice.client.config import ConsumerConfig
-from sluice.client.positions import Positions, backoff
+from sluice.client.positions import Positions
+from sluice.client.retries import Retries
 from sluice.client.transport import Cluster, ConnectionFactory
 from sluice.protocol import messages, records
 
 __all__ = ["Consumer"]
 
 log = logging.getLogger(__name__)
-WARN_EVERY_S = 10.0  # "broker unavailable" warnings of a consumer, at most one per this
 
 TP = tuple[str, int]
 
 
-class Consumer(Positions, GroupCommits):
+class Consumer:
     """Reads records from assigned or subscribed partitions; see the module docstring."""
 
     def __init__(
@@ -96,9 +101,6 @@ class Consumer(Positions, GroupCommits):
         self.check_crcs = config.check_crcs
         self.request_timeout = config.request_timeout_ms / 1000
         self.retry_timeout = config.retry_timeout_ms / 1000
-        self._failing_since: float | None = None  # first retriable failure of a read loop
-        self._failures = 0  # consecutive retriable failures (backoff)
-        self._warned_at = -WARN_EVERY_S  # when "broker unavailable" was last a warning
         self.metadata_max_age = config.metadata_max_age_ms / 1000
         self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
         # assigned partitions the metadata says do not exist, and since when it says so
@@ -110,20 +112,14 @@ class Consumer(Positions, GroupCommits):
             connect_timeout=config.connect_timeout_ms / 1000,
             request_timeout=self.request_timeout,
         )
+        self._retries = Retries(self.retry_timeout)
+        self._commits = (
+            GroupCommits(self._cluster, config.group, self._retries) if config.group is not None else None
+        )
+        self._positions = Positions(self._cluster, config, self._retries, self._commits, self._stale)
         self._subscription: list[str] | None = None
         self._assigned: list[TP] = []
-        self._positions: dict[TP, int | None] = {}  # None: to initialise / reset
-        self._out_of_range: set[TP] = set()  # position None because the broker said so
-        # seek_to_* targets (a timestamp or EARLIEST / LATEST) not resolved yet: no leader
-        self._seek_targets: dict[TP, int] = {}
-        # positions that could not be found out: (failing since, attempts, next attempt at)
-        self._unresolved: dict[TP, tuple[float, int, float]] = {}
         self._leaderless: set[TP] = set()  # positioned, no leader: warned about once
-        self._fetch_offsets: dict[TP, int] = {}
-        # (at, to): once the position is ``at`` it is ``to``: the batches in between show
-        # nothing (half messages, control markers, records compacted away)
-        self._skips: dict[TP, tuple[int, int]] = {}
-        self._epochs: dict[TP, int] = {}  # bumped by seek: drops in-flight results
         self._buffer: deque[list[records.Record]] = deque()
         self._head = 0  # records of _buffer[0] already taken
         self._fetches: dict[int, asyncio.Task] = {}
@@ -132,12 +128,6 @@ class Consumer(Positions, GroupCommits):
         self._needs_refresh = False
         self._metadata_at = 0.0
         self._iter: deque[records.Record] = deque()
-        # commit coalescing
-        self._commit_seq = 0
-        self._committed_seq = 0
-        self._to_commit: dict[TP, int] = {}
-        self._commit_task: tuple[asyncio.Task, int] | None = None  # (task, seq it covers)
-        self._committed_positions: dict[TP, int] = {}
         self._auto_task: asyncio.Task | None = None
         self._started = False
         self._closing = False
@@ -155,7 +145,9 @@ class Consumer(Positions, GroupCommits):
         self._metadata_at = time.monotonic()
         self._started = True
         if self.auto_commit:
-            self._auto_task = asyncio.get_running_loop().create_task(self._auto_commit_loop())
+            self._auto_task = asyncio.get_running_loop().create_task(
+                self._commits.auto_commit_loop(self.auto_commit_interval, self._positions.current)
+            )
 
     async def close(self) -> None:
         """Commit positions (with auto commit), stop fetching, close connections.
@@ -163,9 +155,9 @@ class Consumer(Positions, GroupCommits):
         A ``getmany`` waiting meanwhile raises ``ClientClosed``; async iteration ends."""
         if self._closed:
             return
-        self._closing = True  # the final commit gets one attempt, no retries
+        self._closing = self._retries.closing = True  # the final commit gets one attempt, no retries
         try:
-            if self._started and self.auto_commit and self._positions:
+            if self._started and self.auto_commit and self._positions.at:
                 try:
                     await self.commit()
                 except errors.SluiceError:
@@ -235,27 +227,19 @@ class Consumer(Positions, GroupCommits):
 
     def _set_assignment(self, tps: list[TP]) -> None:
         keep = set(tps)
-        for tp in list(self._positions):
+        for tp in list(self._positions.at):
             if tp not in keep:
                 self._drop(tp)
-        for tp in tps:
-            self._positions.setdefault(tp, None)
-            self._epochs.setdefault(tp, 0)
+        self._positions.add(tps)
         self._assigned = list(dict.fromkeys(tps))
 
     def _drop(self, tp: TP) -> None:
-        self._positions.pop(tp, None)
-        self._out_of_range.discard(tp)
-        self._seek_targets.pop(tp, None)
-        self._unresolved.pop(tp, None)
+        self._positions.drop(tp)
         self._leaderless.discard(tp)
-        self._fetch_offsets.pop(tp, None)
-        self._epochs[tp] = self._epochs.get(tp, 0) + 1
         self._purge(tp)
 
     def _purge(self, tp: TP) -> None:
-        """Drop buffered records of ``tp`` (after a seek or unassignment)."""
-        self._skips.pop(tp, None)
+        """Drop buffered records of ``tp`` (after a seek, a reset or unassignment)."""
         if self._buffer:
             t, p = tp
             first = self._buffer[0]
@@ -273,61 +257,88 @@ class Consumer(Positions, GroupCommits):
             self._iter.clear()
             self._iter.extend(kept_recs)
 
-    # ------------------------------------------------------------------ riding out faults
+    # ------------------------------------------------------------------ positions
 
-    def _can_retry(self, exc: errors.SluiceError) -> bool:
-        """Worth retrying: the broker may answer differently later.  An unknown topic is
-        not (a consumer fails fast on a name that does not exist)."""
-        return exc.retriable and not isinstance(exc, errors.UnknownTopic) and not self._closing
+    def position(self, tp: TP) -> int | None:
+        """Next offset the application will get for ``tp`` (None until initialised).
 
-    def _gave_up(self, exc: errors.SluiceError, since: float) -> errors.SluiceError:
-        waited = time.monotonic() - since
-        return errors.annotated(
-            exc, f"(still failing after {waited:.1f} s of retries; retry_timeout_ms="
-            f"{self.retry_timeout * 1000:g})"
-        )
+        Past batches that show nothing (half messages, rollback markers, records compacted
+        away) once every record before them was handed out: at the end of a partition
+        whose last batches are hidden, the position is its end, not the offset after its
+        last visible record."""
+        return self._positions.position(tp)
 
-    async def _retrying(self, op):
-        """``await op()``, retrying retriable errors with backoff for ``retry_timeout_ms``."""
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                return await op()
-            except errors.SluiceError as exc:
-                if not self._can_retry(exc):
-                    raise
-                delay = backoff(attempt)
-                attempt += 1
-                if time.monotonic() + delay - started > self.retry_timeout:
-                    raise self._gave_up(exc, started) from exc
-                log.info("retrying in %.1f s: %s", delay, exc)
-                await asyncio.sleep(delay)
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Make ``offset`` the next offset read from (topic, partition)."""
+        tp = (topic, partition)
+        self._positions.seek(tp, offset)
+        self._purge(tp)
 
-    def _failed(self, exc: errors.SluiceError) -> float:
-        """A read loop's request failed retriably: return the backoff before the next try,
-        or raise the error once failures have lasted ``retry_timeout_ms``."""
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-            # once per episode, and at most every WARN_EVERY_S: with one leader down, the
-            # fetches of the others succeed between failures and would start a new one each
-            quiet = now - self._warned_at < WARN_EVERY_S
-            self._warned_at = self._warned_at if quiet else now
-            (log.info if quiet else log.warning)(
-                "broker unavailable, retrying for up to %g s: %s", self.retry_timeout, exc
-            )
-        elif now - self._failing_since > self.retry_timeout:
-            since, self._failing_since, self._failures = self._failing_since, None, 0
-            raise self._gave_up(exc, since) from exc
-        self._failures += 1
-        return backoff(self._failures - 1)
+    async def seek_to_beginning(self, *tps: TP) -> None:
+        await self._seek_to(messages.EARLIEST, tps)
 
-    def _succeeded(self) -> None:
-        if self._failing_since is not None:
-            log.debug("broker available again")
-        self._failing_since = None
-        self._failures = 0
+    async def seek_to_end(self, *tps: TP) -> None:
+        await self._seek_to(messages.LATEST, tps)
+
+    async def seek_to_time(self, timestamp_ms: int, *tps: TP) -> None:
+        """Seek to the first offset with a timestamp >= ``timestamp_ms`` (the end if none)."""
+        await self._seek_to(int(timestamp_ms), tps)
+
+    async def _seek_to(self, timestamp: int, tps: Sequence[TP]) -> None:
+        """Seek ``tps`` (default: the assignment) to the offsets their leaders give for
+        ``timestamp``.  Retried within the call while no partition answers; once some did,
+        the partitions that could not (no leader now) get their position later, in the
+        background (``Positions.init``), and ``position()`` is None for them until then."""
+        await self.start()
+
+        async def resolve() -> tuple[dict[TP, int], dict[TP, errors.SluiceError]]:
+            await self._ensure_assignment()
+            targets = list(tps) or list(self._assigned)
+            for tp in targets:
+                self._positions.check_assigned(tp)
+            offsets, failed = await self._positions.resolve(targets, timestamp)
+            if failed and not offsets:
+                raise next(iter(failed.values()))  # nothing answered: retried within the call
+            return offsets, failed
+
+        offsets, failed = await self._retries.retrying(resolve)
+        for tp, off in offsets.items():
+            self.seek(tp[0], tp[1], off)
+        for tp in failed:
+            self.seek(tp[0], tp[1], 0)  # drops what was fetched or buffered for tp
+            self._positions.sought_later(tp, timestamp)
+        self._positions.unresolved_failures(failed, time.monotonic())
+
+    # ------------------------------------------------------------------ group commits
+
+    async def commit(self, offsets: dict[TP, int] | None = None) -> None:
+        """Store ``offsets`` (default: current positions) for the group; durable on return.
+
+        Calls coalesce: one commit request runs at a time, in its own task; later calls wait
+        for it, then one request carries the latest offsets of all of them.  Cancelling a
+        caller cancels only its wait, never the request others wait on.
+        """
+        if self._commits is None:
+            raise errors.ConfigError("commit() needs a consumer group (group=...)")
+        if not self._started:
+            await self.start()
+        if offsets is None:
+            offsets = self._positions.to_commit()
+        await self._commits.commit(offsets)
+
+    async def committed(self, tp: TP) -> int | None:
+        """The group's committed offset for ``tp`` (next offset to read), or None."""
+        if self._commits is None:
+            raise errors.ConfigError("committed() needs a consumer group (group=...)")
+        if not self._started:
+            await self.start()
+        return await self._commits.committed(tp)
+
+    # ------------------------------------------------------------------ metadata
+
+    def _stale(self) -> None:
+        """The metadata proved out of date: refresh it before the next fetch."""
+        self._needs_refresh = True
 
     async def _ensure_assignment(self) -> None:
         """Refresh metadata when due or needed; with a subscription, re-derive the
@@ -415,18 +426,18 @@ class Consumer(Positions, GroupCommits):
                 return out
             try:
                 await self._ensure_assignment()
-                await self._init_positions()
+                await self._positions.init(self._assigned, self._missing)
             except errors.SluiceError as exc:
-                if not self._can_retry(exc):
+                if not self._retries.can_retry(exc):
                     raise
-                delay = self._failed(exc)
+                delay = self._retries.failed(exc)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return []
                 await asyncio.sleep(min(delay, remaining))
                 continue
             if not self._assigned:
-                self._succeeded()  # no fetch will say so
+                self._retries.succeeded()  # no fetch will say so
             self._maybe_fetch()
             remaining = deadline - loop.time()
             if remaining <= 0 or not self._fetches:
@@ -455,9 +466,9 @@ class Consumer(Positions, GroupCommits):
             out.append(it.popleft())
         if out and advance:
             for rec in out:
-                self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+                self._positions.at[(rec.topic, rec.partition)] = rec.offset + 1
         buf = self._buffer
-        positions = self._positions
+        positions = self._positions.at
         while buf and (max_records is None or len(out) < max_records):
             chunk, head = buf[0], self._head
             room = len(chunk) - head if max_records is None else max_records - len(out)
@@ -483,9 +494,10 @@ class Consumer(Positions, GroupCommits):
             return
         by_node: dict[int, list[TP]] = {}
         busy = set(self._fetches)
+        fetch_offsets = self._positions.fetch_offsets
         leaderless: list[TP] = []
         for tp in self._assigned:
-            if tp not in self._fetch_offsets:
+            if tp not in fetch_offsets:
                 continue
             node = self._cluster.leader(*tp)
             if node < 0:
@@ -519,11 +531,12 @@ class Consumer(Positions, GroupCommits):
 
     async def _fetch_from(self, node: int, tps: list[TP]) -> None:
         # an assign() or seek between _maybe_fetch and this task's start took some away
-        tps = [tp for tp in tps if tp in self._fetch_offsets]
+        positions = self._positions
+        tps = [tp for tp in tps if tp in positions.fetch_offsets]
         if not tps:
             return
-        epochs = {tp: self._epochs[tp] for tp in tps}
-        offsets = {tp: self._fetch_offsets[tp] for tp in tps}
+        epochs = {tp: positions.epochs[tp] for tp in tps}
+        offsets = {tp: positions.fetch_offsets[tp] for tp in tps}
         req = messages.FetchRequest(
             partitions=[
                 messages.FetchPartition(
@@ -541,15 +554,15 @@ class Consumer(Positions, GroupCommits):
         try:
             conn = await self._cluster.connection(node)
             resp, data = await conn.request(req, (), self.request_timeout)
-            self._succeeded()
+            self._retries.succeeded()
             self._on_fetch(resp, data, epochs, offsets)
         except asyncio.CancelledError:
             raise
         except errors.SluiceError as exc:
-            if self._can_retry(exc):
+            if self._retries.can_retry(exc):
                 self._needs_refresh = True
                 try:
-                    delay = self._failed(exc)
+                    delay = self._retries.failed(exc)
                 except errors.SluiceError as final:
                     self._error = final
                 else:
@@ -558,6 +571,8 @@ class Consumer(Positions, GroupCommits):
                 self._error = exc
 
     def _on_fetch(self, resp, data: memoryview, epochs, offsets) -> None:
+        positions = self._positions
+        fetch_offsets, skips = positions.fetch_offsets, positions.skips
         pos = 0
         resets: list[TP] = []
         not_yet = None
@@ -565,7 +580,7 @@ class Consumer(Positions, GroupCommits):
             tp = (r.topic, r.partition)
             chunk = data[pos : pos + r.size]
             pos += r.size
-            if tp not in epochs or self._epochs.get(tp) != epochs[tp]:
+            if tp not in epochs or positions.epochs.get(tp) != epochs[tp]:
                 continue  # sought or unassigned while this fetch was in flight
             if r.error:
                 exc = errors.error_for_code(r.error, r.message)
@@ -589,22 +604,20 @@ class Consumer(Positions, GroupCommits):
             end = records.end_of_batches(chunk)
             if recs:
                 self._buffer.append(recs)
-                self._fetch_offsets[tp] = max(recs[-1].offset + 1, end or 0)
+                fetch_offsets[tp] = max(recs[-1].offset + 1, end or 0)
                 if end is not None and end > recs[-1].offset + 1:
-                    self._skips[tp] = (recs[-1].offset + 1, end)
+                    skips[tp] = (recs[-1].offset + 1, end)
             elif end is not None:
-                self._fetch_offsets[tp] = max(start, end)
+                fetch_offsets[tp] = max(start, end)
                 if end > start:  # nothing to show: the position moves on without a record
-                    skip = self._skips.get(tp)
-                    self._skips[tp] = (skip[0] if skip is not None and skip[1] == start else start, end)
+                    skip = skips.get(tp)
+                    skips[tp] = (skip[0] if skip is not None and skip[1] == start else start, end)
             else:
                 self._error = errors.ProtocolError(
                     f"fetch of {tp} at offset {start} returned {r.size} bytes without a whole batch"
                 )
         for tp in resets:
-            self._positions[tp] = None
-            self._out_of_range.add(tp)
-            self._fetch_offsets.pop(tp, None)
+            positions.reset_later(tp)
             self._purge(tp)
         if not_yet is not None:
             raise not_yet  # _fetch backs off, then fetches the same offsets again
@@ -625,7 +638,7 @@ class Consumer(Positions, GroupCommits):
             except errors.ClientClosed:
                 raise StopAsyncIteration from None
         rec = it.popleft()
-        self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+        self._positions.at[(rec.topic, rec.partition)] = rec.offset + 1
         return rec
 
     async def _next_chunk(self, timeout_ms: float) -> list[records.Record]:
@@ -642,7 +655,7 @@ class Consumer(Positions, GroupCommits):
         it = self._iter
         if it and it[0] is rec:
             it.popleft()
-            self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+            self._positions.at[(rec.topic, rec.partition)] = rec.offset + 1
 
 
 def _set_none(fut: asyncio.Future) -> None:
