@@ -42,9 +42,11 @@ after ``retry_timeout_ms``, as above).  A partition with a position but no leade
 about once and skipped until metadata names a leader again.
 
 The parts a consumer builds and asks, each given its collaborators when built:
-``Retries`` (client/retries.py: the retry policy, shared by all), ``GroupCommits`` (with a
-group), ``Positions`` (asks ``GroupCommits`` for committed offsets).  The consumer itself
-keeps the assignment, the metadata refreshes, the prefetch and the buffer of records.
+``Retries`` (client/retries.py: the retry policy, shared by all), ``Assignment``
+(client/assignment.py: the partitions read, kept in step with the metadata),
+``GroupCommits`` (with a group), ``Positions`` (asks ``GroupCommits`` for committed offsets,
+marks the ``Assignment``'s metadata stale).  The consumer itself keeps the prefetch and the
+buffer of records, and hands each call to the part it concerns.
 
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
@@ -54,12 +56,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
 from sluice import errors
+from sluice.client.assignment import Assignment
 from sluice.client.commits import GroupCommits
 from sluice.client.config import ConsumerConfig
 from sluice.client.positions import Positions
@@ -103,9 +105,6 @@ class Consumer:
         self.retry_timeout = config.retry_timeout_ms / 1000
         self.metadata_max_age = config.metadata_max_age_ms / 1000
         self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
-        # assigned partitions the metadata says do not exist, and since when it says so
-        self._missing: set[TP] = set()
-        self._missing_since: float | None = None
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
@@ -116,17 +115,14 @@ class Consumer:
         self._commits = (
             GroupCommits(self._cluster, config.group, self._retries) if config.group is not None else None
         )
-        self._positions = Positions(self._cluster, config, self._retries, self._commits, self._stale)
-        self._subscription: list[str] | None = None
-        self._assigned: list[TP] = []
+        self._assignment = Assignment(self._cluster, config, self._reassigned)
+        self._positions = Positions(self._cluster, config, self._retries, self._commits, self._assignment.stale)
         self._leaderless: set[TP] = set()  # positioned, no leader: warned about once
         self._buffer: deque[list[records.Record]] = deque()
         self._head = 0  # records of _buffer[0] already taken
         self._fetches: dict[int, asyncio.Task] = {}
         self._fetch_done: asyncio.Future | None = None
         self._error: Exception | None = None  # raised by the next getmany
-        self._needs_refresh = False
-        self._metadata_at = 0.0
         self._iter: deque[records.Record] = deque()
         self._auto_task: asyncio.Task | None = None
         self._started = False
@@ -141,8 +137,8 @@ class Consumer:
             return
         if self._closed:
             raise errors.ClientClosed("consumer is closed")
-        await self._cluster.refresh(self._subscription or sorted({t for t, _ in self._assigned}))
-        self._metadata_at = time.monotonic()
+        await self._cluster.refresh(self._assignment.topics())
+        self._assignment.refreshed(time.monotonic())
         self._started = True
         if self.auto_commit:
             self._auto_task = asyncio.get_running_loop().create_task(
@@ -187,51 +183,25 @@ class Consumer:
 
         ``TypeError`` for anything but an iterable of (str, int) pairs: a bare pair such as
         ``("t", 0)`` is not taken for a list of one."""
-        if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
-            raise TypeError(f"assign() takes a list of (topic, partition) pairs, got {partitions!r}")
-        tps = []
-        for tp in list(partitions):
-            try:
-                topic, partition = tp
-                if not isinstance(topic, str) or isinstance(partition, bool):
-                    raise TypeError
-                tps.append((topic, operator.index(partition)))
-            except (TypeError, ValueError):
-                hint = " (one pair? pass [(topic, partition)])" if isinstance(tp, str | int) else ""
-                raise TypeError(
-                    f"assign() takes a list of (topic, partition) pairs; got {tp!r} in {partitions!r}{hint}"
-                ) from None
-        self._subscription = None
-        self._set_assignment(tps)
-        self._missing, self._missing_since = set(), None  # judged again at the next refresh
-        self._needs_refresh = True
+        self._assignment.assign(partitions)
 
     def subscribe(self, topics: Iterable[str]) -> None:
         """Read every partition of ``topics``; partitions added later are picked up.
 
         ``TypeError`` for anything but an iterable of topic names: a bare name such as
         ``"payments"`` is not taken for its letters."""
-        if isinstance(topics, str | bytes) or not isinstance(topics, Iterable):
-            hint = f" (for one topic: [{topics!r}])" if isinstance(topics, str) else ""
-            raise TypeError(f"subscribe() takes a list of topic names, got {topics!r}{hint}")
-        names = list(topics)
-        bad = [t for t in names if not isinstance(t, str) or not t]
-        if bad:
-            raise TypeError(f"subscribe() takes a list of topic names (non-empty str); got {bad[0]!r}")
-        self._subscription = sorted(set(names))
-        self._needs_refresh = True
-        self._set_assignment([tp for tp in self._assigned if tp[0] in self._subscription])
+        self._assignment.subscribe(topics)
 
     def assignment(self) -> list[TP]:
-        return list(self._assigned)
+        return list(self._assignment.partitions)
 
-    def _set_assignment(self, tps: list[TP]) -> None:
+    def _reassigned(self, tps: list[TP]) -> None:
+        """The assigned partitions become ``tps``: forget the others, add the new ones."""
         keep = set(tps)
         for tp in list(self._positions.at):
             if tp not in keep:
                 self._drop(tp)
         self._positions.add(tps)
-        self._assigned = list(dict.fromkeys(tps))
 
     def _drop(self, tp: TP) -> None:
         self._positions.drop(tp)
@@ -292,8 +262,8 @@ class Consumer:
         await self.start()
 
         async def resolve() -> tuple[dict[TP, int], dict[TP, errors.SluiceError]]:
-            await self._ensure_assignment()
-            targets = list(tps) or list(self._assigned)
+            await self._assignment.ensure()
+            targets = list(tps) or list(self._assignment.partitions)
             for tp in targets:
                 self._positions.check_assigned(tp)
             offsets, failed = await self._positions.resolve(targets, timestamp)
@@ -334,62 +304,6 @@ class Consumer:
             await self.start()
         return await self._commits.committed(tp)
 
-    # ------------------------------------------------------------------ metadata
-
-    def _stale(self) -> None:
-        """The metadata proved out of date: refresh it before the next fetch."""
-        self._needs_refresh = True
-
-    async def _ensure_assignment(self) -> None:
-        """Refresh metadata when due or needed; with a subscription, re-derive the
-        assignment from the partition counts; with an assignment, check that its partitions
-        exist (``_check_assigned``)."""
-        now = time.monotonic()
-        topics = self._cluster.topics
-        if any(tp[0] not in topics or tp[1] >= topics[tp[0]].partitions for tp in self._assigned):
-            self._needs_refresh = True
-        if not self._needs_refresh and now - self._metadata_at < self.metadata_max_age:
-            return
-        if self._subscription is None:
-            await self._cluster.refresh(sorted({t for t, _ in self._assigned}))
-            self._metadata_at = now
-            self._needs_refresh = False
-            self._check_assigned(now)
-            return
-        await self._cluster.refresh(self._subscription)
-        self._metadata_at = now
-        self._needs_refresh = False
-        tps = []
-        for topic in self._subscription:
-            info = self._cluster.topic(topic)
-            if info is not None:
-                tps.extend((topic, p) for p in range(info.partitions))
-        if tps != self._assigned:
-            self._set_assignment(tps)
-
-    def _check_assigned(self, now: float) -> None:
-        """After a refresh: note the assigned partitions the metadata says do not exist;
-        once it has said so for ``unknown_topic_wait_ms``, raise why (``UnknownTopic``, or
-        ``UnknownPartition`` for a partition past the topic's count)."""
-        missing: dict[TP, errors.SluiceError] = {}
-        for tp in self._assigned:
-            unknown = self._cluster.unknown.get(tp[0])
-            info = self._cluster.topic(tp[0])
-            if unknown is not None:
-                missing[tp] = type(unknown)(unknown.message)
-            elif info is not None and tp[1] >= info.partitions:
-                missing[tp] = errors.unknown_partition(tp[0], tp[1], info.partitions)
-        self._missing = set(missing)
-        if not missing:
-            self._missing_since = None
-            return
-        if self._missing_since is None:
-            self._missing_since = now
-        if now - self._missing_since >= self.unknown_topic_wait:
-            self._missing_since = None
-            raise next(iter(missing.values()))
-        self._needs_refresh = True  # ask again: it may be being created
-
     # ------------------------------------------------------------------ fetching
 
     async def poll(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
@@ -425,8 +339,8 @@ class Consumer:
                 self._maybe_fetch()
                 return out
             try:
-                await self._ensure_assignment()
-                await self._positions.init(self._assigned, self._missing)
+                await self._assignment.ensure()
+                await self._positions.init(self._assignment.partitions, self._assignment.missing)
             except errors.SluiceError as exc:
                 if not self._retries.can_retry(exc):
                     raise
@@ -436,7 +350,7 @@ class Consumer:
                     return []
                 await asyncio.sleep(min(delay, remaining))
                 continue
-            if not self._assigned:
+            if not self._assignment.partitions:
                 self._retries.succeeded()  # no fetch will say so
             self._maybe_fetch()
             remaining = deadline - loop.time()
@@ -496,12 +410,12 @@ class Consumer:
         busy = set(self._fetches)
         fetch_offsets = self._positions.fetch_offsets
         leaderless: list[TP] = []
-        for tp in self._assigned:
+        for tp in self._assignment.partitions:
             if tp not in fetch_offsets:
                 continue
             node = self._cluster.leader(*tp)
             if node < 0:
-                self._needs_refresh = True
+                self._assignment.stale()
                 if tp not in self._leaderless:
                     self._leaderless.add(tp)
                     leaderless.append(tp)
@@ -560,7 +474,7 @@ class Consumer:
             raise
         except errors.SluiceError as exc:
             if self._retries.can_retry(exc):
-                self._needs_refresh = True
+                self._assignment.stale()
                 try:
                     delay = self._retries.failed(exc)
                 except errors.SluiceError as final:
@@ -589,7 +503,7 @@ class Consumer:
                 elif isinstance(exc, errors.OffsetNotAvailable):
                     not_yet = exc  # a new leader's high watermark is behind: same offset, later
                 elif exc.retriable:
-                    self._needs_refresh = True
+                    self._assignment.stale()
                 else:
                     self._error = exc
                 continue

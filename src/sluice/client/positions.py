@@ -182,8 +182,8 @@ class Positions:
         Returns the offsets found and, apart, the partitions that could not be answered
         for a retriable reason (no leader known, the leader moved, its broker unreachable)
         with that reason; those mark the metadata stale, so that the next try refreshes it
-        (a partition that does not exist is then found out by the consumer's
-        ``_check_assigned``).  Any other error raises."""
+        (a partition that does not exist is then found out by
+        ``Assignment.ensure``).  Any other error raises."""
         by_leader: dict[int, list[TP]] = {}
         failed: dict[TP, errors.SluiceError] = {}
         for tp in tps:
