@@ -190,13 +190,13 @@ async def test_take_keeps_chunks_whole_and_in_order():
     c = Consumer("h:1")
     recs = [records.Record("t", 0, i, 0, None, b"v") for i in range(50_000)]
     c._buffer.append(recs)
-    c._positions[("t", 0)] = 0
+    c._positions.at[("t", 0)] = 0
     out = []
     while c._buffer:
         part = c._take(100, True)
         assert not c._buffer or c._buffer[0] is recs  # never copied
         out += part
-        assert c._positions[("t", 0)] == out[-1].offset + 1
+        assert c._positions.at[("t", 0)] == out[-1].offset + 1
     assert [r.offset for r in out] == list(range(50_000))
 
 

@@ -98,7 +98,7 @@ def test_broker_unavailable_is_one_warning_while_failures_and_successes_alternat
     consumer = Consumer("127.0.0.1:1")
     with caplog.at_level(logging.INFO, logger="sluice.client.consumer"):
         for _ in range(5):
-            consumer._failed(errors.NotLeader("no leader known for t-0"))
-            consumer._succeeded()
+            consumer._retries.failed(errors.NotLeader("no leader known for t-0"))
+            consumer._retries.succeeded()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "broker unavailable" in warnings[0].getMessage()

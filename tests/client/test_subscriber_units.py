@@ -45,14 +45,14 @@ def test_a_nack_counts_only_in_the_session_that_delivered_the_message():
 
     unsent, old = delivered(1), delivered(2)
     unsent.nack(delay_ms=5)
-    assert sub._pending[0].nack_delays[5].pairs() == [(1, 2)]
+    assert sub._acks.pending[0].nack_delays[5].pairs() == [(1, 2)]
     sub._lost(0, conn)  # the connection went (a restart): both messages come again
-    assert sub._pending[0].nack_delays == {}  # the unsent nack went with its session
+    assert sub._acks.pending[0].nack_delays == {}  # the unsent nack went with its session
     sub._serve(0, conn)  # a new session, on the same connection even
     old.nack(delay_ms=5)  # its delivery went with the old session
-    assert sub._pending[0].nack_delays == {} and old.settled
+    assert sub._acks.pending[0].nack_delays == {} and old.settled
     delivered(2).nack(delay_ms=5)  # the new session's copy
-    assert sub._pending[0].nack_delays[5].pairs() == [(2, 3)]
+    assert sub._acks.pending[0].nack_delays[5].pairs() == [(2, 3)]
 
 
 def test_a_message_is_settled_once():
@@ -63,7 +63,7 @@ def test_a_message_is_settled_once():
     for second in (msg.ack, msg.nack, lambda: msg.nack(delay_ms=5, reason="late")):
         with pytest.raises(errors.AlreadySettled, match=r"cannot n?ack <Message t-0@7 attempt=1>"):
             second()
-    assert sub._pending[0].acks == [7] and sub._pending[0].nack_delays == {}  # the first stands
+    assert sub._acks.pending[0].acks == [7] and sub._acks.pending[0].nack_delays == {}  # the first stands
     msg.touch()  # a late touch (keep_alive's) is not a settlement: ignored
 
 
@@ -86,6 +86,6 @@ def test_a_nack_delay_is_milliseconds_of_at_most_30_days(delay_ms, error, match)
     with pytest.raises(error, match=match):
         msg.nack(delay_ms=delay_ms)
     assert not msg.settled  # nothing nacked: the message may still be settled
-    assert not (sub._pending.get(0) and sub._pending[0].nack_delays)
+    assert not (sub._acks.pending.get(0) and sub._acks.pending[0].nack_delays)
     msg.nack(delay_ms=30 * 86_400_000)  # the longest delay is taken, and the message is settled
-    assert sub._pending[0].nack_delays[30 * 86_400_000].pairs() == [(7, 8)] and msg.settled
+    assert sub._acks.pending[0].nack_delays[30 * 86_400_000].pairs() == [(7, 8)] and msg.settled

@@ -1,20 +1,27 @@
-"""Group commits of the fetch consumer: a part of ``Consumer`` (client/consumer.py).
+"""Group commits of the fetch consumer (client/consumer.py): storing and reading the
+group's committed offsets.
 
 ``commit()`` stores positions (the next offset to read) for the consumer's group and
 returns once they are durable.  Calls coalesce: one commit request runs at a time in its
 own task; later calls wait for it (shielded, so a cancelled caller never fails the others)
 and then send only the latest positions.  Requests go to the group's coordinator
 (``Cluster.coordinator_request``) and are retried like the consumer's other requests
-(``_retrying``).  With ``enable_auto_commit`` a task commits the positions that moved every
-``auto_commit_interval_ms``.
+(``Retries.retrying``).  With ``enable_auto_commit`` a task (``auto_commit_loop``) commits
+the positions that moved every ``auto_commit_interval_ms``.
+
+What must not live here: deciding what to commit by default (the consumer's positions,
+client/positions.py) and starting the consumer; ``Consumer.commit`` does both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sluice import errors
+from sluice.client.cluster import Cluster
+from sluice.client.retry_policy import Retries
 from sluice.protocol import messages
 
 log = logging.getLogger("sluice.client.consumer")
@@ -23,19 +30,29 @@ TP = tuple[str, int]
 
 
 class GroupCommits:
-    async def commit(self, offsets: dict[TP, int] | None = None) -> None:
-        """Store ``offsets`` (default: current positions) for the group; durable on return.
+    """The committed offsets of one group, for one consumer.
+
+    Concurrency: event loop only (the consumer's loop)."""
+
+    def __init__(self, cluster: Cluster, group: str, retries: Retries) -> None:
+        """``cluster``: the consumer's metadata and connections (finds the coordinator);
+        ``group``: the group committed for; ``retries``: the consumer's retry policy."""
+        self._cluster = cluster
+        self.group = group
+        self._retries = retries
+        self._commit_seq = 0
+        self._committed_seq = 0
+        self._to_commit: dict[TP, int] = {}
+        self._commit_task: tuple[asyncio.Task, int] | None = None  # (task, seq it covers)
+        self._committed_positions: dict[TP, int] = {}  # last committed by this consumer
+
+    async def commit(self, offsets: dict[TP, int]) -> None:
+        """Store ``offsets`` for the group; durable on return.
 
         Calls coalesce: one commit request runs at a time, in its own task; later calls wait
         for it, then one request carries the latest offsets of all of them.  Cancelling a
         caller cancels only its wait, never the request others wait on.
         """
-        if self.group is None:
-            raise errors.ConfigError("commit() needs a consumer group (group=...)")
-        if not self._started:
-            await self.start()
-        if offsets is None:
-            offsets = {tp: self._skipped(tp, off) for tp, off in self._positions.items() if off is not None}
         self._to_commit.update(offsets)
         self._commit_seq += 1
         mine = self._commit_seq
@@ -67,9 +84,9 @@ class GroupCommits:
                         for (t, p), o in batch.items()
                     ],
                 )
-
-
-                await self._retrying(lambda: self._cluster.coordinator_request(self.group, req, _check_commit))
+                await self._retries.retrying(
+                    lambda: self._cluster.coordinator_request(self.group, req, _check_commit)
+                )
                 self._committed_positions.update(batch)
         except BaseException:
             for tp, off in batch.items():
@@ -85,15 +102,13 @@ class GroupCommits:
             task.exception()  # its waiters may all be gone; they re-raise it themselves
 
     async def committed(self, tp: TP) -> int | None:
-        """The group's committed offset for ``tp`` (next offset to read), or None."""
-        if self.group is None:
-            raise errors.ConfigError("committed() needs a consumer group (group=...)")
-        if not self._started:
-            await self.start()
-        committed = await self._retrying(lambda: self._fetch_committed([tp]))
+        """The group's committed offset for ``tp`` (next offset to read), or None; retried
+        like ``commit``."""
+        committed = await self._retries.retrying(lambda: self.fetch_committed([tp]))
         return committed.get(tuple(tp))
 
-    async def _fetch_committed(self, tps: list[TP]) -> dict[TP, int | None]:
+    async def fetch_committed(self, tps: list[TP]) -> dict[TP, int | None]:
+        """One request (no retry): the committed offset of each of ``tps``, None for none."""
         req = messages.OffsetFetchRequest(
             group=self.group,
             partitions=[messages.TopicPartition(topic=t, partition=p) for t, p in tps],
@@ -101,13 +116,16 @@ class GroupCommits:
         resp = await self._cluster.coordinator_request(self.group, req, _check_fetched)
         return {(r.topic, r.partition): r.offset if r.offset >= 0 else None for r in resp.offsets}
 
-    async def _auto_commit_loop(self) -> None:
+    async def auto_commit_loop(self, interval: float, current: Callable[[], dict[TP, int]]) -> None:
+        """Every ``interval`` seconds, commit ``current()`` if any of it moved since the last
+        commit.  A failed commit is logged and tried again at the next interval.  Runs until
+        cancelled (by ``Consumer.close``)."""
         while True:
-            await asyncio.sleep(self.auto_commit_interval)
-            current = {tp: o for tp, o in self._positions.items() if o is not None}
-            if any(self._committed_positions.get(tp) != o for tp, o in current.items()):
+            await asyncio.sleep(interval)
+            now = current()
+            if any(self._committed_positions.get(tp) != o for tp, o in now.items()):
                 try:
-                    await self.commit(current)
+                    await self.commit(now)
                 except Exception as exc:  # retried at the next interval; close() commits too
                     log.warning("auto commit of group %r failed: %s", self.group, exc)
 

@@ -12,7 +12,7 @@ visible only as the copy its commit writes.
 With a ``group``, starting positions come from the group's committed offsets and
 ``commit()`` stores positions (the next offset to read).  A committed offset the broker
 answers ``OffsetOutOfRange`` for is not used again: the partition is reset per
-``auto_offset_reset``.  Commits coalesce (client/commits.py, a part of ``Consumer``).
+``auto_offset_reset``.  Commits coalesce (client/commits.py's ``GroupCommits``).
 Group requests go to the group's coordinator, the
 leader of its ``__groups`` partition (``Cluster.coordinator_request``); ``NOT_COORDINATOR``
 is retriable like a moved leader: metadata is asked again and the request retried.
@@ -31,7 +31,7 @@ asked about again for ``unknown_topic_wait_ms`` (default 1 s: a topic may be bei
 right then), then ``getmany`` and iteration raise ``UnknownTopic`` / ``UnknownPartition``.
 A subscription only reads the topics that exist.
 
-Partition by partition (positions: client/positions.py, a part of ``Consumer``): one
+Partition by partition (client/positions.py's ``Positions``): one
 partition that cannot be read now (no leader, its leader's broker down) never holds up the
 others.  A starting position that cannot be found out now (a
 reset or a ``seek_to_*`` asks the partition's leader, and there is none, or it is down) is
@@ -41,6 +41,13 @@ assigned partition has a position does the failure count as the broker failing (
 after ``retry_timeout_ms``, as above).  A partition with a position but no leader is warned
 about once and skipped until metadata names a leader again.
 
+The parts a consumer builds and asks, each given its collaborators when built:
+``Retries`` (client/retry_policy.py: the retry policy, shared by all), ``Assignment``
+(client/assignment.py: the partitions read, kept in step with the metadata),
+``GroupCommits`` (with a group), ``Positions`` (asks ``GroupCommits`` for committed offsets,
+marks the ``Assignment``'s metadata stale).  The consumer itself keeps the prefetch and the
+buffer of records, and hands each call to the part it concerns.
+
 Concurrency: a ``Consumer`` belongs to one event loop; use ``client.sync.SyncConsumer`` from
 threads.  ``getmany`` / iteration must not run concurrently with each other.
 """
@@ -49,27 +56,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
 from sluice import errors
+from sluice.client.assignment import Assignment
+from sluice.client.cluster import Cluster
 from sluice.client.commits import GroupCommits
 from sluice.client.config import ConsumerConfig
-from sluice.client.positions import Positions, backoff
-from sluice.client.transport import Cluster, ConnectionFactory
+from sluice.client.positions import Positions
+from sluice.client.retry_policy import Retries
+from sluice.client.transport import ConnectionFactory
 from sluice.protocol import messages, records
 
 __all__ = ["Consumer"]
 
 log = logging.getLogger(__name__)
-WARN_EVERY_S = 10.0  # "broker unavailable" warnings of a consumer, at most one per this
 
 TP = tuple[str, int]
 
 
-class Consumer(Positions, GroupCommits):
+class Consumer:
     """Reads records from assigned or subscribed partitions; see the module docstring."""
 
     def __init__(
@@ -96,48 +104,27 @@ class Consumer(Positions, GroupCommits):
         self.check_crcs = config.check_crcs
         self.request_timeout = config.request_timeout_ms / 1000
         self.retry_timeout = config.retry_timeout_ms / 1000
-        self._failing_since: float | None = None  # first retriable failure of a read loop
-        self._failures = 0  # consecutive retriable failures (backoff)
-        self._warned_at = -WARN_EVERY_S  # when "broker unavailable" was last a warning
         self.metadata_max_age = config.metadata_max_age_ms / 1000
         self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
-        # assigned partitions the metadata says do not exist, and since when it says so
-        self._missing: set[TP] = set()
-        self._missing_since: float | None = None
         self._cluster = Cluster(
             bootstrap,
             connection_factory=connection_factory,
             connect_timeout=config.connect_timeout_ms / 1000,
             request_timeout=self.request_timeout,
         )
-        self._subscription: list[str] | None = None
-        self._assigned: list[TP] = []
-        self._positions: dict[TP, int | None] = {}  # None: to initialise / reset
-        self._out_of_range: set[TP] = set()  # position None because the broker said so
-        # seek_to_* targets (a timestamp or EARLIEST / LATEST) not resolved yet: no leader
-        self._seek_targets: dict[TP, int] = {}
-        # positions that could not be found out: (failing since, attempts, next attempt at)
-        self._unresolved: dict[TP, tuple[float, int, float]] = {}
+        self._retries = Retries(self.retry_timeout)
+        self._commits = (
+            GroupCommits(self._cluster, config.group, self._retries) if config.group is not None else None
+        )
+        self._assignment = Assignment(self._cluster, config, self._reassigned)
+        self._positions = Positions(self._cluster, config, self._retries, self._commits, self._assignment.stale)
         self._leaderless: set[TP] = set()  # positioned, no leader: warned about once
-        self._fetch_offsets: dict[TP, int] = {}
-        # (at, to): once the position is ``at`` it is ``to``: the batches in between show
-        # nothing (half messages, control markers, records compacted away)
-        self._skips: dict[TP, tuple[int, int]] = {}
-        self._epochs: dict[TP, int] = {}  # bumped by seek: drops in-flight results
         self._buffer: deque[list[records.Record]] = deque()
         self._head = 0  # records of _buffer[0] already taken
         self._fetches: dict[int, asyncio.Task] = {}
         self._fetch_done: asyncio.Future | None = None
         self._error: Exception | None = None  # raised by the next getmany
-        self._needs_refresh = False
-        self._metadata_at = 0.0
         self._iter: deque[records.Record] = deque()
-        # commit coalescing
-        self._commit_seq = 0
-        self._committed_seq = 0
-        self._to_commit: dict[TP, int] = {}
-        self._commit_task: tuple[asyncio.Task, int] | None = None  # (task, seq it covers)
-        self._committed_positions: dict[TP, int] = {}
         self._auto_task: asyncio.Task | None = None
         self._started = False
         self._closing = False
@@ -151,11 +138,13 @@ class Consumer(Positions, GroupCommits):
             return
         if self._closed:
             raise errors.ClientClosed("consumer is closed")
-        await self._cluster.refresh(self._subscription or sorted({t for t, _ in self._assigned}))
-        self._metadata_at = time.monotonic()
+        await self._cluster.refresh(self._assignment.topics())
+        self._assignment.refreshed(time.monotonic())
         self._started = True
         if self.auto_commit:
-            self._auto_task = asyncio.get_running_loop().create_task(self._auto_commit_loop())
+            self._auto_task = asyncio.get_running_loop().create_task(
+                self._commits.auto_commit_loop(self.auto_commit_interval, self._positions.current)
+            )
 
     async def close(self) -> None:
         """Commit positions (with auto commit), stop fetching, close connections.
@@ -163,9 +152,9 @@ class Consumer(Positions, GroupCommits):
         A ``getmany`` waiting meanwhile raises ``ClientClosed``; async iteration ends."""
         if self._closed:
             return
-        self._closing = True  # the final commit gets one attempt, no retries
+        self._closing = self._retries.closing = True  # the final commit gets one attempt, no retries
         try:
-            if self._started and self.auto_commit and self._positions:
+            if self._started and self.auto_commit and self._positions.at:
                 try:
                     await self.commit()
                 except errors.SluiceError:
@@ -195,67 +184,33 @@ class Consumer(Positions, GroupCommits):
 
         ``TypeError`` for anything but an iterable of (str, int) pairs: a bare pair such as
         ``("t", 0)`` is not taken for a list of one."""
-        if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
-            raise TypeError(f"assign() takes a list of (topic, partition) pairs, got {partitions!r}")
-        tps = []
-        for tp in list(partitions):
-            try:
-                topic, partition = tp
-                if not isinstance(topic, str) or isinstance(partition, bool):
-                    raise TypeError
-                tps.append((topic, operator.index(partition)))
-            except (TypeError, ValueError):
-                hint = " (one pair? pass [(topic, partition)])" if isinstance(tp, str | int) else ""
-                raise TypeError(
-                    f"assign() takes a list of (topic, partition) pairs; got {tp!r} in {partitions!r}{hint}"
-                ) from None
-        self._subscription = None
-        self._set_assignment(tps)
-        self._missing, self._missing_since = set(), None  # judged again at the next refresh
-        self._needs_refresh = True
+        self._assignment.assign(partitions)
 
     def subscribe(self, topics: Iterable[str]) -> None:
         """Read every partition of ``topics``; partitions added later are picked up.
 
         ``TypeError`` for anything but an iterable of topic names: a bare name such as
         ``"payments"`` is not taken for its letters."""
-        if isinstance(topics, str | bytes) or not isinstance(topics, Iterable):
-            hint = f" (for one topic: [{topics!r}])" if isinstance(topics, str) else ""
-            raise TypeError(f"subscribe() takes a list of topic names, got {topics!r}{hint}")
-        names = list(topics)
-        bad = [t for t in names if not isinstance(t, str) or not t]
-        if bad:
-            raise TypeError(f"subscribe() takes a list of topic names (non-empty str); got {bad[0]!r}")
-        self._subscription = sorted(set(names))
-        self._needs_refresh = True
-        self._set_assignment([tp for tp in self._assigned if tp[0] in self._subscription])
+        self._assignment.subscribe(topics)
 
     def assignment(self) -> list[TP]:
-        return list(self._assigned)
+        return list(self._assignment.partitions)
 
-    def _set_assignment(self, tps: list[TP]) -> None:
+    def _reassigned(self, tps: list[TP]) -> None:
+        """The assigned partitions become ``tps``: forget the others, add the new ones."""
         keep = set(tps)
-        for tp in list(self._positions):
+        for tp in list(self._positions.at):
             if tp not in keep:
                 self._drop(tp)
-        for tp in tps:
-            self._positions.setdefault(tp, None)
-            self._epochs.setdefault(tp, 0)
-        self._assigned = list(dict.fromkeys(tps))
+        self._positions.add(tps)
 
     def _drop(self, tp: TP) -> None:
-        self._positions.pop(tp, None)
-        self._out_of_range.discard(tp)
-        self._seek_targets.pop(tp, None)
-        self._unresolved.pop(tp, None)
+        self._positions.drop(tp)
         self._leaderless.discard(tp)
-        self._fetch_offsets.pop(tp, None)
-        self._epochs[tp] = self._epochs.get(tp, 0) + 1
         self._purge(tp)
 
     def _purge(self, tp: TP) -> None:
-        """Drop buffered records of ``tp`` (after a seek or unassignment)."""
-        self._skips.pop(tp, None)
+        """Drop buffered records of ``tp`` (after a seek, a reset or unassignment)."""
         if self._buffer:
             t, p = tp
             first = self._buffer[0]
@@ -273,111 +228,82 @@ class Consumer(Positions, GroupCommits):
             self._iter.clear()
             self._iter.extend(kept_recs)
 
-    # ------------------------------------------------------------------ riding out faults
+    # ------------------------------------------------------------------ positions
 
-    def _can_retry(self, exc: errors.SluiceError) -> bool:
-        """Worth retrying: the broker may answer differently later.  An unknown topic is
-        not (a consumer fails fast on a name that does not exist)."""
-        return exc.retriable and not isinstance(exc, errors.UnknownTopic) and not self._closing
+    def position(self, tp: TP) -> int | None:
+        """Next offset the application will get for ``tp`` (None until initialised).
 
-    def _gave_up(self, exc: errors.SluiceError, since: float) -> errors.SluiceError:
-        waited = time.monotonic() - since
-        return errors.annotated(
-            exc, f"(still failing after {waited:.1f} s of retries; retry_timeout_ms="
-            f"{self.retry_timeout * 1000:g})"
-        )
+        Past batches that show nothing (half messages, rollback markers, records compacted
+        away) once every record before them was handed out: at the end of a partition
+        whose last batches are hidden, the position is its end, not the offset after its
+        last visible record."""
+        return self._positions.position(tp)
 
-    async def _retrying(self, op):
-        """``await op()``, retrying retriable errors with backoff for ``retry_timeout_ms``."""
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                return await op()
-            except errors.SluiceError as exc:
-                if not self._can_retry(exc):
-                    raise
-                delay = backoff(attempt)
-                attempt += 1
-                if time.monotonic() + delay - started > self.retry_timeout:
-                    raise self._gave_up(exc, started) from exc
-                log.info("retrying in %.1f s: %s", delay, exc)
-                await asyncio.sleep(delay)
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Make ``offset`` the next offset read from (topic, partition)."""
+        tp = (topic, partition)
+        self._positions.seek(tp, offset)
+        self._purge(tp)
 
-    def _failed(self, exc: errors.SluiceError) -> float:
-        """A read loop's request failed retriably: return the backoff before the next try,
-        or raise the error once failures have lasted ``retry_timeout_ms``."""
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-            # once per episode, and at most every WARN_EVERY_S: with one leader down, the
-            # fetches of the others succeed between failures and would start a new one each
-            quiet = now - self._warned_at < WARN_EVERY_S
-            self._warned_at = self._warned_at if quiet else now
-            (log.info if quiet else log.warning)(
-                "broker unavailable, retrying for up to %g s: %s", self.retry_timeout, exc
-            )
-        elif now - self._failing_since > self.retry_timeout:
-            since, self._failing_since, self._failures = self._failing_since, None, 0
-            raise self._gave_up(exc, since) from exc
-        self._failures += 1
-        return backoff(self._failures - 1)
+    async def seek_to_beginning(self, *tps: TP) -> None:
+        await self._seek_to(messages.EARLIEST, tps)
 
-    def _succeeded(self) -> None:
-        if self._failing_since is not None:
-            log.debug("broker available again")
-        self._failing_since = None
-        self._failures = 0
+    async def seek_to_end(self, *tps: TP) -> None:
+        await self._seek_to(messages.LATEST, tps)
 
-    async def _ensure_assignment(self) -> None:
-        """Refresh metadata when due or needed; with a subscription, re-derive the
-        assignment from the partition counts; with an assignment, check that its partitions
-        exist (``_check_assigned``)."""
-        now = time.monotonic()
-        topics = self._cluster.topics
-        if any(tp[0] not in topics or tp[1] >= topics[tp[0]].partitions for tp in self._assigned):
-            self._needs_refresh = True
-        if not self._needs_refresh and now - self._metadata_at < self.metadata_max_age:
-            return
-        if self._subscription is None:
-            await self._cluster.refresh(sorted({t for t, _ in self._assigned}))
-            self._metadata_at = now
-            self._needs_refresh = False
-            self._check_assigned(now)
-            return
-        await self._cluster.refresh(self._subscription)
-        self._metadata_at = now
-        self._needs_refresh = False
-        tps = []
-        for topic in self._subscription:
-            info = self._cluster.topic(topic)
-            if info is not None:
-                tps.extend((topic, p) for p in range(info.partitions))
-        if tps != self._assigned:
-            self._set_assignment(tps)
+    async def seek_to_time(self, timestamp_ms: int, *tps: TP) -> None:
+        """Seek to the first offset with a timestamp >= ``timestamp_ms`` (the end if none)."""
+        await self._seek_to(int(timestamp_ms), tps)
 
-    def _check_assigned(self, now: float) -> None:
-        """After a refresh: note the assigned partitions the metadata says do not exist;
-        once it has said so for ``unknown_topic_wait_ms``, raise why (``UnknownTopic``, or
-        ``UnknownPartition`` for a partition past the topic's count)."""
-        missing: dict[TP, errors.SluiceError] = {}
-        for tp in self._assigned:
-            unknown = self._cluster.unknown.get(tp[0])
-            info = self._cluster.topic(tp[0])
-            if unknown is not None:
-                missing[tp] = type(unknown)(unknown.message)
-            elif info is not None and tp[1] >= info.partitions:
-                missing[tp] = errors.unknown_partition(tp[0], tp[1], info.partitions)
-        self._missing = set(missing)
-        if not missing:
-            self._missing_since = None
-            return
-        if self._missing_since is None:
-            self._missing_since = now
-        if now - self._missing_since >= self.unknown_topic_wait:
-            self._missing_since = None
-            raise next(iter(missing.values()))
-        self._needs_refresh = True  # ask again: it may be being created
+    async def _seek_to(self, timestamp: int, tps: Sequence[TP]) -> None:
+        """Seek ``tps`` (default: the assignment) to the offsets their leaders give for
+        ``timestamp``.  Retried within the call while no partition answers; once some did,
+        the partitions that could not (no leader now) get their position later, in the
+        background (``Positions.init``), and ``position()`` is None for them until then."""
+        await self.start()
+
+        async def resolve() -> tuple[dict[TP, int], dict[TP, errors.SluiceError]]:
+            await self._assignment.ensure()
+            targets = list(tps) or list(self._assignment.partitions)
+            for tp in targets:
+                self._positions.check_assigned(tp)
+            offsets, failed = await self._positions.resolve(targets, timestamp)
+            if failed and not offsets:
+                raise next(iter(failed.values()))  # nothing answered: retried within the call
+            return offsets, failed
+
+        offsets, failed = await self._retries.retrying(resolve)
+        for tp, off in offsets.items():
+            self.seek(tp[0], tp[1], off)
+        for tp in failed:
+            self.seek(tp[0], tp[1], 0)  # drops what was fetched or buffered for tp
+            self._positions.sought_later(tp, timestamp)
+        self._positions.unresolved_failures(failed, time.monotonic())
+
+    # ------------------------------------------------------------------ group commits
+
+    async def commit(self, offsets: dict[TP, int] | None = None) -> None:
+        """Store ``offsets`` (default: current positions) for the group; durable on return.
+
+        Calls coalesce: one commit request runs at a time, in its own task; later calls wait
+        for it, then one request carries the latest offsets of all of them.  Cancelling a
+        caller cancels only its wait, never the request others wait on.
+        """
+        if self._commits is None:
+            raise errors.ConfigError("commit() needs a consumer group (group=...)")
+        if not self._started:
+            await self.start()
+        if offsets is None:
+            offsets = self._positions.to_commit()
+        await self._commits.commit(offsets)
+
+    async def committed(self, tp: TP) -> int | None:
+        """The group's committed offset for ``tp`` (next offset to read), or None."""
+        if self._commits is None:
+            raise errors.ConfigError("committed() needs a consumer group (group=...)")
+        if not self._started:
+            await self.start()
+        return await self._commits.committed(tp)
 
     # ------------------------------------------------------------------ fetching
 
@@ -414,19 +340,19 @@ class Consumer(Positions, GroupCommits):
                 self._maybe_fetch()
                 return out
             try:
-                await self._ensure_assignment()
-                await self._init_positions()
+                await self._assignment.ensure()
+                await self._positions.init(self._assignment.partitions, self._assignment.missing)
             except errors.SluiceError as exc:
-                if not self._can_retry(exc):
+                if not self._retries.can_retry(exc):
                     raise
-                delay = self._failed(exc)
+                delay = self._retries.failed(exc)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return []
                 await asyncio.sleep(min(delay, remaining))
                 continue
-            if not self._assigned:
-                self._succeeded()  # no fetch will say so
+            if not self._assignment.partitions:
+                self._retries.succeeded()  # no fetch will say so
             self._maybe_fetch()
             remaining = deadline - loop.time()
             if remaining <= 0 or not self._fetches:
@@ -455,9 +381,9 @@ class Consumer(Positions, GroupCommits):
             out.append(it.popleft())
         if out and advance:
             for rec in out:
-                self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+                self._positions.at[(rec.topic, rec.partition)] = rec.offset + 1
         buf = self._buffer
-        positions = self._positions
+        positions = self._positions.at
         while buf and (max_records is None or len(out) < max_records):
             chunk, head = buf[0], self._head
             room = len(chunk) - head if max_records is None else max_records - len(out)
@@ -483,13 +409,14 @@ class Consumer(Positions, GroupCommits):
             return
         by_node: dict[int, list[TP]] = {}
         busy = set(self._fetches)
+        fetch_offsets = self._positions.fetch_offsets
         leaderless: list[TP] = []
-        for tp in self._assigned:
-            if tp not in self._fetch_offsets:
+        for tp in self._assignment.partitions:
+            if tp not in fetch_offsets:
                 continue
             node = self._cluster.leader(*tp)
             if node < 0:
-                self._needs_refresh = True
+                self._assignment.stale()
                 if tp not in self._leaderless:
                     self._leaderless.add(tp)
                     leaderless.append(tp)
@@ -519,11 +446,12 @@ class Consumer(Positions, GroupCommits):
 
     async def _fetch_from(self, node: int, tps: list[TP]) -> None:
         # an assign() or seek between _maybe_fetch and this task's start took some away
-        tps = [tp for tp in tps if tp in self._fetch_offsets]
+        positions = self._positions
+        tps = [tp for tp in tps if tp in positions.fetch_offsets]
         if not tps:
             return
-        epochs = {tp: self._epochs[tp] for tp in tps}
-        offsets = {tp: self._fetch_offsets[tp] for tp in tps}
+        epochs = {tp: positions.epochs[tp] for tp in tps}
+        offsets = {tp: positions.fetch_offsets[tp] for tp in tps}
         req = messages.FetchRequest(
             partitions=[
                 messages.FetchPartition(
@@ -541,15 +469,15 @@ class Consumer(Positions, GroupCommits):
         try:
             conn = await self._cluster.connection(node)
             resp, data = await conn.request(req, (), self.request_timeout)
-            self._succeeded()
+            self._retries.succeeded()
             self._on_fetch(resp, data, epochs, offsets)
         except asyncio.CancelledError:
             raise
         except errors.SluiceError as exc:
-            if self._can_retry(exc):
-                self._needs_refresh = True
+            if self._retries.can_retry(exc):
+                self._assignment.stale()
                 try:
-                    delay = self._failed(exc)
+                    delay = self._retries.failed(exc)
                 except errors.SluiceError as final:
                     self._error = final
                 else:
@@ -558,6 +486,8 @@ class Consumer(Positions, GroupCommits):
                 self._error = exc
 
     def _on_fetch(self, resp, data: memoryview, epochs, offsets) -> None:
+        positions = self._positions
+        fetch_offsets, skips = positions.fetch_offsets, positions.skips
         pos = 0
         resets: list[TP] = []
         not_yet = None
@@ -565,7 +495,7 @@ class Consumer(Positions, GroupCommits):
             tp = (r.topic, r.partition)
             chunk = data[pos : pos + r.size]
             pos += r.size
-            if tp not in epochs or self._epochs.get(tp) != epochs[tp]:
+            if tp not in epochs or positions.epochs.get(tp) != epochs[tp]:
                 continue  # sought or unassigned while this fetch was in flight
             if r.error:
                 exc = errors.error_for_code(r.error, r.message)
@@ -574,7 +504,7 @@ class Consumer(Positions, GroupCommits):
                 elif isinstance(exc, errors.OffsetNotAvailable):
                     not_yet = exc  # a new leader's high watermark is behind: same offset, later
                 elif exc.retriable:
-                    self._needs_refresh = True
+                    self._assignment.stale()
                 else:
                     self._error = exc
                 continue
@@ -589,22 +519,20 @@ class Consumer(Positions, GroupCommits):
             end = records.end_of_batches(chunk)
             if recs:
                 self._buffer.append(recs)
-                self._fetch_offsets[tp] = max(recs[-1].offset + 1, end or 0)
+                fetch_offsets[tp] = max(recs[-1].offset + 1, end or 0)
                 if end is not None and end > recs[-1].offset + 1:
-                    self._skips[tp] = (recs[-1].offset + 1, end)
+                    skips[tp] = (recs[-1].offset + 1, end)
             elif end is not None:
-                self._fetch_offsets[tp] = max(start, end)
+                fetch_offsets[tp] = max(start, end)
                 if end > start:  # nothing to show: the position moves on without a record
-                    skip = self._skips.get(tp)
-                    self._skips[tp] = (skip[0] if skip is not None and skip[1] == start else start, end)
+                    skip = skips.get(tp)
+                    skips[tp] = (skip[0] if skip is not None and skip[1] == start else start, end)
             else:
                 self._error = errors.ProtocolError(
                     f"fetch of {tp} at offset {start} returned {r.size} bytes without a whole batch"
                 )
         for tp in resets:
-            self._positions[tp] = None
-            self._out_of_range.add(tp)
-            self._fetch_offsets.pop(tp, None)
+            positions.reset_later(tp)
             self._purge(tp)
         if not_yet is not None:
             raise not_yet  # _fetch backs off, then fetches the same offsets again
@@ -625,7 +553,7 @@ class Consumer(Positions, GroupCommits):
             except errors.ClientClosed:
                 raise StopAsyncIteration from None
         rec = it.popleft()
-        self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+        self._positions.at[(rec.topic, rec.partition)] = rec.offset + 1
         return rec
 
     async def _next_chunk(self, timeout_ms: float) -> list[records.Record]:
@@ -642,7 +570,7 @@ class Consumer(Positions, GroupCommits):
         it = self._iter
         if it and it[0] is rec:
             it.popleft()
-            self._positions[(rec.topic, rec.partition)] = rec.offset + 1
+            self._positions.at[(rec.topic, rec.partition)] = rec.offset + 1
 
 
 def _set_none(fut: asyncio.Future) -> None:

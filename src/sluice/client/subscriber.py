@@ -5,7 +5,7 @@ unsettled messages per broker connection); every message is settled on its own �
 ``ack()``, ``nack(delay_ms)`` (redelivered later), or left alone past the ack deadline
 (redelivered then) — and ``touch()`` restarts its deadline.  Settling is cheap: it records
 the offset, and the subscriber sends what was settled every ``ack_interval_ms`` as offset
-ranges, one request per broker.  Any number of subscribers may share a subscription: the
+ranges, one request per broker (client/ack_sender.py).  ``Message``: client/message.py.  Any number of subscribers may share a subscription: the
 brokers split the messages between them.
 
 Use it as an async iterator, or hand it a handler with ``run(handler, concurrency=N)``
@@ -35,12 +35,12 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
-import msgspec
-
 from sluice import errors
+from sluice.client.ack_sender import AckSender
+from sluice.client.cluster import Cluster
 from sluice.client.config import SubscriberConfig, position
-from sluice.client.settling import Pending, nack_delay, runs
-from sluice.client.transport import Cluster, Connection
+from sluice.client.message import Message
+from sluice.client.transport import Connection
 from sluice.protocol import messages as m
 from sluice.protocol.ranges import RangeSet
 from sluice.protocol.records import decode_records
@@ -48,7 +48,6 @@ from sluice.protocol.subscriptions import (
     SubscriptionConfig,
     check_name,
     config_differences,
-    tag_of,
 )
 
 log = logging.getLogger("sluice.client.subscriber")
@@ -56,92 +55,6 @@ log = logging.getLogger("sluice.client.subscriber")
 RESUBSCRIBE_S = 0.5  # between attempts to subscribe partitions not served yet
 METADATA_S = 10.0  # how often partitions are looked for (new partitions, moved leaders)
 LOST_WARN_EVERY_S = 10.0  # "partitions lost their broker" warnings, at most one per this
-_SETTLING = threading.Lock()
-
-
-class Message(msgspec.Struct, gc=False):
-    """One delivered message.  Settle it once: ``ack()`` or ``nack()``; ``touch()`` while
-    working on it past its ack deadline (see ``keep_alive``).
-
-    Built by the record decoder itself (``decode_records(..., factory=Message)``): the
-    fields up to ``headers`` are a ``Record``'s, then the delivery's.  Not tracked by the
-    garbage collector: the subscriber drops the messages it holds when a partition is lost
-    or it closes, which ends the only cycle (subscriber → message → subscriber).
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple
-    attempt: int
-    deadline: float  # monotonic time the broker redelivers it unless touched
-    _sub: Subscriber
-    _session: object  # the session it came in (None: none): a nack counts only in that one
-    settled: bool = False
-
-    def __repr__(self) -> str:
-        return f"<Message {self.topic}-{self.partition}@{self.offset} attempt={self.attempt}>"
-
-    @property
-    def tag(self) -> str | None:
-        """The message's tag (header ``sluice.tag``), which subscriptions can filter on."""
-        return tag_of(self.headers)
-
-    def header(self, name: str) -> bytes | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
-
-    def ack(self) -> None:
-        """Done with: never delivered again to this subscription.  Any thread.  Raises
-        ``AlreadySettled`` if it was acked or nacked before."""
-        self._settle("ack")
-        sub = self._sub
-        if threading.get_ident() == sub._thread:
-            sub._ack(self)
-        else:
-            sub._on_loop(sub._ack, self)
-
-    def nack(self, delay_ms: int | None = None, reason: str = "") -> None:
-        """Failed: redelivered after ``delay_ms`` (None: the subscription's backoff), an
-        int of 0 to 30 days in ms: else ``TypeError`` or ``ConfigError``, and the message
-        stays unsettled.  Any thread.  Raises ``AlreadySettled`` if it was acked or nacked
-        before."""
-        delay = nack_delay(delay_ms)
-        self._settle("nack")
-        self._sub._on_loop(self._sub._nack, self, delay, reason)
-
-    def _settle(self, how: str) -> None:
-        with _SETTLING:  # ack and nack may race from two threads: one of them settles
-            if self.settled:
-                raise errors.AlreadySettled(f"cannot {how} {self!r}: it was acked or nacked already")
-            self.settled = True
-
-    def touch(self) -> None:
-        """Still working on it: its ack deadline starts again.  Any thread."""
-        if not self.settled:
-            self._sub._on_loop(self._sub._touch, self)
-
-    @contextlib.asynccontextmanager
-    async def keep_alive(self):
-        """``async with message.keep_alive(): ...`` touches the message every third of its
-        ack timeout while the block runs (a long handler keeps its message)."""
-        interval = self._sub._ack_timeout_s(self.partition) / 3
-
-        async def touching():
-            while True:
-                await asyncio.sleep(interval)
-                self.touch()
-
-        task = asyncio.ensure_future(touching())
-        try:
-            yield self
-        finally:
-            task.cancel()
 
 
 class Subscriber:
@@ -181,7 +94,6 @@ class Subscriber:
         # with others keeps them, and the first partition that says so is warned about
         self._asked = (cfg, settings.asked)
         self._start = position(settings.start)
-        self._ack_interval = settings.ack_interval_ms / 1000
         self.unknown_topic_wait = settings.unknown_topic_wait_ms / 1000
         self._missing_since: float | None = None  # since when metadata says the topic does not exist
         self._cluster = Cluster(
@@ -194,16 +106,16 @@ class Subscriber:
         self._ordered_parts: set[int] = set()  # partitions whose subscription is ordered
         self._ready: dict[int, deque[Message]] = {}  # partition -> messages not given out
         self._given: dict[int, int] = {}  # partition -> messages given out, not settled
-        self._pending: dict[int, Pending] = {}
-        self._pending_count = 0
-        self._flush_at = max(1, prefetch // 4)  # settlements that make a flush happen now
+        # settlements noted and not sent yet; sends them
+        self._acks = AckSender(
+            topic, subscription, self._served, self._lost,
+            prefetch=prefetch, ack_interval=settings.ack_interval_ms / 1000,
+        )
         self._rr = 0
         self._arrived = asyncio.Event()
         self._changed = asyncio.Event()  # a partition to subscribe again
-        self._flush_now = asyncio.Event()
         self._failure: BaseException | None = None
         self._tasks: list[asyncio.Task] = []
-        self._requests: set[asyncio.Task] = set()
         self._started = False
         self._closed = False
         self._lost_warned_at = -LOST_WARN_EVERY_S
@@ -230,7 +142,7 @@ class Subscriber:
             await self._cluster.close()
             raise self._failure
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._keep_subscribed()), loop.create_task(self._flush_loop())]
+        self._tasks = [loop.create_task(self._keep_subscribed()), loop.create_task(self._acks.loop())]
 
     async def __aenter__(self) -> Subscriber:
         await self.start()
@@ -247,13 +159,13 @@ class Subscriber:
         for partition, ready in self._ready.items():
             for msg in ready:
                 msg.settled = True
-                self._pending_for(partition).releases.add(msg.offset, msg.offset + 1)
+                self._acks.pending_for(partition).releases.add(msg.offset, msg.offset + 1)
             ready.clear()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await self._flush(wait=True)
+            await self._acks.flush(wait=True)
         await self._cluster.close()
         self._arrived.set()
 
@@ -395,22 +307,17 @@ class Subscriber:
         else:
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def _pending_for(self, partition: int) -> Pending:
-        p = self._pending.get(partition)
-        if p is None:
-            p = self._pending[partition] = Pending()
-        return p
-
     def _ack(self, msg: Message) -> None:
         """The hot path of ``Message.ack``: the offset is noted, sent as ranges later."""
         partition = msg.partition
-        pending = self._pending.get(partition)
+        acks = self._acks
+        pending = acks.pending.get(partition)
         if pending is None:
-            pending = self._pending[partition] = Pending()
+            pending = acks.pending_for(partition)
         pending.acks.append(msg.offset)
-        self._pending_count += 1
-        if self._pending_count >= self._flush_at:
-            self._flush_now.set()
+        acks.count += 1
+        if acks.count >= acks.flush_at:
+            acks.flush_now.set()
         if partition in self._ordered_parts and msg._session in (None, self._sessions.get(partition)):
             self._settled(partition)  # (a message of an ended session holds no place)
 
@@ -428,80 +335,22 @@ class Subscriber:
         that session's own delivery of it, which the application may be working on."""
         if msg._session is None or self._sessions.get(msg.partition) is not msg._session:
             return
-        self._pending_for(msg.partition).nack(msg.offset, delay_ms, reason)
+        acks = self._acks
+        acks.pending_for(msg.partition).nack(msg.offset, delay_ms, reason)
         if self._ordered(msg.partition):  # the ones behind it wait for its redelivery
             self._ready.get(msg.partition, deque()).clear()
-        self._pending_count += 1
-        self._flush_now.set()
+        acks.count += 1
+        acks.flush_now.set()
         self._settled(msg.partition)
 
     def _touch(self, msg: Message) -> None:
-        self._pending_for(msg.partition).touches.add(msg.offset, msg.offset + 1)
+        self._acks.pending_for(msg.partition).touches.add(msg.offset, msg.offset + 1)
         msg.deadline = time.monotonic() + self._ack_timeout_s(msg.partition)
-        self._flush_now.set()
-
-    async def _flush_loop(self) -> None:
-        while True:
-            try:
-                async with asyncio.timeout(self._ack_interval):
-                    await self._flush_now.wait()
-            except TimeoutError:
-                pass
-            self._flush_now.clear()
-            await self._flush(wait=False)
+        self._acks.flush_now.set()
 
     async def flush(self) -> None:
         """Send every settlement made so far and wait for the brokers' answers."""
-        await self._flush(wait=True)
-
-    async def _flush(self, wait: bool) -> None:
-        if not self._pending:
-            if wait and self._requests:
-                await asyncio.gather(*list(self._requests), return_exceptions=True)
-            return
-        pending, self._pending = self._pending, {}
-        self._pending_count = 0
-        by_conn: dict[Connection, list[m.AckPartition]] = {}
-        for partition, p in pending.items():
-            conn = self._served.get(partition)
-            if conn is None or conn.closed:
-                # not served now (a restart, a leader change): acked ones wait for the next
-                # leader (which takes acks of what it has not delivered itself); nacks,
-                # touches and releases concern deliveries that are gone with the connection
-                # (``_lost`` drops the nacks)
-                if p.acks or p.nack_delays:
-                    p.touches, p.releases = RangeSet(), RangeSet()
-                    self._pending[partition] = p
-                continue
-            parts = by_conn.setdefault(conn, [])
-            base = dict(acks=runs(p.acks), touches=p.touches.pairs(), releases=p.releases.pairs())
-            nack_parts = p.nack_parts() if p.nack_delays else ()
-            if not nack_parts:
-                parts.append(m.AckPartition(partition=partition, **base))
-                continue
-            for delay, reason, nacks in nack_parts:  # the acks, touches and releases in the first
-                parts.append(m.AckPartition(
-                    partition=partition, nacks=nacks.pairs(), nack_delay_ms=delay, reason=reason, **base,
-                ))
-                base = {}
-        for conn, parts in by_conn.items():
-            req = m.AckRequest(topic=self.topic, subscription=self.subscription, partitions=parts)
-            task = asyncio.ensure_future(self._send_acks(conn, req))
-            self._requests.add(task)
-            task.add_done_callback(self._requests.discard)
-        if wait and self._requests:
-            await asyncio.gather(*list(self._requests), return_exceptions=True)
-
-    async def _send_acks(self, conn: Connection, req: m.AckRequest) -> None:
-        try:
-            resp, _ = await conn.request(req)
-        except errors.SluiceError as exc:  # lost: the broker delivers those messages again
-            log.debug("acks to %s:%d lost: %s", conn.host, conn.port, exc)
-            return
-        for r in resp.partitions:
-            if r.error:
-                log.debug("acks of %s-%d refused: %s", self.topic, r.partition, r.message)
-                self._lost(r.partition, conn)
+        await self._acks.flush(wait=True)
 
     # ------------------------------------------------------------------ subscribing
 
@@ -649,7 +498,7 @@ class Subscriber:
             return
         self._served.pop(partition, None)
         self._sessions.pop(partition, None)
-        pending = self._pending.get(partition)
+        pending = self._acks.pending.get(partition)
         if pending is not None:  # nacks not sent yet: of deliveries that end here (see _nack)
             pending.drop_nacks()
         ready = self._ready.get(partition)
@@ -698,7 +547,7 @@ class Subscriber:
                 )
             except errors.SluiceError as exc:  # a corrupt batch: nack it, it comes again
                 log.warning("undecodable delivery of %s-%d at %d: %s", self.topic, partition, d.base_offset, exc)
-                pending = self._pending_for(partition)
+                pending = self._acks.pending_for(partition)
                 for a, b in d.want:
                     pending.nack_delays.setdefault(-1, RangeSet()).add(a, b)
                 continue
@@ -708,7 +557,7 @@ class Subscriber:
             ready.extend(msgs)
             if len(msgs) != sum(b - a for a, b in d.want):  # compacted away: nothing to hand out
                 got = {msg.offset for msg in msgs}
-                self._pending_for(partition).acks.extend(
+                self._acks.pending_for(partition).acks.extend(
                     o for a, b in d.want for o in range(a, b) if o not in got
                 )
         self._arrived.set()

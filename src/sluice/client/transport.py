@@ -387,22 +387,3 @@ def _waiter_error(exc: Exception) -> Exception:
     err = errors.ConnectionClosed(str(exc))
     err.__cause__ = exc
     return err
-
-
-# ---------------------------------------------------------------------- cluster metadata
-
-
-# Names that moved to client/cluster.py and client/addresses.py, still found here for the
-# modules that import them from this one.  Looked up on use (PEP 562): client/cluster.py
-# imports this module.
-_MOVED = {"Cluster": "sluice.client.cluster", "TopicInfo": "sluice.client.cluster",
-          "parse_bootstrap": "sluice.client.addresses", "DEFAULT_PORT": "sluice.client.addresses"}
-
-
-def __getattr__(name: str):
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
