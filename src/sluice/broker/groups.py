@@ -11,7 +11,7 @@ partition, when the last commit came and from which client address.
 
 Log start, high watermark and lag are filled from this broker's own replicas only (-1 for
 partitions it holds none of; a follower's lag its leader's a little), and ListGroups' lag
-counts only those: the admin client (client/admin.py) asks each partition's leader
+counts only those: the admin client (client/admin/) asks each partition's leader
 instead, whichever broker coordinates the group.
 """
 
