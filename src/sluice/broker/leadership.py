@@ -5,7 +5,7 @@ On the leader the high watermark is the minimum log end over the in-sync replica
 counted once written (and fsynced with ``flush.messages=1``: ``synced_end``, which the
 writer moves), each follower's as its replica fetches report it.  The partition only
 reports who lags (``lagging``) and who caught up (``caught_up``); who is in the ISR is
-decided by compare-and-swap in the metadata store (broker/replication.py) and applied here
+decided by compare-and-swap in the metadata store (broker/replication/) and applied here
 (``set_isr``).  A move of the high watermark completes the ``acks=all`` waits it passes
 (``acks``, broker/purgatory.py) and wakes the fetches waiting for it (broker/reading.py).
 

@@ -21,7 +21,7 @@ its methods forwards to the object holding the concern.  The parts are attribute
 concern whole; the broker's services call ``Partition``'s methods.  Besides, it carries what the
 replication service records about the partition's state in the metadata store
 (``state_version``, ``seen_version``, ``stale_epoch``, ``withdrawing``,
-``fenced_version``, ``leader_log_start``; broker/replication.py) and applies retention
+``fenced_version``, ``leader_log_start``; broker/replication/) and applies retention
 (``take_expired``).  Retention by time and size does not apply to compacted partitions.
 
 Concurrency: event loop only; the file calls run in the writer's and readers' threads
