@@ -126,16 +126,11 @@ class Producer:
         self.linger = config.linger_ms / 1000
         self.max_block = config.max_block_ms / 1000
         self.unknown_topic_wait = config.unknown_topic_wait_ms / 1000
-        self.codec = config.codec
-        self.max_in_flight = int(config.max_in_flight)
-        self.retries = config.retries
         self.backoff = config.retry_backoff_ms / 1000
         self.backoff_max = config.retry_backoff_max_ms / 1000
         self.delivery_timeout = config.delivery_timeout_ms / 1000
         self.request_timeout = config.request_timeout_ms / 1000
-        self.max_request_size = int(config.max_request_size)
         self.partitioner = partitioner = config.partitioner
-        self.metadata_max_age = config.metadata_max_age_ms / 1000
         self.enable_idempotence = config.idempotent
         self.max_in_flight_per_partition = config.in_flight_per_partition
         self.producer_identity = config.identity
