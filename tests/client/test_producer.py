@@ -214,6 +214,20 @@ async def test_delivery_timeout_names_last_error():
     assert len(broker.produce_requests) > 2  # it did retry
 
 
+def test_delivery_timeout_says_the_last_error_and_an_unanswered_attempt():
+    """The message names the last refusal even when a later attempt is still in flight
+    at the deadline (a slow answer must not hide why the earlier attempts failed)."""
+    from sluice.client.accumulator import Batch
+
+    b = Batch("t", 0, 0, 0.0)
+    assert "never sent" in str(b.timeout_error(0.3))
+    b.last_error, b.attempts, b.in_flight = errors.NotLeader("moved"), 3, True
+    msg = str(b.timeout_error(0.3))
+    assert "NOT_LEADER" in msg and "still unanswered" in msg and "never sent" not in msg
+    b.in_flight = False
+    assert "still unanswered" not in str(b.timeout_error(0.3))
+
+
 async def test_delivery_timeout_in_accumulator():
     broker = FakeBroker({"t": 1})
     async with make(broker, delivery_timeout_ms=50, linger_ms=10_000) as p:

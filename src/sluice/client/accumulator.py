@@ -299,12 +299,10 @@ class Batch(RecordBuffer):
         self.in_flight = False
 
     def timeout_error(self, delivery_timeout: float) -> errors.DeliveryTimeout:
+        said = [f"last error: {self.last_error}"] if self.last_error else []
         if self.in_flight:
-            last = "; an attempt was still unanswered"
-        elif self.last_error:
-            last = f"; last error: {self.last_error}"
-        else:
-            last = "; it was never sent"
+            said.append("an attempt was still unanswered")
+        last = "; " + "; ".join(said or ["it was never sent"])
         err = errors.DeliveryTimeout(
             f"{self.count} record(s) for {self.topic}[{self.partition}] not acknowledged "
             f"within delivery_timeout_ms={delivery_timeout * 1000:g} "
