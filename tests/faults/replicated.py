@@ -10,6 +10,8 @@ reaches etcd through a proxy of its own, so that one broker can be cut off from 
 timeout) sending to every partition of a topic and recording each outcome in a checker
 ``History``, with each send's latency, until ``stop()``.
 
+``inject`` gives one broker's disk fault rules (storage/faults.py) while it runs.
+
 ``ext4_image`` loop-mounts a fresh ext4 image (root only; the caller kills what uses it
 before leaving the ``with``); ``make_read_only`` turns it read-only under a running broker.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 from collections import Counter
@@ -33,6 +36,7 @@ from sluice.client.cluster import Cluster
 from sluice.errors import SluiceError
 from sluice.harness import BrokerProcess, EtcdProcess
 from sluice.protocol.coordinator import GROUPS_TOPIC
+from sluice.storage import faults
 
 SESSION_MS = 1000
 LAG_MS = 2000
@@ -140,6 +144,15 @@ class ThreeBrokers:
         """(leader, leader epoch) of a partition as the metadata has it now."""
         p = (await self.partitions(topic, bootstrap))[partition]
         return p.leader, p.leader_epoch
+
+
+def inject(cluster: ThreeBrokers, node: int, **rules) -> None:
+    """Give broker ``node``'s disk the fault ``rules`` (storage/faults.py), now; no rules:
+    its disk works again.  The broker must have been started armed (``faults.ENV``)."""
+    path = cluster.brokers[node].data_dir / faults.CONTROL_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rules))
+    tmp.replace(path)
 
 
 class Workload:

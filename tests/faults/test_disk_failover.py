@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
-from replicated import LAG_MS, NODES, Workload, eventually, ext4_image
+from replicated import LAG_MS, NODES, Workload, eventually, ext4_image, inject
 
 from sluice.client import Admin
 from sluice.storage import faults
@@ -33,15 +32,6 @@ TOPIC = "events"
 @pytest.fixture(autouse=True)
 def _armed(monkeypatch):
     monkeypatch.setenv(faults.ENV, faults.ARMED)  # inherited by the brokers started here
-
-
-def inject(cluster, node: int, **rules) -> None:
-    """Give broker ``node``'s disk the fault ``rules`` (storage/faults.py), now."""
-    path = cluster.brokers[node].data_dir / faults.CONTROL_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rules))
-    tmp.replace(path)
-
 
 
 def _answered_after(workload: Workload, at: float) -> list[float]:
