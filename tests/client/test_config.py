@@ -19,7 +19,7 @@ from sluice.client.consumer import Consumer
 from sluice.client.producer import Producer
 from sluice.client.subscriber import Subscriber
 from sluice.client.transaction import TransactionProducer
-from sluice.protocol import messages, records
+from sluice.protocol import compression, messages, records
 from sluice.protocol.subscriptions import SubscriptionConfig
 
 
@@ -58,7 +58,7 @@ def test_effective_idempotence_settings():
     assert off.enable_idempotence is None  # left as given: replace(acks="all") turns it on again
     assert dataclasses.replace(off, acks="all").idempotent is True
     assert ProducerConfig(producer_id=(1 << 62) + 1, producer_epoch=3).identity == ((1 << 62) + 1, 3)
-    assert ProducerConfig(compression="lz4").codec == records.COMPRESSION_CODES["lz4"]
+    assert ProducerConfig(compression="lz4").codec == compression.COMPRESSION_CODES["lz4"]
 
 
 def test_consumer_config():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import CorruptRecord
-from sluice.protocol import records
+from sluice.protocol import compression, records
 from sluice.protocol import transactions as tx
 from sluice.protocol.records import (
     COMMIT_BIT,
@@ -29,7 +29,7 @@ from sluice.protocol.records import (
 )
 
 BIG = 1 << 30
-CODECS = [records.NO_COMPRESSION, records.LZ4, records.ZSTD]
+CODECS = [compression.NO_COMPRESSION, compression.LZ4, compression.ZSTD]
 HALF_ID = "orders/2/1234"
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import CorruptRecord
-from sluice.protocol import records, records_py
+from sluice.protocol import compression, records, records_py
 from sluice.protocol.records import (
     BatchTooLarge,
     Record,
@@ -35,7 +35,7 @@ from sluice.protocol.records import (
 
 BIG = 1 << 30  # a max_batch_bytes no test batch reaches
 INT64 = st.integers(-(2**63), 2**63 - 1)
-CODECS = [records.NO_COMPRESSION, records.LZ4, records.ZSTD]
+CODECS = [compression.NO_COMPRESSION, compression.LZ4, compression.ZSTD]
 
 
 def batch_header(
@@ -196,8 +196,8 @@ def test_batch_byte_table_idempotent_producer():
 @pytest.mark.parametrize(
     ("codec", "decompress"),
     [
-        (records.LZ4, lz4.frame.decompress),
-        (records.ZSTD, lambda d: zstandard.ZstdDecompressor().decompressobj().decompress(d)),
+        (compression.LZ4, lz4.frame.decompress),
+        (compression.ZSTD, lambda d: zstandard.ZstdDecompressor().decompressobj().decompress(d)),
     ],
 )
 def test_batch_byte_table_compressed(codec, decompress):
@@ -684,7 +684,7 @@ def test_a_bad_header_key_is_corrupt_after_good_ones():
         decode_records(build_batch(good + bad, 2, 0, 0), "t", 0)
 
 
-@pytest.mark.parametrize("codec", [records.LZ4, records.ZSTD])
+@pytest.mark.parametrize("codec", [compression.LZ4, compression.ZSTD])
 def test_undecompressible_body(codec):
     buf = bytearray(build_batch(REC1, 1, 0, 0))
     struct.pack_into(">h", buf, 21, codec)  # claims compression; the body is plain
@@ -722,7 +722,7 @@ def test_garbage_records_in_a_sealed_batch(body, codec, count, flags, timestamps
     """Garbage that passes the header and CRC checks (and decompresses) reaches the decoder."""
     tail = struct.pack(
         ">hiqqqhii", (flags & ~7) | codec, count - 1, *timestamps, -1, -1, -1, count
-    ) + records.compress(codec, body)
+    ) + compression.compress(codec, body)
     batch = struct.pack(">qiibI", 0, len(tail) + 9, -1, 2, crc32c.crc32c(tail)) + tail
     decode_or_corrupt(batch)
 
@@ -740,7 +740,7 @@ def test_mutated_records_in_a_sealed_batch(recs, edits):
     decode_or_corrupt(seal(buf))
 
 
-@pytest.mark.parametrize("codec", [records.NO_COMPRESSION, records.LZ4, records.ZSTD])
+@pytest.mark.parametrize("codec", [compression.NO_COMPRESSION, compression.LZ4, compression.ZSTD])
 @pytest.mark.parametrize("pid, epoch, seq", [(7, 0, 0), ((1 << 63) - 1, 32767, (1 << 31) - 1), (1 << 62, 3, 12345)])
 def test_stamp_producer_equals_building_with_the_fields(codec, pid, epoch, seq):
     body = b"".join(records.encode_record(i, i, None, b"v%d" % i) for i in range(5))

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 from sluice import native
 from sluice.errors import CorruptRecord
-from sluice.protocol import records, records_py
+from sluice.protocol import compression, records, records_py
 from sluice.protocol.records import Record, build_batch, encode_record
 
 crecords = pytest.importorskip("sluice._crecords")
 crecords.init(CorruptRecord)  # records.py does it only when it uses the build (not with SLUICE_PURE_PYTHON)
 
-CODECS = [records.NO_COMPRESSION, records.LZ4, records.ZSTD]
+CODECS = [compression.NO_COMPRESSION, compression.LZ4, compression.ZSTD]
 headers_st = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=16)), max_size=3)
 record_st = st.tuples(
     st.none() | st.binary(max_size=40),  # key
@@ -270,7 +270,7 @@ def test_check_body_refuses_offset_deltas_out_of_sequence():
     assert check_verdicts(body, 2) == [CorruptRecord, CorruptRecord]
 
 
-@pytest.mark.parametrize("codec", [records.NO_COMPRESSION, records.LZ4, records.ZSTD])
+@pytest.mark.parametrize("codec", [compression.NO_COMPRESSION, compression.LZ4, compression.ZSTD])
 def test_validate_batches_refuses_records_a_consumer_could_not_read(codec):
     good = b"".join(encode_record(i, 0, None, b"v%d" % i, []) for i in range(3))
     assert len(records.validate_batches(build_batch(good, 3, 0, 0, codec), 1 << 20)) == 1
@@ -284,13 +284,13 @@ def test_validate_batches_refuses_records_a_consumer_could_not_read(codec):
             records.validate_batches(build_batch(body, count, 0, 0, codec), 1 << 20)
 
 
-@pytest.mark.parametrize("codec", [records.LZ4, records.ZSTD])
+@pytest.mark.parametrize("codec", [compression.LZ4, compression.ZSTD])
 def test_validate_batches_refuses_a_compressed_batch_that_grows_past_the_limit(codec):
-    batch = build_batch(bytes(records.MAX_DECOMPRESSED_BYTES + 1), 1, 0, 0, codec)
+    batch = build_batch(bytes(compression.MAX_DECOMPRESSED_BYTES + 1), 1, 0, 0, codec)
     assert len(batch) < 1 << 20  # within max.message.bytes
     with pytest.raises(CorruptRecord, match="decompresses to more than"):
         records.validate_batches(batch, 1 << 20)
-    truncated = build_batch(records.compress(codec, b"x" * 1000)[:-5], 1, 0, 0)
+    truncated = build_batch(compression.compress(codec, b"x" * 1000)[:-5], 1, 0, 0)
     truncated = truncated[:21] + bytes([codec]) + truncated[22:]  # the header names the codec
     with pytest.raises(CorruptRecord):
         records.validate_batches(truncated, 1 << 20)

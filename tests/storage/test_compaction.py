@@ -8,10 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import CorruptRecord
+from sluice.protocol.compression import LZ4, NO_COMPRESSION, ZSTD
 from sluice.protocol.records import (
-    LZ4,
-    NO_COMPRESSION,
-    ZSTD,
     assign_offsets,
     batch_crc_ok,
     build_batch,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from sluice import errors
-from sluice.protocol import records
+from sluice.protocol import compression, records
 
 
 class RecordMetadata(NamedTuple):
@@ -267,7 +267,7 @@ class Batch(RecordBuffer):
         not known before)."""
         if self.data is not None:
             return len(self.data)
-        if codec == records.NO_COMPRESSION:
+        if codec == compression.NO_COMPRESSION:
             return records.HEADER_SIZE + self.size
         return len(self.build(codec))
 

@@ -25,6 +25,7 @@ import msgspec
 from sluice import errors
 from sluice.client.sequences import MAX_IN_FLIGHT_BATCHES, check_identity
 from sluice.protocol import messages, records
+from sluice.protocol.compression import COMPRESSION_CODES
 from sluice.protocol.subscriptions import SubscriptionConfig, check_config
 
 __all__ = [
@@ -117,9 +118,9 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         if self.acks not in ACKS:
             raise errors.ConfigError(f"acks must be one of {sorted(ACKS)}, got {self.acks!r}")
-        if self.compression not in records.COMPRESSION_CODES:
+        if self.compression not in COMPRESSION_CODES:
             raise errors.ConfigError(
-                f"compression must be one of {sorted(records.COMPRESSION_CODES)}, got {self.compression!r}"
+                f"compression must be one of {sorted(COMPRESSION_CODES)}, got {self.compression!r}"
             )
         _number("batch_size", self.batch_size, records.HEADER_SIZE + 1)
         _number("linger_ms", self.linger_ms, 0)
@@ -180,7 +181,7 @@ class ProducerConfig:
 
     @property
     def codec(self) -> int:
-        return records.COMPRESSION_CODES[self.compression]
+        return COMPRESSION_CODES[self.compression]
 
     @property
     def identity(self) -> tuple[int, int] | None:

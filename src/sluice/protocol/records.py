@@ -30,6 +30,7 @@ Batch header (61 bytes, all big-endian)::
     53     4    base_sequence         int32, -1 when not idempotent
     57     4    records_count         int32
     61     ..   records               compressed as a whole when bits 0-2 are set
+                                          (protocol/compression.py)
 
 Record (varints are zig-zag encoded, as in Kafka and protobuf ``sint``)::
 
@@ -49,8 +50,17 @@ import crc32c as _crc32c
 import msgspec
 
 from sluice import native
-from sluice.errors import CorruptRecord, ProtocolError
+from sluice.errors import CorruptRecord
 from sluice.protocol import records_py
+from sluice.protocol.compression import (
+    LZ4,
+    MAX_COMPRESSED_RECORDS,
+    MAX_DECOMPRESSED_BYTES,
+    NO_COMPRESSION,
+    ZSTD,
+    compress,
+    decompress,
+)
 from sluice.protocol.records_py import (  # noqa: F401 - varints are part of this module's API
     VARINT_TABLE_SIZE,
     VARINTS,
@@ -77,12 +87,9 @@ HIDDEN_BITS = TRANSACTIONAL_BIT | CONTROL_BIT
 # Batches only a broker writes: producers may send transactional (half) batches, not these.
 BROKER_BITS = CONTROL_BIT | COMMIT_BIT
 
-NO_COMPRESSION, LZ4, ZSTD = 0, 3, 4
 MIN_RECORD_SIZE = 7  # length, attributes, timestamp delta, offset delta, key, value, headers
-MAX_COMPRESSED_RECORDS = 1 << 24
 # Validation is per-batch work on the event loop: bound it per request.
 MAX_BATCHES_PER_PRODUCE = 32_768
-COMPRESSION_CODES = {"none": NO_COMPRESSION, "lz4": LZ4, "zstd": ZSTD}
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
@@ -188,9 +195,6 @@ class BatchSpan(NamedTuple):
 def batch_attributes(buf, pos: int = 0) -> int:
     """The attributes of the batch at ``buf[pos:]`` (its header was validated)."""
     return _H16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)[0]
-
-
-MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024  # a compressed batch that grows past this is refused
 
 
 def validate_batches(buf, max_batch_bytes: int, broker: bool = False) -> list[BatchSpan]:
@@ -375,55 +379,6 @@ def encode_keyless_records(values: Sequence[bytes], first_delta: int = 0) -> byt
     if _C is not None:
         return _C.encode_keyless(values, first_delta)
     return records_py.encode_keyless(values, first_delta)
-
-
-def compress(codec: int, data: bytes) -> bytes:
-    if codec == NO_COMPRESSION:
-        return data
-    if codec == LZ4:
-        import lz4.frame
-
-        return lz4.frame.compress(data)
-    if codec == ZSTD:
-        import zstandard
-
-        return zstandard.ZstdCompressor().compress(data)
-    raise ProtocolError(f"unsupported compression codec {codec}")
-
-
-def decompress(codec: int, data, limit: int | None = None) -> bytes:
-    """A batch body decompressed; with ``limit``, a body that would grow past ``limit``
-    bytes is refused (``CorruptRecord``) before it is all in memory."""
-    try:
-        if codec == LZ4:
-            import lz4.frame
-
-            if limit is None:
-                return lz4.frame.decompress(data)
-            d = lz4.frame.LZ4FrameDecompressor()
-            out = d.decompress(data, max_length=limit + 1)
-            if len(out) <= limit and not d.eof:
-                raise CorruptRecord("truncated LZ4 frame")
-        elif codec == ZSTD:
-            import zstandard
-
-            if limit is None:
-                return zstandard.ZstdDecompressor().decompressobj().decompress(bytes(data))
-            parts, n = [], 0
-            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
-                while n <= limit and (chunk := reader.read(limit + 1 - n)):
-                    parts.append(chunk)
-                    n += len(chunk)
-            out = b"".join(parts)
-        else:
-            raise CorruptRecord(f"unsupported compression codec {codec}")
-    except CorruptRecord:
-        raise
-    except Exception as exc:  # the codecs raise their own error types
-        raise CorruptRecord(f"cannot decompress batch: {exc}") from exc
-    if len(out) > limit:
-        raise CorruptRecord(f"batch decompresses to more than {limit} bytes")
-    return out
 
 
 def check_body(body, count: int) -> None:

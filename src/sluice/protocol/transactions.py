@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluice.errors import CorruptRecord
+from sluice.protocol.compression import decompress
 from sluice.protocol.records import (
     COMMIT_BIT,
     COMPRESSION_MASK,
@@ -38,7 +39,6 @@ from sluice.protocol.records import (
     TRANSACTIONAL_BIT,
     Record,
     build_batch,
-    decompress,
     encode_record,
     parse_header,
     split_first_record,

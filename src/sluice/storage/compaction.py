@@ -19,16 +19,15 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from sluice.errors import CorruptRecord
+from sluice.protocol.compression import compress, decompress
 from sluice.protocol.records import (
     ATTRIBUTES_OFFSET,
     CRC_OFFSET,
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
-    compress,
     crc32c,
     decode_varint,
-    decompress,
     parse_header,
 )
 
