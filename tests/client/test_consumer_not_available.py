@@ -10,6 +10,7 @@ import time
 
 from sluice import errors
 from sluice.client import Consumer, Producer
+from sluice.harness import eventually
 from sluice.protocol import messages
 
 from .fakebroker import FakeBroker
@@ -61,10 +62,13 @@ async def test_offset_not_available_is_retried_at_the_same_offset_with_backoff()
         assert 1 <= broker.refused <= 10, broker.refused
         assert time.monotonic() - started >= 0.4
         broker.visible = None  # caught up
-        deadline = time.monotonic() + 5
         got = []
-        while len(got) < 5 and time.monotonic() < deadline:
-            got += await c.getmany(timeout_ms=200)
+
+        async def five() -> bool:
+            got.extend(await c.getmany(timeout_ms=200))
+            return len(got) >= 5
+
+        await eventually(five, 5, "5 records after the catch-up", interval=0)
         assert [(r.offset, r.value) for r in got] == [(10 + i, b"%d" % (10 + i)) for i in range(5)]
 
 
