@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections import Counter
 
 import pytest
+from checker import read_logs
 from replicated import NODES, Workload, eventually, inject
 
 from sluice.client import Producer
@@ -69,7 +71,7 @@ async def test_a_fenced_leader_without_heir_leads_again_in_a_new_epoch(three_bro
         # written and fsynced in the old epoch, waiting for the paused followers
         waiting = [(history.value(name, 1), producer) for name, producer in (("once", once), ("patient", patient))]
         waits = [await producer.send(TOPIC, value, partition=0) for value, producer in waiting]
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)  # written and fsynced long since: only the followers are awaited
         assert not any(w.done() for w in waits), "acknowledged while both followers are paused"
 
         inject(cluster, victim, fsync="EIO", only=f"{TOPIC}-0")
@@ -120,3 +122,8 @@ async def test_a_fenced_leader_without_heir_leads_again_in_a_new_epoch(three_bro
     assert p.leader_epoch > epoch
     for value, exc in history.failed.items():
         assert exc.maybe_stored, (value, exc)
+    # the new epoch began with the cut back to what was fsynced: the fenced group is gone
+    # (the injected fault left its bytes in the file), the fsynced write before it stays
+    stored = Counter(r.value for r in (await read_logs(cluster.bootstrap, TOPIC))[0])
+    assert stored[fenced_value] == 0, "the unsynced tail of the fenced epoch was not cut"
+    assert stored[waiting[0][0]] == 1, "a write fsynced before the fault was cut"
