@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from sluice.client.sync import SyncAdmin, SyncConsumer, SyncProducer
+from sluice.harness import wait_until
 from sluice.spark import pipelines
 
 DAY_MS = 86_400_000
@@ -152,13 +152,13 @@ def test_continuous_archive_follows_new_messages(spark, broker, tmp_path):
             spark, bootstrap=broker.bootstrap, output=str(out), checkpoint=str(ck),
             topics=["events"], continuous=True, trigger_interval="500 milliseconds",
         )  # fmt: skip
+
+        def archived() -> bool:
+            assert query.exception() is None, query.exception()
+            return _archived_so_far(out) >= total
+
         try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                assert query.exception() is None, query.exception()
-                if _archived_so_far(out) >= total:
-                    break
-                time.sleep(0.5)
+            wait_until(archived, 120, f"{total} messages archived", interval=0.5)
         finally:
             query.stop()
 
@@ -184,11 +184,13 @@ def test_continuous_cli_stops_on_sigterm(broker, tmp_path):
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while _archived_so_far(out) < 50:
+        def archived() -> bool:
+            if _archived_so_far(out) >= 50:
+                return True
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "nothing archived in 120 s"
-            time.sleep(0.5)
+            return False
+
+        wait_until(archived, 120, "50 messages archived", interval=0.5)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err[-3000:]
@@ -213,11 +215,13 @@ def test_archive_killed_mid_run_resumes_exactly_once(broker, tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while _archived_so_far(out) < 300:
+        def archived() -> bool:
+            if _archived_so_far(out) >= 300:
+                return True
             assert proc.poll() is None, "the pipeline ended before it was killed"
-            assert time.monotonic() < deadline, "nothing archived in 120 s"
-            time.sleep(0.2)
+            return False
+
+        wait_until(archived, 120, "300 messages archived", interval=0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
