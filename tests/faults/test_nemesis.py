@@ -42,7 +42,6 @@ starts with storage faults, and the CI run checks that it tried one.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -51,7 +50,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from checker import check_reads, read_logs
-from replicated import NODES, SESSION_MS, ThreeBrokers, Workload, eventually
+from replicated import NODES, SESSION_MS, ThreeBrokers, Workload, eventually, inject
 
 from sluice.client import Consumer
 from sluice.errors import SluiceError
@@ -100,10 +99,7 @@ class Nemesis:
     def inject(self, node: int, **rules) -> None:
         """Give broker ``node``'s disk the storage fault ``rules`` (storage/faults.py; the
         brokers run armed), now; no rules: its disk works again."""
-        path = self.cluster.brokers[node].data_dir / disk_faults.CONTROL_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rules))
-        tmp.replace(path)
+        inject(self.cluster, node, **rules)
 
     async def follower_of(self, partition: int) -> tuple[int | None, int]:
         """(the partition's leader or None, a broker that follows it: any other one)."""
