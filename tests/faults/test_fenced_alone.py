@@ -54,8 +54,8 @@ async def test_a_fenced_leader_without_heir_leads_again_in_a_new_epoch(three_bro
 
     only_victim = cluster.address(victim)  # the paused brokers would not answer metadata
     options = dict(acks="all", linger_ms=0, retry_backoff_ms=50, metadata_max_age_ms=1000)
-    once = Producer(only_victim, retries=0, delivery_timeout_ms=60_000, **options)  # says what it got
-    patient = Producer(only_victim, delivery_timeout_ms=60_000, **options)  # retries until stored
+    once = Producer(only_victim, retries=0, delivery_timeout_ms=30_000, **options)  # says what it got
+    patient = Producer(only_victim, delivery_timeout_ms=30_000, **options)  # retries until stored
     await once.start()
     await patient.start()
     paused: list[int] = []
