@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
 import pytest
 
 from sluice.harness import free_ports, freeze
+from sluice.harness.ports import ephemeral_range
 from sluice.harness.processes import kill_group, spawn, stop_group, tail
 
 # a child that starts a grandchild and says both pids; SIGTERM ends it (default action)
@@ -24,6 +26,19 @@ def test_free_ports_are_distinct_and_not_handed_out_again():
     second = free_ports(20)
     assert len(set(first)) == 20 and len(set(second)) == 20
     assert not set(first) & set(second)
+
+
+@pytest.mark.skipif(ephemeral_range() is None, reason="the kernel's ephemeral port range is unknown here")
+def test_free_ports_are_never_ones_an_outgoing_connection_may_take():
+    """A broker restarted on its port after a kill must find it free: a port from the
+    ephemeral range can meanwhile be the local port of any client's connection."""
+    low, high = ephemeral_range()
+    ports = free_ports(50)
+    assert all(p < low or p > high for p in ports), ports
+    with socket.create_server(("127.0.0.1", 0)) as server:  # an outgoing connection's port
+        with socket.create_connection(server.getsockname()) as client:
+            assert low <= client.getsockname()[1] <= high
+            assert client.getsockname()[1] not in free_ports(50)
 
 
 def _said(log, timeout: float = 10) -> str:
