@@ -158,7 +158,7 @@ PyDoc_STRVAR(resolve_records_doc,
 "timestamp))`` (a tuple subclass of 4 fields): offsets count from ``base_offset`` (all -1\n"
 "when it is -1), the timestamp is ``append_time`` unless it is -1, else the record's.  A\n"
 "SendFuture is finished in C (its metadata built when asked for); sinks of the first type met\n"
-"that has a static ``_set_results(sinks, results)`` are told in one call of it, at the end.");
+"that has a static ``set_results(sinks, results)`` (RecordFuture's) are told in one call of it, at the end.");
 
 static PyObject *
 RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
@@ -190,7 +190,7 @@ RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize
     /* a SendFuture keeps (meta_type, topic, partition) and builds its metadata when asked */
     PyObject *info = PyTuple_Pack(3, args[0], args[1], args[2]);
     PyObject *appended = append_time != -1 ? PyLong_FromLongLong(append_time) : NULL;
-    /* sinks of a type with ``_set_results(sinks, results)`` (the first such type met) are told
+    /* sinks of a type with ``set_results(sinks, results)`` (the first such type met) are told
      * in one call at the end, the others one by one */
     PyTypeObject *seen = NULL, *bulk_type = NULL;
     PyObject *bulk_fn = NULL, *bulk_sinks = NULL, *bulk_results = NULL;
@@ -778,7 +778,7 @@ add_producer_types(PyObject *m)
 {
     str_done = PyUnicode_InternFromString("done");
     str_set_result = PyUnicode_InternFromString("set_result");
-    str_set_results = PyUnicode_InternFromString("_set_results");
+    str_set_results = PyUnicode_InternFromString("set_results");
     str_set_exception = PyUnicode_InternFromString("set_exception");
     str_key = PyUnicode_InternFromString("key");
     str_headers = PyUnicode_InternFromString("headers");

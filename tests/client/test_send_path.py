@@ -273,7 +273,7 @@ def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome()
 
 @pytest.mark.parametrize("buffer_type", [records._C.RecordBuffer if records._C else None, _RecordBuffer], ids=["C", "reference"])
 def test_a_batch_resolves_record_futures_of_any_group_with_waiters_callbacks_and_cancelled(buffer_type):
-    """A batch's acknowledgement tells its RecordFutures in one ``_set_results`` call (C) or
+    """A batch's acknowledgement tells its RecordFutures in one ``set_results`` call (C) or
     one by one (reference), with the same outcome: a waiting thread wakes, callbacks run, a
     cancelled future stays cancelled, a future of another group is told too."""
     if buffer_type is None:
@@ -297,6 +297,30 @@ def test_a_batch_resolves_record_futures_of_any_group_with_waiters_callbacks_and
     assert [f.result().offset for i, f in enumerate(futs) if i != 2] == [10, 11, 13, 14]
     assert futs[2].cancelled()
     assert sorted(seen, key=str) == [("waited", 13), 11]
+
+
+class _CountedFuture(RecordFuture):
+    calls: list = []
+
+    @staticmethod
+    def set_results(futures, results) -> None:
+        _CountedFuture.calls.append(len(futures))
+        RecordFuture.set_results(futures, results)
+
+
+@pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
+def test_the_compiled_batch_tells_record_futures_through_their_public_set_results():
+    """``RecordBuffer.resolve_records`` in C finds the futures' static ``set_results`` by its
+    public name and calls it once for the batch's futures of that type."""
+    _CountedFuture.calls = []
+    group = FutureGroup()
+    futs = [_CountedFuture(group) for _ in range(3)]
+    buf = records._C.RecordBuffer()
+    buf.futures, buf.timestamps = futs, [7, 8, 9]
+    buf.resolve_records(RecordMetadata, "t", 0, 10, -1)
+    assert _CountedFuture.calls == [3]
+    assert [(f.result(0).offset, f.result(0).timestamp) for f in futs] == [(10, 7), (11, 8), (12, 9)]
+
 
 @pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
 @pytest.mark.parametrize("flush_every", [0, 37])

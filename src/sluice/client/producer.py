@@ -460,9 +460,13 @@ class Producer:
             ) and (topic in self._line.lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink)):
                 self._line.add((topic, value, key, headers, partition, timestamp_ms, sink, None))
         except Exception as exc:  # nothing was buffered
-            self._unbuffered(sink, clarified(exc, topic, value, key, headers, partition, timestamp_ms))
+            self.unbuffered(sink, clarified(exc, topic, value, key, headers, partition, timestamp_ms))
 
-    def _unbuffered(self, sink, exc: BaseException) -> None:
+    def unbuffered(self, sink, exc: BaseException) -> None:
+        """A record of ``submit`` could not be buffered (nothing of it was): mark ``exc``
+        so (``errors.unbuffered``), fail ``sink`` with it unless it is done, and tell
+        ``on_unbuffered`` when set.  The waiting line and the sync facade's compiled outbox
+        report such a record here too.  Call only on the producer's loop."""
         errors.unbuffered(exc)
         if not sink.done():
             sink.set_exception(exc)

@@ -3,7 +3,7 @@ futures of one producer share.
 
 A ``RecordFuture`` is a ``concurrent.futures.Future`` at a fraction of its cost: the futures
 of one producer share one ``threading.Condition`` (their ``FutureGroup``), and a batch's
-acknowledgement resolves its records' futures under one lock (``_set_results``).  The
+acknowledgement resolves its records' futures under one lock (``set_results``).  The
 compiled ``Outbox`` (``_coutbox.c``) makes them without running ``__init__``.
 
 Concurrency: resolved on the producer's loop thread, waited on from any thread.
@@ -103,9 +103,12 @@ class RecordFuture(concurrent.futures.Future):
         return "_callback_list" in made
 
     @staticmethod
-    def _set_results(futures: list[RecordFuture], results: list) -> None:
+    def set_results(futures: list[RecordFuture], results: list) -> None:
         """``set_result`` of each future not done yet, under one lock and with one
-        notification per group (a batch's acknowledgement: see ``RecordBuffer.resolve_records``)."""
+        notification per group: a batch's acknowledgement.  ``RecordBuffer.resolve_records``
+        (accumulator.py, compiled in _cproducer.c) calls it once per batch for the sinks of a
+        type that has a static ``set_results(sinks, results)``; ``futures`` is not empty,
+        ``results`` as long."""
         group = futures[0]._group
         called = []  # futures with callbacks to invoke, once the lock is released
         others = []  # futures of another group

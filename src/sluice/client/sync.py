@@ -144,7 +144,10 @@ class SyncProducer(_SyncBase):
         # Records sent, not handed to the loop yet (see client/outbox.py).  Sent minus handed
         # bytes of values is what it holds (approximately, with several sending threads
         # going the Python way: a sender's += may be lost; it only informs backpressure).
-        self._outbox = _Outbox(self, SyncProducer.send, deque(), RecordFuture, self._future_group, _MARGIN)
+        self._outbox = _Outbox(
+            self, SyncProducer.send, deque(), RecordFuture, self._future_group, _MARGIN,
+            self._buffer_all, self._schedule_hand_over,
+        )
         if _Outbox is not _PyOutbox and type(self).send is SyncProducer.send:  # a subclass's own send stays
             self.send = self._outbox.send
 
@@ -196,6 +199,7 @@ class SyncProducer(_SyncBase):
         self._loop_thread().run(self._hand_over_and_buffer(client))
 
     def _schedule_hand_over(self, client: Producer) -> None:
+        """Hand every record sent over to the loop soon (``_hand_over``), without waiting."""
         self._loop_thread().call_soon(self._outbox.hand_over, client)
 
     def _loop_thread(self) -> LoopThread:

@@ -75,7 +75,7 @@ class WaitingLine:
                     lane.popleft()
                     exc = clarified(exc, topic, value, key, headers, partition, ts)
                     if buffered is None:
-                        self._producer._unbuffered(sink, exc)
+                        self._producer.unbuffered(sink, exc)
                     elif not buffered.done():
                         buffered.set_exception(errors.unbuffered(exc))
                 else:
