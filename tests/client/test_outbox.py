@@ -9,7 +9,7 @@ import pytest
 from sluice.client import SyncProducer
 from sluice.client.outbox import Outbox as PyOutbox
 from sluice.client.record_future import FutureGroup, RecordFuture
-from sluice.client.sync import _MARGIN
+from sluice.client.sync.producer import _MARGIN
 from sluice.protocol import records
 
 from .fakebroker import FakeBroker

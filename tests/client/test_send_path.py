@@ -12,11 +12,12 @@ import weakref
 import pytest
 
 from sluice import errors
-from sluice.client import Producer, RecordMetadata, SyncProducer, sync
+from sluice.client import Producer, RecordMetadata, SyncProducer
 from sluice.client.accumulator import _RecordBuffer
 from sluice.client.outbox import Outbox as PyOutbox
 from sluice.client.producer import _TURN_BYTES, _TURN_RECORDS, _python_path
 from sluice.client.record_future import FutureGroup, RecordFuture
+from sluice.client.sync import producer as sync_producer
 from sluice.protocol import records
 
 from .fakebroker import FakeBroker
@@ -132,7 +133,7 @@ def outbox(request, monkeypatch):
         if records._C is None:
             pytest.skip("the compiled codec is not built")
     else:
-        monkeypatch.setattr(sync, "_Outbox", PyOutbox)
+        monkeypatch.setattr(sync_producer, "_Outbox", PyOutbox)
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""The future of one record sent with ``SyncProducer.send`` (client/sync.py), and what the
+"""The future of one record sent with ``SyncProducer.send`` (client/sync/producer.py), and what the
 futures of one producer share.
 
 A ``RecordFuture`` is a ``concurrent.futures.Future`` at a fraction of its cost: the futures
