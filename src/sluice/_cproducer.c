@@ -1,8 +1,8 @@
 /* The producer's per-record path, part of the module sluice._crecords: RecordBuffer (the
  * records of a batch: client/accumulator.py's Batch subclasses it, and _RecordBuffer there is
- * its pure-Python reference) and Appender (Producer._append_now and Producer.send for the
- * common record: client/producer.py's Python path is the reference, and the tests compare
- * the batches both build).
+ * its pure-Python reference) and Appender (RecordAppender.append and Producer.send for the
+ * common record: client/appender.py and client/producer.py are the reference, and the tests
+ * compare the batches both build).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -373,7 +373,7 @@ memory_counts(PyObject *o, long long *used, long long *limit)
 
 /* ------------------------------------------------------- the producer's per-record path */
 
-/* Producer._append_now for the common record, in one call: a record of bytes (a key or
+/* RecordAppender.append for the common record, in one call: a record of bytes (a key or
  * none, no headers) for a topic whose route is current, that fits in its partition's open
  * batch, with memory free.  Everything else, and anything unusual, is left to the Python
  * path, which ``append`` tells by returning False after changing nothing.  ``send`` is
@@ -614,7 +614,7 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
 
 PyDoc_STRVAR(append_doc,
 "append(topic, value, key, headers, partition, timestamp_ms, sink) -> int\n\n"
-"Buffer the record as Producer._append_now would, when it is the common case, and return what\n"
+"Buffer the record as RecordAppender.append would, when it is the common case, and return what\n"
 "it returns (1; 2 when the loop should turn); 0, having changed nothing, when the Python path\n"
 "must take it.");
 

@@ -14,8 +14,9 @@ import pytest
 from sluice import errors
 from sluice.client import Producer, RecordMetadata, SyncProducer
 from sluice.client.accumulator import _RecordBuffer
+from sluice.client.appender import TURN_BYTES, TURN_RECORDS
 from sluice.client.outbox import Outbox as PyOutbox
-from sluice.client.producer import _TURN_BYTES, _TURN_RECORDS, _python_path
+from sluice.client.producer import _python_path
 from sluice.client.record_future import FutureGroup, RecordFuture
 from sluice.client.sync import producer as sync_producer
 from sluice.protocol import records
@@ -328,7 +329,7 @@ def test_the_compiled_batch_tells_record_futures_through_their_public_set_result
 @pytest.mark.parametrize("seed", range(4))
 async def test_compiled_and_python_paths_build_the_same_batches(seed, flush_every):
     """The common record takes the compiled path (``Producer._append_common``), the others
-    ``_append_now``; records of both kinds mixed, with full batches, sticky and keyed
+    ``RecordAppender.append``; records of both kinds mixed, with full batches, sticky and keyed
     partitions, give byte-identical batches to the Python path alone — also when flushes
     close batches before they fill (the sticky partition then moves on at the next
     keyless record)."""
@@ -434,16 +435,16 @@ async def test_a_closed_producer_is_garbage_collected():
     assert gone() is None
 
 
-@pytest.mark.parametrize("size", [1000, 10])  # a turn per _TURN_BYTES, per _TURN_RECORDS
+@pytest.mark.parametrize("size", [1000, 10])  # a turn per TURN_BYTES, per TURN_RECORDS
 @pytest.mark.parametrize("compiled", [True, False] if records._C is not None else [False])
 async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled, size):
     """Awaiting each ``send`` never yields while its future is done already; once per
-    ``_TURN_BYTES`` or ``_TURN_RECORDS`` of records (and when a batch fills) it is done on the
+    ``TURN_BYTES`` or ``TURN_RECORDS`` of records (and when a batch fills) it is done on the
     loop's next turn, so other tasks and the sender run while the loop goes on: batches go
     out before it ends."""
     broker = FakeBroker({"t": 1})
     turns = 0
-    per_turn = min(_TURN_BYTES // size, _TURN_RECORDS)
+    per_turn = min(TURN_BYTES // size, TURN_RECORDS)
     n = 5 * per_turn + per_turn // 2
 
     async def ticker():
