@@ -11,8 +11,9 @@
  * of the producer's ProducerState (client/state.py) it reads.
  * ``hand_over`` runs on the loop and buffers the queued records through the producer's
  * Appender, handing the rest to Producer.submit and reporting a record the Appender
- * refused to Producer.unbuffered(sink, exc).  The RecordFutures it makes get RecordFuture's
- * two attributes ``_group`` and ``_condition`` (the latter concurrent.futures.Future's own).
+ * refused to Producer.unbuffered(sink, exc).  The RecordFutures it makes get the two
+ * attributes RecordFuture.__init__ sets: ``group`` and ``_condition`` (the latter
+ * concurrent.futures.Future's own name).
  * Both run under the GIL without calling
  * Python code between reading and changing the shared state (``items``, the byte counts and
  * ``handing``), so a record queued while a hand-over ends is never left behind.
@@ -411,7 +412,7 @@ add_outbox_type(PyObject *m)
         || intern(&str_appender, "appender") < 0 || intern(&str_append, "append") < 0
         || intern(&str_popleft, "popleft") < 0
         || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "unbuffered") < 0
-        || intern(&str_group, "_group") < 0 || intern(&str_condition, "_condition") < 0
+        || intern(&str_group, "group") < 0 || intern(&str_condition, "_condition") < 0
         || intern(&str_group_condition, "condition") < 0
         || PyType_Ready(&OutboxType) < 0)
         return -1;

@@ -35,6 +35,8 @@ def test_the_compiled_send_calls_the_hand_over_and_buffer_all_it_was_given():
         outbox.bind(client)
         a = outbox.send("t", b"a", partition=0)
         b = outbox.send("t", b"b", partition=0)
+        assert type(a) is RecordFuture and a.group is b.group and isinstance(a.group, FutureGroup)
+        assert a._condition is a.group.condition  # as RecordFuture.__init__ makes it
         assert (scheduled, buffered_all) == ([client], [])  # one hand-over for both: it is pending
         assert [item[1] for item in outbox.items] == [b"a", b"b"] and outbox.handing
         c = outbox.send("t", b"c" * 3000, partition=0)

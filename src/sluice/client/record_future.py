@@ -4,7 +4,9 @@ futures of one producer share.
 A ``RecordFuture`` is a ``concurrent.futures.Future`` at a fraction of its cost: the futures
 of one producer share one ``threading.Condition`` (their ``FutureGroup``), and a batch's
 acknowledgement resolves its records' futures under one lock (``set_results``).  The
-compiled ``Outbox`` (``_coutbox.c``) makes them without running ``__init__``.
+compiled ``Outbox`` (``_coutbox.c``) makes them without running ``__init__``: it sets the
+two attributes ``__init__`` sets, ``group`` (the ``FutureGroup``) and ``_condition``
+(``concurrent.futures.Future``'s own name for its condition, the group's).
 
 Concurrency: resolved on the producer's loop thread, waited on from any thread.
 """
@@ -46,7 +48,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def __init__(self, group: FutureGroup) -> None:
         # not super().__init__(), which builds a Condition and two lists of its own
-        self._group = group
+        self.group = group  # the FutureGroup it shares with the producer's other futures
         self._condition = group.condition
         self._state = _futures.PENDING
 
@@ -64,7 +66,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def _wait(self, timeout: float | None) -> None:
         if self._state not in _DONE:
-            group = self._group
+            group = self.group
             with group.condition:
                 group.sleepers += 1
                 try:
@@ -82,7 +84,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def set_result(self, result) -> None:
         """As ``Future.set_result``, without waking the group when nobody waits."""
-        group = self._group
+        group = self.group
         with group.lock:
             if self._state in _DONE:
                 raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
@@ -109,12 +111,12 @@ class RecordFuture(concurrent.futures.Future):
         (accumulator.py, compiled in _cproducer.c) calls it once per batch for the sinks of a
         type that has a static ``set_results(sinks, results)``; ``futures`` is not empty,
         ``results`` as long."""
-        group = futures[0]._group
+        group = futures[0].group
         called = []  # futures with callbacks to invoke, once the lock is released
         others = []  # futures of another group
         with group.lock:
             for fut, result in zip(futures, results, strict=True):
-                if fut._group is not group:
+                if fut.group is not group:
                     others.append((fut, result))
                 elif fut._state not in _DONE and fut._finish(result):
                     called.append(fut)
