@@ -17,7 +17,7 @@ from sluice.client import accumulator, producer, sync
 from sluice.protocol import records
 from sluice.storage import syncer
 print(records.COMPILED, syncer._csyncer is not None, accumulator.RecordBuffer.__module__,
-      sync._Outbox.__module__, producer._send_future.__class__.__name__)
+      sync.producer._Outbox.__module__, producer._send_future.__class__.__name__)
 """
 
 

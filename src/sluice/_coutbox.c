@@ -4,12 +4,17 @@
  *
  * ``send`` is SyncProducer.send for the common record (bytes, no headers, a topic whose
  * route is known and well within its size limit) on the caller's thread: a RecordFuture,
- * the record queued in ``items``, a hand-over scheduled on the loop unless one is pending.
- * The facade binds the outbox to its producer once it runs (``bind``) and unbinds it when
+ * the record queued in ``items``, a hand-over scheduled on the loop unless one is pending
+ * (``schedule_hand_over(client)``, given to the constructor), or, while buffer memory is
+ * short, ``buffer_all(client)`` (given too) until it is buffered.  The facade binds the outbox to its producer once it runs (``bind``) and unbinds it when
  * it closes; unbound, every send takes the Python path.  Bound, the outbox keeps the parts
  * of the producer's ProducerState (client/state.py) it reads.
  * ``hand_over`` runs on the loop and buffers the queued records through the producer's
- * Appender, handing the rest to Producer.submit.  Both run under the GIL without calling
+ * Appender, handing the rest to Producer.submit and reporting a record the Appender
+ * refused to Producer.unbuffered(sink, exc).  The RecordFutures it makes get the two
+ * attributes RecordFuture.__init__ sets: ``group`` and ``_condition`` (the latter
+ * concurrent.futures.Future's own name).
+ * Both run under the GIL without calling
  * Python code between reading and changing the shared state (``items``, the byte counts and
  * ``handing``), so a record queued while a hand-over ends is never left behind.
  */
@@ -27,6 +32,8 @@ typedef struct {
     PyObject *items;       /* deque of (topic, value, key, headers, partition, timestamp_ms, future) */
     PyObject *future_type; /* RecordFuture, made here as its __init__(group) would */
     PyObject *group, *condition;
+    PyObject *buffer_all;  /* buffer_all(client): block until every record queued is buffered */
+    PyObject *schedule;    /* schedule_hand_over(client): run hand_over(client) on the loop soon */
     /* the producer the facade bound (or None) and its ProducerState's parts (client/state.py) */
     PyObject *client, *topics, *routes, *memory, *appender;
     long long sent_bytes, handed_bytes, margin;
@@ -35,7 +42,7 @@ typedef struct {
 
 static PyObject *str_state, *str_topics, *str_routes, *str_memory,
     *str_appender, *str_append, *str_popleft, *str_submit, *str_unbuffered,
-    *str_buffer_all, *str_schedule, *str_group, *str_condition, *str_group_condition;
+    *str_group, *str_condition, *str_group_condition;
 
 static int
 Outbox_traverse(Outbox *self, visitproc visit, void *arg)
@@ -46,6 +53,8 @@ Outbox_traverse(Outbox *self, visitproc visit, void *arg)
     Py_VISIT(self->future_type);
     Py_VISIT(self->group);
     Py_VISIT(self->condition);
+    Py_VISIT(self->buffer_all);
+    Py_VISIT(self->schedule);
     Py_VISIT(self->client);
     Py_VISIT(self->topics);
     Py_VISIT(self->routes);
@@ -63,6 +72,8 @@ Outbox_clear(Outbox *self)
     Py_CLEAR(self->future_type);
     Py_CLEAR(self->group);
     Py_CLEAR(self->condition);
+    Py_CLEAR(self->buffer_all);
+    Py_CLEAR(self->schedule);
     Py_CLEAR(self->client);
     Py_CLEAR(self->topics);
     Py_CLEAR(self->routes);
@@ -82,14 +93,19 @@ Outbox_dealloc(Outbox *self)
 static PyObject *
 Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *facade, *py_send, *items, *future_type, *group;
+    PyObject *facade, *py_send, *items, *future_type, *group, *buffer_all, *schedule;
     long long margin;
-    static char *names[] = {"facade", "py_send", "items", "future_type", "group", "margin", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOL:Outbox", names, &facade, &py_send, &items, &future_type,
-                                     &group, &margin))
+    static char *names[] = {"facade", "py_send", "items", "future_type", "group", "margin", "buffer_all",
+                            "schedule_hand_over", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOLOO:Outbox", names, &facade, &py_send, &items, &future_type,
+                                     &group, &margin, &buffer_all, &schedule))
         return NULL;
     if (!PyType_Check(future_type)) {
         PyErr_SetString(PyExc_TypeError, "future_type must be a class");
+        return NULL;
+    }
+    if (!PyCallable_Check(buffer_all) || !PyCallable_Check(schedule)) {
+        PyErr_SetString(PyExc_TypeError, "buffer_all and schedule_hand_over must be callable");
         return NULL;
     }
     PyObject *condition = PyObject_GetAttr(group, str_group_condition);
@@ -106,6 +122,8 @@ Outbox_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->future_type = Py_NewRef(future_type);
     self->group = Py_NewRef(group);
     self->condition = condition;
+    self->buffer_all = Py_NewRef(buffer_all);
+    self->schedule = Py_NewRef(schedule);
     self->margin = margin;
     self->client = Py_NewRef(Py_None);
     self->topics = Py_NewRef(Py_None);
@@ -227,10 +245,10 @@ send_bound(Outbox *self, PyObject *client, PyObject *const *args, size_t nargsf,
     memory_counts(self->memory, &used, &limit); /* a MemoryCounter while bound: bind_client saw to it */
     if (used + self->sent_bytes - self->handed_bytes > limit) {
         /* memory is short: until this record and every one before it is buffered */
-        r = PyObject_CallMethodOneArg(self->facade, str_buffer_all, client);
+        r = PyObject_CallOneArg(self->buffer_all, client);
     } else if (!self->handing) {
         self->handing = 1;
-        r = PyObject_CallMethodOneArg(self->facade, str_schedule, client);
+        r = PyObject_CallOneArg(self->schedule, client);
     } else {
         return fut;
     }
@@ -367,8 +385,8 @@ static PyMemberDef Outbox_members[] = {
 static PyTypeObject OutboxType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sluice._crecords.Outbox",
-    .tp_doc = "Outbox(facade, py_send, items, future_type, group, margin): a SyncProducer's records "
-              "not yet handed to its loop (client/outbox.py).",
+    .tp_doc = "Outbox(facade, py_send, items, future_type, group, margin, buffer_all, schedule_hand_over): "
+              "a SyncProducer's records not yet handed to its loop (client/outbox.py).",
     .tp_basicsize = sizeof(Outbox),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Outbox_new,
@@ -393,9 +411,8 @@ add_outbox_type(PyObject *m)
         || intern(&str_routes, "routes") < 0 || intern(&str_memory, "memory") < 0
         || intern(&str_appender, "appender") < 0 || intern(&str_append, "append") < 0
         || intern(&str_popleft, "popleft") < 0
-        || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "_unbuffered") < 0
-        || intern(&str_buffer_all, "_buffer_all") < 0 || intern(&str_schedule, "_schedule_hand_over") < 0
-        || intern(&str_group, "_group") < 0 || intern(&str_condition, "_condition") < 0
+        || intern(&str_submit, "submit") < 0 || intern(&str_unbuffered, "unbuffered") < 0
+        || intern(&str_group, "group") < 0 || intern(&str_condition, "_condition") < 0
         || intern(&str_group_condition, "condition") < 0
         || PyType_Ready(&OutboxType) < 0)
         return -1;

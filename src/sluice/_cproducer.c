@@ -1,8 +1,8 @@
 /* The producer's per-record path, part of the module sluice._crecords: RecordBuffer (the
  * records of a batch: client/accumulator.py's Batch subclasses it, and _RecordBuffer there is
- * its pure-Python reference) and Appender (Producer._append_now and Producer.send for the
- * common record: client/producer.py's Python path is the reference, and the tests compare
- * the batches both build).
+ * its pure-Python reference) and Appender (RecordAppender.append and Producer.send for the
+ * common record: client/appender.py and client/producer.py are the reference, and the tests
+ * compare the batches both build).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -158,7 +158,7 @@ PyDoc_STRVAR(resolve_records_doc,
 "timestamp))`` (a tuple subclass of 4 fields): offsets count from ``base_offset`` (all -1\n"
 "when it is -1), the timestamp is ``append_time`` unless it is -1, else the record's.  A\n"
 "SendFuture is finished in C (its metadata built when asked for); sinks of the first type met\n"
-"that has a static ``_set_results(sinks, results)`` are told in one call of it, at the end.");
+"that has a static ``set_results(sinks, results)`` (RecordFuture's) are told in one call of it, at the end.");
 
 static PyObject *
 RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs)
@@ -190,7 +190,7 @@ RecordBuffer_resolve_records(RecordBuffer *self, PyObject *const *args, Py_ssize
     /* a SendFuture keeps (meta_type, topic, partition) and builds its metadata when asked */
     PyObject *info = PyTuple_Pack(3, args[0], args[1], args[2]);
     PyObject *appended = append_time != -1 ? PyLong_FromLongLong(append_time) : NULL;
-    /* sinks of a type with ``_set_results(sinks, results)`` (the first such type met) are told
+    /* sinks of a type with ``set_results(sinks, results)`` (the first such type met) are told
      * in one call at the end, the others one by one */
     PyTypeObject *seen = NULL, *bulk_type = NULL;
     PyObject *bulk_fn = NULL, *bulk_sinks = NULL, *bulk_results = NULL;
@@ -373,7 +373,7 @@ memory_counts(PyObject *o, long long *used, long long *limit)
 
 /* ------------------------------------------------------- the producer's per-record path */
 
-/* Producer._append_now for the common record, in one call: a record of bytes (a key or
+/* RecordAppender.append for the common record, in one call: a record of bytes (a key or
  * none, no headers) for a topic whose route is current, that fits in its partition's open
  * batch, with memory free.  Everything else, and anything unusual, is left to the Python
  * path, which ``append`` tells by returning False after changing nothing.  ``send`` is
@@ -614,7 +614,7 @@ append_impl(Appender *self, PyObject *topic, PyObject *value, PyObject *key, PyO
 
 PyDoc_STRVAR(append_doc,
 "append(topic, value, key, headers, partition, timestamp_ms, sink) -> int\n\n"
-"Buffer the record as Producer._append_now would, when it is the common case, and return what\n"
+"Buffer the record as RecordAppender.append would, when it is the common case, and return what\n"
 "it returns (1; 2 when the loop should turn); 0, having changed nothing, when the Python path\n"
 "must take it.");
 
@@ -778,7 +778,7 @@ add_producer_types(PyObject *m)
 {
     str_done = PyUnicode_InternFromString("done");
     str_set_result = PyUnicode_InternFromString("set_result");
-    str_set_results = PyUnicode_InternFromString("_set_results");
+    str_set_results = PyUnicode_InternFromString("set_results");
     str_set_exception = PyUnicode_InternFromString("set_exception");
     str_key = PyUnicode_InternFromString("key");
     str_headers = PyUnicode_InternFromString("headers");

@@ -100,7 +100,7 @@ def test_the_producer_hands_one_state_to_its_parts():
     state = p.state
     assert state.config is p.config and state.memory is p._memory and state.accumulator is p._acc
     assert state.topics is p._cluster.topics and state.open is p._acc.open and state.lanes is p._line.lanes
-    assert state.sticky is p._sticky and state.routes is p._routes
+    assert state.sticky is p._sticky and state.routes is p._appender._routes
     if records._C is None:
         assert state.appender is None
     else:

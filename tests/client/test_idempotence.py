@@ -275,7 +275,7 @@ async def test_a_batch_failing_after_its_sequence_renumbers_the_partition():
         with pytest.raises(errors.DeliveryTimeout) as info:
             await expired
         assert info.value.maybe_stored is False
-        await until(lambda: not p._sender._requests)
+        await until(lambda: not p._sender.in_flight.requests)
         p._cluster.connection = real
         del p._cluster.connected
         broker.produce_errors = []
@@ -327,7 +327,7 @@ async def test_requests_to_a_broker_go_out_in_the_order_they_were_made():
         p._cluster.connection = slow
         p._cluster.connected = lambda node: None  # no open connection: requests connect first
         a = await p.send("t", b"a")
-        await until(lambda: p._sender._unwritten.get(0))  # made; its task waits to write it
+        await until(lambda: p._sender.in_flight.unwritten.get(0))  # made; its task waits to write it
         del p._cluster.connected  # a connection is open now
         b = await p.send("t", b"b")
         await asyncio.sleep(0.01)
@@ -366,7 +366,7 @@ async def test_a_gap_with_an_explicit_identity_fails_the_later_sends():
         broker.produce_errors = [errors.NotLeader.code] * 10_000
         with pytest.raises(errors.DeliveryTimeout):
             await (await p.send("t", b"expired"))
-        await until(lambda: not p._sender._requests)  # a request in flight at the deadline is refused too
+        await until(lambda: not p._sender.in_flight.requests)  # a request in flight at the deadline is refused too
         broker.produce_errors = []
         with pytest.raises(errors.OutOfOrderSequence, match="never renumbered") as info:
             await (await p.send("t", b"after"))
@@ -378,12 +378,12 @@ async def test_past_the_last_epoch_a_partition_takes_a_fresh_producer_id():
     broker = FakeBroker({"t": 1})
     async with make(broker, linger_ms=0, delivery_timeout_ms=300) as p:
         await (await p.send("t", b"first"))
-        p._sender._seqs[("t", 0)].epoch = 32767
+        p._sender.identity.partitions[("t", 0)].epoch = 32767
         broker.producers[(1000, ("t", 0))].epoch = 32767
         broker.produce_errors = [errors.NotLeader.code] * 10_000
         with pytest.raises(errors.DeliveryTimeout):
             await (await p.send("t", b"expired"))
-        await until(lambda: not p._sender._requests)  # a request in flight at the deadline is refused too
+        await until(lambda: not p._sender.in_flight.requests)  # a request in flight at the deadline is refused too
         broker.produce_errors = []
         assert (await (await p.send("t", b"after"))).offset == 1
     assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h in headers(broker)][-1] == (1001, 0, 0)

@@ -399,13 +399,14 @@ def test_record_batch_limit_constant_matches_codec():
 )
 @pytest.mark.parametrize("ts_delta, off_delta", [(0, 0), (-5, 1), (10**12, 40000)])
 def test_record_size_is_exact(key, value, headers, ts_delta, off_delta):
+    from sluice.client.appender import RecordAppender
     from sluice.client.framing import record_size, tail_size
 
     rec = records.encode_record(off_delta, ts_delta, key, value, headers)
     tail = tail_size(key, value, headers)
     assert record_size(tail, ts_delta, off_delta) == len(rec)
     # the memory a buffered record reserves bounds its size in any batch
-    assert Producer._reserve(key, value, headers) >= len(rec)
+    assert RecordAppender.reserve(key, value, headers) >= len(rec)
 
 
 async def test_too_large_record_leaves_no_empty_batch():

@@ -12,11 +12,13 @@ import weakref
 import pytest
 
 from sluice import errors
-from sluice.client import Producer, RecordMetadata, SyncProducer, sync
+from sluice.client import Producer, RecordMetadata, SyncProducer
 from sluice.client.accumulator import _RecordBuffer
+from sluice.client.appender import TURN_BYTES, TURN_RECORDS
 from sluice.client.outbox import Outbox as PyOutbox
-from sluice.client.producer import _TURN_BYTES, _TURN_RECORDS, _python_path
+from sluice.client.producer import _python_path
 from sluice.client.record_future import FutureGroup, RecordFuture
+from sluice.client.sync import producer as sync_producer
 from sluice.protocol import records
 
 from .fakebroker import FakeBroker
@@ -132,7 +134,7 @@ def outbox(request, monkeypatch):
         if records._C is None:
             pytest.skip("the compiled codec is not built")
     else:
-        monkeypatch.setattr(sync, "_Outbox", PyOutbox)
+        monkeypatch.setattr(sync_producer, "_Outbox", PyOutbox)
     return request.param
 
 
@@ -273,7 +275,7 @@ def test_record_futures_share_a_condition_and_still_wait_for_their_own_outcome()
 
 @pytest.mark.parametrize("buffer_type", [records._C.RecordBuffer if records._C else None, _RecordBuffer], ids=["C", "reference"])
 def test_a_batch_resolves_record_futures_of_any_group_with_waiters_callbacks_and_cancelled(buffer_type):
-    """A batch's acknowledgement tells its RecordFutures in one ``_set_results`` call (C) or
+    """A batch's acknowledgement tells its RecordFutures in one ``set_results`` call (C) or
     one by one (reference), with the same outcome: a waiting thread wakes, callbacks run, a
     cancelled future stays cancelled, a future of another group is told too."""
     if buffer_type is None:
@@ -298,12 +300,36 @@ def test_a_batch_resolves_record_futures_of_any_group_with_waiters_callbacks_and
     assert futs[2].cancelled()
     assert sorted(seen, key=str) == [("waited", 13), 11]
 
+
+class _CountedFuture(RecordFuture):
+    calls: list = []
+
+    @staticmethod
+    def set_results(futures, results) -> None:
+        _CountedFuture.calls.append(len(futures))
+        RecordFuture.set_results(futures, results)
+
+
+@pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
+def test_the_compiled_batch_tells_record_futures_through_their_public_set_results():
+    """``RecordBuffer.resolve_records`` in C finds the futures' static ``set_results`` by its
+    public name and calls it once for the batch's futures of that type."""
+    _CountedFuture.calls = []
+    group = FutureGroup()
+    futs = [_CountedFuture(group) for _ in range(3)]
+    buf = records._C.RecordBuffer()
+    buf.futures, buf.timestamps = futs, [7, 8, 9]
+    buf.resolve_records(RecordMetadata, "t", 0, 10, -1)
+    assert _CountedFuture.calls == [3]
+    assert [(f.result(0).offset, f.result(0).timestamp) for f in futs] == [(10, 7), (11, 8), (12, 9)]
+
+
 @pytest.mark.skipif(records._C is None, reason="the compiled codec is not built")
 @pytest.mark.parametrize("flush_every", [0, 37])
 @pytest.mark.parametrize("seed", range(4))
 async def test_compiled_and_python_paths_build_the_same_batches(seed, flush_every):
     """The common record takes the compiled path (``Producer._append_common``), the others
-    ``_append_now``; records of both kinds mixed, with full batches, sticky and keyed
+    ``RecordAppender.append``; records of both kinds mixed, with full batches, sticky and keyed
     partitions, give byte-identical batches to the Python path alone — also when flushes
     close batches before they fill (the sticky partition then moves on at the next
     keyless record)."""
@@ -409,16 +435,16 @@ async def test_a_closed_producer_is_garbage_collected():
     assert gone() is None
 
 
-@pytest.mark.parametrize("size", [1000, 10])  # a turn per _TURN_BYTES, per _TURN_RECORDS
+@pytest.mark.parametrize("size", [1000, 10])  # a turn per TURN_BYTES, per TURN_RECORDS
 @pytest.mark.parametrize("compiled", [True, False] if records._C is not None else [False])
 async def test_a_loop_of_awaited_sends_lets_the_loop_turn(compiled, size):
     """Awaiting each ``send`` never yields while its future is done already; once per
-    ``_TURN_BYTES`` or ``_TURN_RECORDS`` of records (and when a batch fills) it is done on the
+    ``TURN_BYTES`` or ``TURN_RECORDS`` of records (and when a batch fills) it is done on the
     loop's next turn, so other tasks and the sender run while the loop goes on: batches go
     out before it ends."""
     broker = FakeBroker({"t": 1})
     turns = 0
-    per_turn = min(_TURN_BYTES // size, _TURN_RECORDS)
+    per_turn = min(TURN_BYTES // size, TURN_RECORDS)
     n = 5 * per_turn + per_turn // 2
 
     async def ticker():

@@ -70,7 +70,7 @@ async def _wrap(bootstrap: str) -> None:
     async with Admin(bootstrap) as admin:
         await admin.create_topic("wrap", partitions=1)
     async with Producer(bootstrap, linger_ms=0, producer_id=DERIVED + 11, producer_epoch=0) as p:
-        st = p._sender._seqs[("wrap", 0)] = PartitionSequences(DERIVED + 11, 0, True)
+        st = p._sender.identity.partitions[("wrap", 0)] = PartitionSequences(DERIVED + 11, 0, True)
         st.next_sequence = SEQUENCE_MOD - 5  # test hook: the partition's first sequence
         results = []
         for i in range(6):  # batches of 3: 2**31-5, 2**31-2, 1, 4, 7, 10
@@ -79,7 +79,7 @@ async def _wrap(bootstrap: str) -> None:
     assert results == [(0, 3 * i) for i in range(6)]
     # a new producer with the same identity repeats the batches after the boundary: duplicates
     async with Producer(bootstrap, linger_ms=0, producer_id=DERIVED + 11, producer_epoch=0) as p:
-        st = p._sender._seqs[("wrap", 0)] = PartitionSequences(DERIVED + 11, 0, True)
+        st = p._sender.identity.partitions[("wrap", 0)] = PartitionSequences(DERIVED + 11, 0, True)
         st.next_sequence = 4
         again = await (await p.send_many("wrap", [b"3-%d" % j for j in range(3)], partition=0))
     assert again == (0, 9)

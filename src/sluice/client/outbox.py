@@ -12,6 +12,10 @@ is ``SyncProducer.send`` in C for the common record (``SyncProducer.send`` is it
 path) and whose ``hand_over`` buffers through the producer's compiled Appender.  The facade
 binds the outbox to its producer once that runs (``bind``), and unbinds it when it closes;
 the compiled one reads the producer's ``state`` (client/state.py) only then.
+
+What the compiled one calls, it is given or calls by a public name: the facade's
+``buffer_all(client)`` and ``schedule_hand_over(client)`` are constructor arguments, and
+``hand_over`` uses the producer's ``submit`` and ``unbuffered`` (client/producer.py).
 """
 
 from __future__ import annotations
@@ -20,10 +24,20 @@ from collections import deque
 
 
 class Outbox:
-    """``Outbox(facade, py_send, items, future_type, group, margin)``: the arguments of the
-    compiled one, of which this one keeps ``items`` (its ``send`` is the facade's own)."""
+    """``Outbox(facade, py_send, items, future_type, group, margin, buffer_all,
+    schedule_hand_over)``: the arguments of the compiled one, of which this one keeps
+    ``items`` (its ``send`` is the facade's own, which calls the last two itself).
 
-    def __init__(self, facade, py_send, items: deque, future_type, group, margin: int) -> None:
+    ``facade``: the SyncProducer; ``py_send``: ``SyncProducer.send``, for every call the
+    compiled ``send`` does not take; ``future_type`` and ``group``: ``RecordFuture`` and the
+    ``FutureGroup`` of the facade's futures; ``margin``: bytes of a record and its batch
+    beside its key and value, with room to spare; ``buffer_all(client)``: block until every
+    record queued is buffered (buffer memory is short); ``schedule_hand_over(client)``: run
+    ``hand_over(client)`` on the producer's loop soon."""
+
+    def __init__(
+        self, facade, py_send, items: deque, future_type, group, margin: int, buffer_all, schedule_hand_over
+    ) -> None:
         self.items = items
         self.sent_bytes = self.handed_bytes = 0
         self.handing = False

@@ -17,7 +17,9 @@ pass ``producer_id`` and ``producer_epoch``; a newer epoch of one id fences the 
 
 The per-record path, ``send`` / ``send_nowait``: a record that can be buffered at once is
 appended to its open batch before the call returns (encoded inline from varint tables, its
-sink, a future or a callback, stored beside it; a batch resolves its records in one loop).
+sink, a future or a callback, stored beside it; a batch resolves its records in one loop):
+by the compiled ``Appender`` for the common record, else by the ``RecordAppender``
+(client/appender.py).
 A record that must wait for topic metadata or buffer memory queues in its topic's waiting
 line, buffered in send order by one task per line.
 
@@ -43,10 +45,11 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.client.accumulator import Accumulator, Bulk, MemoryPool, RecordMetadata
+from sluice.client.appender import PLAIN_SLACK, TURN, TURN_BYTES, TURN_RECORDS, RecordAppender
 from sluice.client.arguments import check_partition, clarified, values_error
 from sluice.client.cluster import Cluster
 from sluice.client.config import ProducerConfig
-from sluice.client.framing import Callback, record_size, tail_size, zz_len
+from sluice.client.framing import Callback, record_size, zz_len
 from sluice.client.identity import backoff_delay
 from sluice.client.ordering import InOrderCallbacks
 from sluice.client.partitioning import Partitioning, default_partitioner
@@ -59,26 +62,10 @@ from sluice.protocol import records
 
 __all__ = ["Producer", "RecordMetadata", "InOrderCallbacks", "default_partitioner"]
 
-_time = time.time
 _MAX_KEYLESS = 32768  # encode_keyless_records' offset-delta table size
 # Upper bound of a record's framing around its value in the bulk path: length varint,
 # attributes, timestamp delta, offset delta, null key, value length varint, header count.
 _BULK_OVERHEAD = 16
-# A record's framing around its key, value and headers, at most: length varint (5),
-# attributes (1), timestamp delta (10), offset delta (5).
-_FRAMING_MAX = 21
-# ... and around a bytes key (or none) and value without headers: the two length varints
-# (5 each) and the header count (1) too.
-_PLAIN_SLACK = _FRAMING_MAX + 11
-# A send whose record takes its batch past a multiple of _TURN_BYTES bytes or of
-# _TURN_RECORDS records, or fills it, lets the loop turn once before its awaitable is done:
-# a loop of awaited sends, which never yields otherwise, lets the sender and every other
-# task run once per this much data.  Each turn ships what is buffered as a request: fewer
-# turns cost the broker fewer requests (large records), more of them let it work beside
-# the client sooner (small records, a window of unacknowledged ones).
-_TURN_BYTES = 256 * 1024
-_TURN_RECORDS = 512
-_BUFFERED, _TURN = 1, 2  # what _append_now returns once the record is buffered
 # A pending future of one send on a loop: the compiled SendFuture (asyncio.Future's contract
 # at a fraction of its cost, see _cfuture.c), or the loop's own future.
 _send_future = records._C.SendFuture if records._C is not None else methodcaller("create_future")
@@ -91,7 +78,7 @@ def _tell(buffered: asyncio.Future, fut: asyncio.Future) -> None:
 
 def _python_path(*record) -> bool:
     """``Producer._append_common`` without the compiled codec: every record goes the
-    Python way (``_append_now``)."""
+    Python way (``RecordAppender.append``)."""
     return False
 
 
@@ -152,8 +139,11 @@ class Producer:
         self._line = WaitingLine(self)
         # what the sender, the compiled path and the sync facade share (client/state.py)
         self.state = state = ProducerState(config, self._cluster, self._acc, self._memory, self._line, self._sticky)
-        # topic -> (metadata, partitions, batch byte limit, record bytes per batch)
-        self._routes = state.routes
+        # one record into its partition's open batch, the Python way (client/appender.py)
+        self._appender = appender = RecordAppender(
+            state, parts, self._check_open, self.batch_size, keyless_sticky=partitioner is None
+        )
+        self._append_now = appender.append
         # told each error that kept a record of submit() from being buffered (sync facade)
         self.on_unbuffered: Callable[[BaseException], object] | None = None
         self._sender = Sender(
@@ -165,14 +155,14 @@ class Producer:
         # ``send`` is this class's ``send`` in C, calling back ``send`` or ``_send_rest``.
         self._append_common: Callable[..., bool] = _python_path
         if records._C is not None:
-            state.appender = appender = records._C.Appender(
-                state, self._batch_full, MethodType(Producer.send, self), self._send_rest, self._buffered_later,
+            state.appender = compiled = records._C.Appender(
+                state, appender.batch_full, MethodType(Producer.send, self), self._send_rest, self._buffered_later,
                 _crc32c.crc32c, partitioner is not None,
-                records.HEADER_SIZE, _PLAIN_SLACK, _TURN_BYTES, _TURN_RECORDS,
+                records.HEADER_SIZE, PLAIN_SLACK, TURN_BYTES, TURN_RECORDS,
             )
-            self._append_common = appender.append
+            self._append_common = compiled.append
             if type(self).send is Producer.send:  # a subclass's own send stays its send
-                self.send = appender.send
+                self.send = compiled.send
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing = 0
@@ -247,6 +237,7 @@ class Producer:
 
     def _refuse_sends(self) -> None:
         """Closing or fenced: from now on every send takes the Python path, which refuses it."""
+        self._appender.refusing = True
         if self.state.appender is not None:
             self.state.appender.loop = None
 
@@ -384,7 +375,7 @@ class Producer:
         except Exception as exc:  # nothing was buffered
             buffered.set_exception(errors.unbuffered(clarified(exc, topic, value, key, headers, partition, timestamp_ms)))
             return buffered
-        if common == _TURN:
+        if common == TURN:
             return self._buffered_later(buffered, fut)
         if common:
             buffered.set_result(fut)
@@ -403,14 +394,14 @@ class Producer:
             return buffered
         if not appended:
             self._line.add((topic, value, key, headers, partition, timestamp_ms, fut, buffered))
-        elif appended == _TURN:
+        elif appended == TURN:
             self._buffered_later(buffered, fut)
         else:
             buffered.set_result(fut)
         return buffered
 
     def _buffered_later(self, buffered: asyncio.Future, fut: asyncio.Future) -> asyncio.Future:
-        """Tell ``buffered`` its record's ``fut`` on the loop's next turn (see _TURN_BYTES)."""
+        """Tell ``buffered`` its record's ``fut`` on the loop's next turn (see appender.TURN_BYTES)."""
         self._loop.call_soon(_tell, buffered, fut)
         return buffered
 
@@ -460,126 +451,18 @@ class Producer:
             ) and (topic in self._line.lanes or not self._append_now(topic, value, key, headers, partition, timestamp_ms, sink)):
                 self._line.add((topic, value, key, headers, partition, timestamp_ms, sink, None))
         except Exception as exc:  # nothing was buffered
-            self._unbuffered(sink, clarified(exc, topic, value, key, headers, partition, timestamp_ms))
+            self.unbuffered(sink, clarified(exc, topic, value, key, headers, partition, timestamp_ms))
 
-    def _unbuffered(self, sink, exc: BaseException) -> None:
+    def unbuffered(self, sink, exc: BaseException) -> None:
+        """A record of ``submit`` could not be buffered (nothing of it was): mark ``exc``
+        so (``errors.unbuffered``), fail ``sink`` with it unless it is done, and tell
+        ``on_unbuffered`` when set.  The waiting line and the sync facade's compiled outbox
+        report such a record here too.  Call only on the producer's loop."""
         errors.unbuffered(exc)
         if not sink.done():
             sink.set_exception(exc)
         if self.on_unbuffered is not None:
             self.on_unbuffered(exc)
-
-    # ------------------------------------------------------------------ appending
-
-    def _fitting(self, topic: str, info, tail: int) -> int:
-        """Exact size of a record with ``tail`` bytes after its offset delta, in a batch of
-        its own; ``MessageTooLarge`` when that cannot fit in a batch the topic accepts."""
-        alone = record_size(tail, 0, 0)
-        limit = self._max_batch_bytes(info)
-        if alone + records.HEADER_SIZE > limit:
-            raise errors.MessageTooLarge(
-                f"record of {alone} bytes (plus a {records.HEADER_SIZE}-byte batch header) "
-                f"exceeds the {limit}-byte limit of {topic!r}"
-            )
-        return alone
-
-    def _append_now(self, topic, value, key, headers, partition, ts, sink, prepaid: int = 0) -> int:
-        """Put one record in its partition's open batch now, ``sink`` to be told its
-        outcome; False (nothing buffered) when it must wait: no metadata of the topic, a
-        partition beyond those known, or too little free memory.  ``prepaid``: memory the
-        waiting line reserved for it (``_reserve``).  Raises, buffering nothing, when the
-        record cannot be sent (closed or fenced producer, ``MessageTooLarge``,
-        ``UnknownPartition``, an encoding error).
-
-        Returns ``_TURN`` instead of ``_BUFFERED`` when the loop should turn (its batch
-        filled, or passed a multiple of ``_TURN_BYTES`` or ``_TURN_RECORDS``).
-
-        The per-record path: a few dict lookups, then one C call encodes the record into
-        the batch (``Batch.add``).  Synchronous: no await between choice and append.
-        """
-        if self._closing or self._sender.fenced is not None:
-            self._check_open()
-        info = self._cluster.topics.get(topic)
-        route = self._routes.get(topic)
-        if route is None or route[0] is not info:
-            if info is None or not info.leaders:
-                return False
-            limit = self._max_batch_bytes(info)
-            route = self._routes[topic] = (info, len(info.leaders), limit, min(self.batch_size, limit) - records.HEADER_SIZE)
-        _, n, limit, cap = route
-        if partition is not None and not (partition.__class__ is int and 0 <= partition < n):
-            check_partition(partition)  # 0.0, True: TypeError
-            if partition >= 0:
-                return False  # the topic may have grown: the line refreshes metadata
-            raise errors.unknown_partition(topic, partition, n)
-        if headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes):
-            reserve = len(value) + (0 if key is None else len(key)) + _PLAIN_SLACK
-        else:
-            reserve = self._reserve(key, value, headers)
-        if reserve + records.HEADER_SIZE > limit:
-            try:
-                self._fitting(topic, info, tail_size(key, value, headers))
-            except errors.MessageTooLarge:
-                if self._line.limit_may_be_stale(topic):
-                    return False  # the line asks for the topic's limit again, then decides
-                raise
-        mem = self._memory
-        if not prepaid and (mem.used + reserve > mem.limit or mem.waiters):
-            return False
-        if partition is None:
-            partition = self._partitioning.partition_for(topic, key, n)
-            sticky = key is None and self.partitioner is None
-        else:
-            sticky = False
-        if ts is None:
-            ts = int(_time() * 1000)
-        acc = self._acc
-        batch = acc.open.get((topic, partition))
-        turn = False
-        if batch is not None:
-            before = batch.size
-            if not batch.add(cap, key, value, headers, ts, sink, reserve):
-                acc.close(batch)  # full
-                batch, turn = None, True
-                if sticky:
-                    partition = self._partitioning.switch_sticky(topic, n, partition)
-                    batch = acc.open.get((topic, partition))
-                    if batch is not None:
-                        before = batch.size
-                        if not batch.add(cap, key, value, headers, ts, sink, reserve):
-                            acc.close(batch)
-                            batch = None
-        if batch is None:
-            before = 0
-            batch = acc.new_batch(topic, partition, ts)
-            # alone in a batch it fits whatever ``cap`` (``_fitting`` checked the limit)
-            batch.add(limit - records.HEADER_SIZE, key, value, headers, ts, sink, reserve)
-            acc.adopt(batch)
-        if not prepaid:
-            mem.used += reserve
-        elif prepaid != reserve:  # cannot happen (same _reserve), but never leak memory
-            mem.release(prepaid - reserve)
-        if batch.size >= cap:
-            self._batch_full(batch, sticky, n, partition)
-            turn = True
-        if turn or before // _TURN_BYTES != batch.size // _TURN_BYTES or not batch.count % _TURN_RECORDS:
-            return _TURN
-        return _BUFFERED
-
-    def _batch_full(self, batch, sticky: bool, n: int, partition: int) -> None:
-        """``batch`` holds ``batch_size`` bytes: close it, and move a sticky topic on."""
-        self._acc.close(batch)
-        if sticky:
-            self._partitioning.switch_sticky(batch.topic, n, partition)
-
-    @staticmethod
-    def _reserve(key, value, headers) -> int:
-        """Memory a record reserves while buffered: an upper bound of its encoded size in
-        any batch (what ``_append_now`` reserves; raises ``TypeError`` for fields that are
-        not bytes-like)."""
-        if headers is None and value.__class__ is bytes and (key is None or key.__class__ is bytes):
-            return len(value) + (0 if key is None else len(key)) + _PLAIN_SLACK
-        return tail_size(key, value, headers) + _FRAMING_MAX
 
     async def send_many(
         self,

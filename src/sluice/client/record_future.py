@@ -1,10 +1,12 @@
-"""The future of one record sent with ``SyncProducer.send`` (client/sync.py), and what the
+"""The future of one record sent with ``SyncProducer.send`` (client/sync/producer.py), and what the
 futures of one producer share.
 
 A ``RecordFuture`` is a ``concurrent.futures.Future`` at a fraction of its cost: the futures
 of one producer share one ``threading.Condition`` (their ``FutureGroup``), and a batch's
-acknowledgement resolves its records' futures under one lock (``_set_results``).  The
-compiled ``Outbox`` (``_coutbox.c``) makes them without running ``__init__``.
+acknowledgement resolves its records' futures under one lock (``set_results``).  The
+compiled ``Outbox`` (``_coutbox.c``) makes them without running ``__init__``: it sets the
+two attributes ``__init__`` sets, ``group`` (the ``FutureGroup``) and ``_condition``
+(``concurrent.futures.Future``'s own name for its condition, the group's).
 
 Concurrency: resolved on the producer's loop thread, waited on from any thread.
 """
@@ -46,7 +48,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def __init__(self, group: FutureGroup) -> None:
         # not super().__init__(), which builds a Condition and two lists of its own
-        self._group = group
+        self.group = group  # the FutureGroup it shares with the producer's other futures
         self._condition = group.condition
         self._state = _futures.PENDING
 
@@ -64,7 +66,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def _wait(self, timeout: float | None) -> None:
         if self._state not in _DONE:
-            group = self._group
+            group = self.group
             with group.condition:
                 group.sleepers += 1
                 try:
@@ -82,7 +84,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def set_result(self, result) -> None:
         """As ``Future.set_result``, without waking the group when nobody waits."""
-        group = self._group
+        group = self.group
         with group.lock:
             if self._state in _DONE:
                 raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
@@ -103,15 +105,18 @@ class RecordFuture(concurrent.futures.Future):
         return "_callback_list" in made
 
     @staticmethod
-    def _set_results(futures: list[RecordFuture], results: list) -> None:
+    def set_results(futures: list[RecordFuture], results: list) -> None:
         """``set_result`` of each future not done yet, under one lock and with one
-        notification per group (a batch's acknowledgement: see ``RecordBuffer.resolve_records``)."""
-        group = futures[0]._group
+        notification per group: a batch's acknowledgement.  ``RecordBuffer.resolve_records``
+        (accumulator.py, compiled in _cproducer.c) calls it once per batch for the sinks of a
+        type that has a static ``set_results(sinks, results)``; ``futures`` is not empty,
+        ``results`` as long."""
+        group = futures[0].group
         called = []  # futures with callbacks to invoke, once the lock is released
         others = []  # futures of another group
         with group.lock:
             for fut, result in zip(futures, results, strict=True):
-                if fut._group is not group:
+                if fut.group is not group:
                     others.append((fut, result))
                 elif fut._state not in _DONE and fut._finish(result):
                     called.append(fut)

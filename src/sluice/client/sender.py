@@ -48,7 +48,6 @@ from sluice.client.flights import TP, Flight, InFlight
 from sluice.client.identity import ProducerIdentity
 from sluice.client.leaders import Leaders, earliest
 from sluice.client.retries import Retries
-from sluice.client.sequences import PartitionSequences
 from sluice.client.state import ProducerState
 from sluice.protocol import messages
 
@@ -111,22 +110,15 @@ class Sender:
             state.cluster, config.identity, backoff=self.backoff, backoff_max=self.backoff_max, on_change=self.wake
         )
         self.fenced: errors.ProducerFenced | None = None
-        self._seqs: dict[TP, PartitionSequences] = self.identity.partitions
         self.in_flight = in_flight = InFlight()
         self.leaders = Leaders(
             state, in_flight, release=self.release, requeue=self._requeue, wake=self.wake,
             leave_leaderless=leave_leaderless,
         )
         self.retries = Retries(state, in_flight, self.leaders, release=self.release, partition_refused=partition_refused)
-        self.answers = Answers(state, in_flight, self._seqs, self.retries, release=self.release, fence=self._fence)
-        # (the in-flight tables, under the names the send path reads them by)
-        self._inflight = in_flight.batches
-        self._inflight_nodes = in_flight.nodes
-        self._unwritten = in_flight.unwritten
-        self._retry_at = in_flight.retry_at
-        self._requests = in_flight.requests
-        self._flights = in_flight.flights
-        self._sent_to = in_flight.sent_to
+        self.answers = Answers(
+            state, in_flight, self.identity.partitions, self.retries, release=self.release, fence=self._fence
+        )
         self._task: asyncio.Task | None = None
         self._waiter: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -153,7 +145,7 @@ class Sender:
 
     def tasks(self) -> list[asyncio.Task]:
         """Every task still to cancel on close."""
-        tasks = (self._task, self.leaders.task, self.identity.task, *self._requests)
+        tasks = (self._task, self.leaders.task, self.identity.task, *self.in_flight.requests)
         return [t for t in tasks if t is not None]
 
     def release(self, batch: Batch) -> None:
@@ -203,10 +195,10 @@ class Sender:
 
     def _ready(self, tp: TP, q: deque[Batch]) -> bool:
         """May ``tp`` have one more request in flight now (its queue being non-empty)?"""
-        busy = self._inflight.get(tp, 0)
+        busy = self.in_flight.batches.get(tp, 0)
         if not self.idempotent:
             return not busy
-        st = self._seqs.get(tp)
+        st = self.identity.partitions.get(tp)
         if st is None or st.renumber_pending:
             return False
         if q[0].drain_no >= 0 or not st.acked:  # a retry, or the identity's first request
@@ -218,7 +210,7 @@ class Sender:
         batches were failed: fenced, or no producer id can be had)."""
         exc = self.fenced
         identity = self.identity
-        if exc is None and identity.producer_id is None and tp not in self._seqs:
+        if exc is None and identity.producer_id is None and tp not in self.identity.partitions:
             identity.need()
             err = identity.error
             if err is not None and not err.retriable:
@@ -233,7 +225,7 @@ class Sender:
             return True
         st = identity.sequences(tp)
         if st.renumber_pending:
-            if self._inflight.get(tp, 0) or not identity.renumber(tp, st, q):
+            if self.in_flight.batches.get(tp, 0) or not identity.renumber(tp, st, q):
                 return True
         return False
 
@@ -243,6 +235,7 @@ class Sender:
         by_node: dict[int, list[TP]] = {}
         need_refresh = False
         cluster = self._cluster
+        in_flight = self.in_flight
         for tp, q in self._acc.queues.items():
             if not q:
                 continue
@@ -250,12 +243,12 @@ class Sender:
                 if q:  # waits; expire() fails the head at its deadline
                     wake_at = earliest(wake_at, q[0].deadline)
                 continue
-            retry_at = self._retry_at.get(tp)
+            retry_at = in_flight.retry_at.get(tp)
             if retry_at is not None:
                 if retry_at > now:
                     wake_at = earliest(wake_at, min(retry_at, q[0].deadline))
                     continue
-                del self._retry_at[tp]
+                del in_flight.retry_at[tp]
             node = cluster.leader(*tp)
             if node < 0:
                 if self.leaders.wait_for_leader(tp, q, now):  # else they failed: no such partition
@@ -266,23 +259,23 @@ class Sender:
         if need_refresh:
             self.leaders.request_refresh()
         for node, tps in by_node.items():
-            while tps and self._inflight_nodes.get(node, 0) < self.max_in_flight:
+            while tps and in_flight.nodes.get(node, 0) < self.max_in_flight:
                 req_batches = self._take_request(tps)
                 if not req_batches:
                     break
-                self._inflight_nodes[node] = self._inflight_nodes.get(node, 0) + 1
+                in_flight.nodes[node] = in_flight.nodes.get(node, 0) + 1
                 flat = [b for bs in req_batches.values() for b in bs]
                 request, attachments = self._produce_request(req_batches, flat)
                 written = self._write_now(node, request, attachments, flat)
                 flight = Flight(node, req_batches, flat, now)
-                self._flights.add(flight)
+                in_flight.flights.add(flight)
                 for tp in req_batches:
-                    self._sent_to[tp] = node
+                    in_flight.sent_to[tp] = node
                 task = self._loop.create_task(
                     self._send_request(flight, request, attachments, written)
                 )
-                self._requests.add(task)
-                task.add_done_callback(self._requests.discard)
+                in_flight.requests.add(task)
+                task.add_done_callback(in_flight.requests.discard)
         return wake_at
 
     def _take_request(self, tps: list[TP]) -> dict[TP, list[Batch]]:
@@ -298,7 +291,7 @@ class Sender:
             taken, room, full = self._take_batches(tp, q, room, first=not out)
             if taken:
                 out[tp] = taken
-                self._inflight[tp] = self._inflight.get(tp, 0) + len(taken)
+                self.in_flight.batches[tp] = self.in_flight.batches.get(tp, 0) + len(taken)
             if full and q and self._ready(tp, q):
                 break  # the request is full; this partition heads the next one
             tps.pop(0)
@@ -323,8 +316,8 @@ class Sender:
                 taken.append(b)
                 room -= size
             return taken, room, False
-        st = self._seqs[tp]
-        limit = self.per_partition - self._inflight.get(tp, 0)
+        st = self.identity.partitions[tp]
+        limit = self.per_partition - self.in_flight.batches.get(tp, 0)
         while q and len(taken) < limit:
             b = q[0]
             if taken and not st.follows(taken[-1], b):
@@ -370,7 +363,7 @@ class Sender:
         back until its next turn, and the broker would wait on the client, not work beside it.
         """
         written = None
-        if self.acks != messages.ACKS_NONE and not self._unwritten.get(node):
+        if self.acks != messages.ACKS_NONE and not self.in_flight.unwritten.get(node):
             # (requests to a node go out in the order they were made)
             conn = self._cluster.connected(node)
             if conn is not None:
@@ -379,7 +372,7 @@ class Sender:
                 except Exception:  # it broke meanwhile: the task finds out and says so
                     pass
         if written is None:
-            self._unwritten[node] = self._unwritten.get(node, 0) + 1  # until _deliver writes it
+            self.in_flight.unwritten[node] = self.in_flight.unwritten.get(node, 0) + 1  # until _deliver writes it
         else:
             for b in flat:
                 b.in_flight = True
@@ -426,10 +419,10 @@ class Sender:
             log.exception("produce request to broker %s failed unexpectedly", node)
             answers.abandon(batches, exc)
         finally:
-            self._flights.discard(flight)
-            self._inflight_nodes[node] -= 1
+            self.in_flight.flights.discard(flight)
+            self.in_flight.nodes[node] -= 1
             for tp, bs in batches.items():
-                self._inflight[tp] -= len(bs)
+                self.in_flight.batches[tp] -= len(bs)
             self.wake()
 
     async def _exchange(self, flight: Flight, request, attachments, written):
@@ -487,5 +480,5 @@ class Sender:
                 return None
             written = conn.write_request(request, attachments, self.request_timeout, check=False)
         finally:
-            self._unwritten[node] -= 1
+            self.in_flight.unwritten[node] -= 1
         return await written

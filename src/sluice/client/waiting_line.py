@@ -75,7 +75,7 @@ class WaitingLine:
                     lane.popleft()
                     exc = clarified(exc, topic, value, key, headers, partition, ts)
                     if buffered is None:
-                        self._producer._unbuffered(sink, exc)
+                        self._producer.unbuffered(sink, exc)
                     elif not buffered.done():
                         buffered.set_exception(errors.unbuffered(exc))
                 else:
@@ -89,6 +89,7 @@ class WaitingLine:
     async def _buffer(self, topic, value, key, headers, partition, ts, sink, buffered) -> None:
         """Buffer one record of a line: wait for metadata and memory, then append."""
         p = self._producer
+        appender = p._appender  # client/appender.py
         reserved = 0
         mem = p._memory
         try:
@@ -99,20 +100,20 @@ class WaitingLine:
                     raise errors.unknown_partition(topic, partition, info.partitions)
                 if not reserved:
                     try:
-                        p._fitting(topic, info, tail_size(key, value, headers))
+                        appender.fitting(topic, info, tail_size(key, value, headers))
                     except errors.MessageTooLarge:
                         if not self.limit_may_be_stale(topic):
                             raise
                         await self.ask_limit(topic)
                         continue
-                    reserve = p._reserve(key, value, headers)
+                    reserve = appender.reserve(key, value, headers)
                     await mem.acquire(reserve, p.max_block)
                     reserved = reserve
                     if p._closing:
                         raise errors.ClientClosed("producer closed while the send waited for memory")
                     if buffered is not None and buffered.cancelled():
                         return
-                if p._append_now(topic, value, key, headers, partition, ts, sink, reserved):
+                if appender.append(topic, value, key, headers, partition, ts, sink, reserved):
                     reserved = 0
                     return
         finally:
