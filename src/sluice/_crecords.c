@@ -838,7 +838,7 @@ static struct PyModuleDef module = {
 /* Raised whenever a function's arguments or results change: records.py uses a build
  * only if it says the version records.py expects (an old build left in place by an
  * editable install falls back to pure Python instead of failing). */
-#define ABI_VERSION 11
+#define ABI_VERSION 12
 
 PyMODINIT_FUNC
 PyInit__crecords(void)

@@ -1,5 +1,5 @@
 """A private event loop running forever in a daemon thread: where a blocking facade
-(client/sync.py) runs its asyncio client, and how its callers' threads call into it.
+(client/sync/) runs its asyncio client, and how its callers' threads call into it.
 
 Concurrency: ``run`` and ``call_soon`` from any thread but the loop's own; ``stop`` once,
 from any thread.

@@ -3,7 +3,7 @@
 The producer (client/producer.py) makes one ``ProducerState`` and hands it to each part
 that works on the same records: the sender task (client/sender.py), the compiled per-record
 path (``_cproducer.c``'s ``Appender``) and the blocking facade's outbox (``_coutbox.c``'s
-``Outbox``, client/sync.py).  None of them reaches into the producer's private attributes.
+``Outbox``, client/sync/).  None of them reaches into the producer's private attributes.
 
 The shape, which the compiled code reads by these names (once, when it is made or bound
 to a producer; it keeps the objects, so none of them may ever be replaced, only changed in

@@ -102,7 +102,7 @@ _PRODUCER = struct.Struct(">qhi")
 crc32c = _crc32c.crc32c
 
 
-_ABI_VERSION = 11  # the version of sluice._crecords this module calls (see _crecords.c)
+_ABI_VERSION = 12  # the version of sluice._crecords this module calls (see _crecords.c)
 
 
 def _compiled():
