@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import InvalidRequest, UnsupportedVersion
-from sluice.protocol import messages, subscription_messages
+from sluice.protocol import (
+    messages,
+    replication_messages,
+    subscription_messages,
+    transaction_messages,
+)
 from sluice.protocol.messages import APIS, Api, api_of, decode, encode, types_for
 
 # --------------------------------------------------------------------------- strategies
@@ -103,7 +108,9 @@ def test_every_defined_message_type_is_in_apis():
         for name, cls in vars(messages).items()
         if isinstance(cls, type)
         and issubclass(cls, messages.Struct)
-        and cls.__module__ in (messages.__name__, subscription_messages.__name__)
+        and cls.__module__ in {
+            mod.__name__ for mod in (messages, subscription_messages, replication_messages, transaction_messages)
+        }
         and re.search(r"(Request|Response)(V\d+)?$", name)
         and cls is not messages.Response
     }

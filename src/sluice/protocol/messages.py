@@ -11,8 +11,9 @@ request-level failure (unknown API, undecodable header) answers with just those 
 Per-partition results carry their own ``error`` / ``message``.
 
 Adding a version: define the new structs, add them to ``APIS[api][version]``; never change
-the meaning of an existing version.  The subscription APIs' structs are in
-subscription_messages.py (re-exported here); the ``Struct`` / ``Response`` bases in
+the meaning of an existing version.  The subscription, replication and
+transaction APIs' structs are in subscription_messages.py, replication_messages.py and
+transaction_messages.py (re-exported here); the ``Struct`` / ``Response`` bases in
 structs.py.
 """
 
@@ -23,6 +24,24 @@ from enum import IntEnum
 import msgspec
 
 from sluice.errors import InvalidRequest, UnsupportedVersion
+from sluice.protocol.replication_messages import (  # noqa: F401 - re-exported: m.ReplicaFetchRequest etc.
+    ElectionResult,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+    EpochEndOffset,
+    EpochQuery,
+    OffsetsForLeaderEpochRequest,
+    OffsetsForLeaderEpochResponse,
+    ReplicaFetchPartition,
+    ReplicaFetchPartitionV2,
+    ReplicaFetchRequest,
+    ReplicaFetchRequestV2,
+    ReplicaFetchResponse,
+    ReplicaFetchResponseV2,
+    ReplicaFetchResult,
+    ReplicaFetchResultV2,
+    ReplicaMove,
+)
 from sluice.protocol.structs import Response, Struct  # noqa: F401 - the base of every struct
 from sluice.protocol.subscription_messages import (  # noqa: F401 - re-exported: m.SubscribeRequest etc.
     AckPartition,
@@ -44,6 +63,18 @@ from sluice.protocol.subscription_messages import (  # noqa: F401 - re-exported:
     SubscriptionEnded,
     SubscriptionPartitionInfo,
     SubscriptionPartitionResult,
+)
+from sluice.protocol.transaction_messages import (  # noqa: F401 - re-exported: m.EndTransactionRequest etc.
+    TXN_COMMITTED,
+    TXN_ROLLED_BACK,
+    CheckTransaction,
+    EndTransactionRequest,
+    EndTransactionResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+    RegisterProducerRequest,
+    RegisterProducerResponse,
+    TransactionInfo,
 )
 
 
@@ -462,141 +493,6 @@ class DeleteGroupsResponse(Response):
     groups: list[GroupResult] = []
 
 
-# --------------------------------------------------------------------------- replication
-# Broker to broker: a follower pulls from its leader; never sent by clients.
-
-
-class ReplicaFetchPartition(Struct):
-    topic: str
-    partition: int
-    leader_epoch: int  # the follower's view: the leader refuses an older or newer one
-    offset: int  # the follower's log end: everything below it is acknowledged as copied
-    max_bytes: int = 1024 * 1024
-    storage_error: str = ""  # the follower cannot write this partition: leave the ISR now
-
-
-class ReplicaFetchRequest(Struct):
-    replica_id: int
-    partitions: list[ReplicaFetchPartition]
-    max_wait_ms: int = 500
-    min_bytes: int = 1
-    max_bytes: int = 16 * 1024 * 1024
-
-
-class ReplicaFetchResult(Struct):
-    topic: str
-    partition: int
-    error: int = 0
-    message: str = ""
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    log_end_offset: int = -1
-    size: int = 0  # bytes of record batches in the attachments, in list order
-
-
-class ReplicaFetchResponse(Response):
-    partitions: list[ReplicaFetchResult] = []
-
-
-class ReplicaFetchPartitionV2(ReplicaFetchPartition):
-    """Version 2 (Kafka's KIP-320): the follower also says the leader epoch of the last
-    batch in its log, so the leader checks that the follower's log below ``offset`` is its
-    own before counting it as copied."""
-
-    last_fetched_epoch: int = -1  # -1: an empty log (nothing to check)
-
-
-class ReplicaFetchRequestV2(ReplicaFetchRequest):
-    partitions: list[ReplicaFetchPartitionV2]
-
-
-class ReplicaFetchResultV2(ReplicaFetchResult):
-    """``diverging``: the follower's log does not end in its last epoch where the leader's
-    log has that epoch, so what it holds below ``offset`` is not all the leader's.
-    ``diverging_epoch`` is the largest epoch the leader has at or below the follower's and
-    ``diverging_end_offset`` where it ends in the leader's log (-1, -1: the leader knows
-    none of its epochs).  The follower cuts its log there and fetches again; no data comes
-    with it, and the leader has not counted the fetch as copied."""
-
-    diverging: bool = False
-    diverging_epoch: int = -1
-    diverging_end_offset: int = -1
-
-
-class ReplicaFetchResponseV2(ReplicaFetchResponse):
-    partitions: list[ReplicaFetchResultV2] = []
-
-
-class EpochQuery(Struct):
-    topic: str
-    partition: int
-    current_leader_epoch: int  # the asker's view of the partition's epoch (fencing)
-    leader_epoch: int  # the epoch whose end offset is asked for
-
-
-class OffsetsForLeaderEpochRequest(Struct):
-    replica_id: int
-    partitions: list[EpochQuery]
-
-
-class EpochEndOffset(Struct):
-    topic: str
-    partition: int
-    error: int = 0
-    message: str = ""
-    leader_epoch: int = -1  # the largest epoch <= the asked one that the leader has
-    end_offset: int = -1  # where that epoch ends in the leader's log
-
-
-class OffsetsForLeaderEpochResponse(Response):
-    partitions: list[EpochEndOffset] = []
-
-
-class ElectLeadersRequest(Struct):
-    """Give each partition without a live leader one where a replica is eligible (the
-    others are answered ``ELIGIBLE_LEADERS_NOT_AVAILABLE``), then move leadership back to
-    each partition's preferred replica (the first of its replicas) where it is alive and in
-    sync; None: every partition.
-
-    ``reassign`` (added later; older brokers ignore it): first replace the replicas of
-    brokers that are not alive by live ones (the least loaded), in partitions that have
-    a live leader; then record moves that even out the replica load of the live brokers
-    (brokers that joined), done in two phases (``ReplicaMove.pending``)."""
-
-    topics: list[str] | None = None
-    reassign: bool = False
-
-
-class ReplicaMove(Struct):
-    """A partition whose replicas changed from ``old`` to ``new`` (same order), or could
-    not (``error``).
-
-    ``pending`` (added later): a move in two phases, recorded: the replicas of ``new``
-    not in ``old`` were added, those of ``old`` not in ``new`` leave once the others
-    are in sync (the controller completes it)."""
-
-    topic: str
-    partition: int
-    old: list[int] = []
-    new: list[int] = []
-    error: int = 0
-    message: str = ""
-    pending: bool = False
-
-
-class ElectionResult(Struct):
-    topic: str
-    partition: int
-    leader: int
-    error: int = 0
-    message: str = ""
-
-
-class ElectLeadersResponse(Response):
-    partitions: list[ElectionResult] = []  # the partitions whose leader changed or could not
-    moves: list[ReplicaMove] = []  # with ``reassign``: the replicas replaced, or that could not be
-
-
 # --------------------------------------------------------------------------- producer ids
 
 
@@ -609,82 +505,6 @@ class InitProducerIdResponse(Response):
 
     producer_id: int = -1
     producer_epoch: int = -1
-
-
-# --------------------------------------------------------------------------- transactions
-# A transaction is a half message: a batch with the transactional attribute bit in its
-# target partition.  Its id is (topic, partition, offset) of that batch; its printable form
-# is ``topic/partition/offset`` (broker/transactions/, client/transaction.py).
-
-TXN_COMMITTED, TXN_ROLLED_BACK = "committed", "rolled_back"
-
-
-class EndTransactionRequest(Struct):
-    """Commit or roll back the half message at ``offset``; sent to the partition's leader."""
-
-    topic: str
-    partition: int
-    offset: int
-    commit: bool
-    from_check: bool = False  # the answer to a check-back (CHECK_TRANSACTION push)
-    timeout_ms: int = 30_000
-
-
-class EndTransactionResponse(Response):
-    state: str = ""  # TXN_COMMITTED or TXN_ROLLED_BACK
-    # committed: offset of the visible copy; rolled back: offset of the rollback marker
-    offset: int = -1
-    already: bool = False  # it was ended this way before this request
-
-
-class RegisterProducerRequest(Struct):
-    """This connection belongs to a live producer of ``group``: the broker may push
-    CHECK_TRANSACTION frames on it for that group's unresolved half messages."""
-
-    group: str
-
-
-class RegisterProducerResponse(Response):
-    pass
-
-
-class ListTransactionsRequest(Struct):
-    topics: list[str] | None = None  # None: every topic
-    delayed: bool = False  # True: the pending delayed messages instead of the transactions
-
-
-class TransactionInfo(Struct):
-    topic: str
-    partition: int
-    offset: int
-    group: str = ""
-    timestamp: int = -1  # ms, of the half message
-    checks: int = 0  # check-backs sent by the current leader
-    age_ms: int = 0
-    deliver_at: int = 0  # ms: a delayed message's delivery time; 0 for a transaction
-    count: int = 0  # messages in the half message's batch
-
-
-class ListTransactionsResponse(Response):
-    """The unresolved half messages of the partitions this broker leads."""
-
-    transactions: list[TransactionInfo] = []
-
-
-class CheckTransaction(Struct):
-    """Pushed by a partition's leader to a producer of ``group``: is the local transaction
-    of this half message committed?  The producer answers with END_TRANSACTION
-    (``from_check``), or not at all when it does not know yet."""
-
-    topic: str
-    partition: int
-    offset: int
-    group: str
-    timestamp: int = -1
-    key: bytes | None = None
-    value: bytes | None = None
-    headers: list[tuple[str, bytes | None]] = []
-    checks: int = 0  # this is check number ``checks``
 
 
 # Server pushes: key -> version -> struct (frames.PUSH, correlation 0).
