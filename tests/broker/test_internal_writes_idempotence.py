@@ -2,10 +2,14 @@
 whole broker in this process (tests/broker/conftest.py ``broker``): an attempt whose
 acknowledgement is lost after the batches were stored is retried with the same producer
 id and sequences, and the partition stores them once; a refusal that stored nothing is
-raised at once and leaves the sequence where it was; a call given up at its deadline
-gives up the producer id too, so the next call is never taken for a duplicate."""
+raised at once and leaves the sequence where it was; a call given up at its deadline, or
+cancelled while it waits to retry, gives up the producer id too, so the next call is
+never taken for a duplicate of it."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import pytest
 from batches import request
@@ -124,5 +128,32 @@ async def test_a_write_given_up_at_its_deadline_gives_up_the_producer_id(broker)
         assert producers[:2] == [(old, 0), (old, 1)]
         new, seq = producers[2]
         assert new not in (old, -1) and seq == 0
+    finally:
+        await writes.close()
+
+
+async def test_a_write_cancelled_between_attempts_gives_up_the_producer_id(broker):
+    await create_topic(broker, "copies")
+    seam = Seam(broker)
+    writes = InternalWrites(
+        seam.append, LeaderClient(lambda: {}, broker.config.node_id), broker.produce_service.new_producer_id,
+        backoff_s=(30.0, 30.0),  # the call waits to retry until it is cancelled
+    )
+    try:
+        assert await writes.write("copies", 0, request([b"a"])[0]) == 0
+        seam.faults = [LOSE_ACK]
+        call = asyncio.ensure_future(writes.write("copies", 0, request([b"b"])[0]))
+        deadline = time.monotonic() + 15
+        while seam.calls < 2:
+            assert time.monotonic() < deadline, "the write was not attempted"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await writes.write("copies", 0, request([b"c"])[0]) == 2
+        values, producers = stored(broker, "copies")
+        assert values == [b"a", b"b", b"c"]
+        assert producers[2][0] != producers[0][0] and producers[2][1] == 0
     finally:
         await writes.close()

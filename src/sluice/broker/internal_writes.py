@@ -143,43 +143,46 @@ class InternalWrites:
             self._producer_id = -1
 
     async def _deliver(self, topic: str, partition: int, stamped: bytes, internal: bool, producer_id: int) -> int:
-        """Attempts of ``stamped`` until one is acknowledged (module docstring)."""
+        """Attempts of ``stamped`` until one is acknowledged (module docstring).  Whatever
+        ends the call after an attempt of unknown outcome — an error, the deadline, a
+        cancellation, even during the wait between attempts — gives up the producer id."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._deadline_s
         delay = self._backoff_s[0]
         unknown = False  # some attempt may have stored the batches
-        while True:
-            sent = False
-            try:
+        try:
+            while True:
+                sent = False
                 try:
-                    return await self._append(topic, partition, bytearray(stamped), True)
-                except NotLeader as exc:
-                    if not exc.appended_nothing:
-                        raise  # LeadershipLost: appended here, maybe stored
-                    # another broker leads it (or none does right now): written there
-                sent = True
-                return await self._leaders.produce(topic, partition, stamped, internal=internal)
-            except (OutOfOrderSequence, ProducerFenced):
-                self._give_up(producer_id)
-                raise
-            except (BrokerError, ConnectionClosed) as exc:
-                unknown = unknown or _maybe_stored(exc, sent)
-                if not unknown:
-                    raise  # nothing stored, the sequence unused
-                if not exc.retriable or loop.time() + delay > deadline:
-                    self._give_up(producer_id)
-                    log.warning(
-                        "%s-%d: broker's own write of unknown outcome given up (producer %d): %s",
-                        topic, partition, producer_id, exc,
-                    )
+                    try:
+                        return await self._append(topic, partition, bytearray(stamped), True)
+                    except NotLeader as exc:
+                        if not exc.appended_nothing:
+                            raise  # LeadershipLost: appended here, maybe stored
+                        # another broker leads it (or none does right now): written there
+                    sent = True
+                    return await self._leaders.produce(topic, partition, stamped, internal=internal)
+                except (OutOfOrderSequence, ProducerFenced):
+                    unknown = True  # the partition's idea of this producer is not ours
                     raise
-                log.info("%s-%d: broker's own write retried: %s", topic, partition, exc)
-            except BaseException:
-                # a bug or a cancellation: whether this attempt stored anything is unknown
+                except (BrokerError, ConnectionClosed) as exc:
+                    unknown = unknown or _maybe_stored(exc, sent)
+                    if not unknown or not exc.retriable or loop.time() + delay > deadline:
+                        raise  # not unknown: nothing stored, the sequence unused
+                    log.info("%s-%d: the broker's own write is retried: %s", topic, partition, exc)
+                except BaseException:
+                    unknown = True  # a bug or a cancellation: this attempt's fate is unknown
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_s[1])
+        except BaseException as exc:
+            if unknown:
                 self._give_up(producer_id)
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._backoff_s[1])
+                log.warning(
+                    "%s-%d: the broker's own write, maybe stored, is given up with producer id %d: %r",
+                    topic, partition, producer_id, exc,
+                )
+            raise
 
     async def close(self) -> None:
         await self._leaders.close()
