@@ -2,7 +2,9 @@
 whole broker in this process (tests/broker/conftest.py ``broker``): an attempt whose
 acknowledgement is lost after the batches were stored is retried with the same producer
 id and sequences, and the partition stores them once; a refusal that stored nothing is
-raised at once and leaves the sequence where it was; a call given up at its deadline, or
+raised at once and leaves the sequence where it was; the same holds through the client
+to a partition's leader on another broker (a real broker process), where the connection
+closes after the request was stored; a call given up at its deadline, or
 cancelled while it waits to retry, gives up the producer id too, so the next call is
 never taken for a duplicate of it."""
 
@@ -13,12 +15,16 @@ import time
 
 import pytest
 from batches import request
+from in_memory import led_partition, partition_append, producer_ids, topic_of
 from test_subscriptions_in_process import create_topic
 
 from sluice.broker.internal_writes import InternalWrites
 from sluice.broker.leader_client import LeaderClient
-from sluice.errors import NotEnoughReplicas, RequestTimedOut
+from sluice.cluster.store import BrokerRegistration
+from sluice.errors import ConnectionClosed, NotEnoughReplicas, RequestTimedOut
 from sluice.protocol.records import decode_records, iter_batches
+from sub_helpers import make_topic
+from txn_helpers import read_all
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,5 +161,34 @@ async def test_a_write_cancelled_between_attempts_gives_up_the_producer_id(broke
         values, producers = stored(broker, "copies")
         assert values == [b"a", b"b", b"c"]
         assert producers[2][0] != producers[0][0] and producers[2][1] == 0
+    finally:
+        await writes.close()
+
+
+async def test_a_write_through_the_leader_whose_answer_is_lost_is_stored_once(broker_factory, open_partition):
+    remote = broker_factory().start()  # leads "copies"; this side holds a follower
+    await make_topic(remote.bootstrap, "copies")
+    follower = open_partition(leader=False)
+    leaders = LeaderClient(lambda: {0: BrokerRegistration(0, "127.0.0.1", remote.port)}, 999)
+    produce, calls = leaders.produce, []
+
+    async def lose_first_answer(topic: str, partition: int, data, internal: bool = False) -> int:
+        calls.append(bytes(data))
+        offset = await produce(topic, partition, data, internal=internal)
+        if len(calls) == 1:
+            raise ConnectionClosed("injected: stored, the connection closed before the answer")
+        return offset
+
+    leaders.produce = lose_first_answer
+    writes = InternalWrites(
+        partition_append(led_partition({"copies": topic_of("copies", follower)})), leaders, producer_ids(),
+        backoff_s=(0.01, 0.05),
+    )
+    try:
+        assert await writes.write("copies", 0, two_batches(b"a", b"b", b"c")) == 0
+        assert len(calls) == 2 and calls[0] == calls[1]  # the same bytes again
+        assert await writes.write("copies", 0, request([b"d"])[0]) == 3
+        assert [r.value for r in await read_all(remote.bootstrap, "copies")] == [b"a", b"b", b"c", b"d"]
+        assert follower.log_end_offset == 0
     finally:
         await writes.close()
