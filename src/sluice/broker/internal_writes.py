@@ -34,11 +34,13 @@ offset — or ``RETRY_DEADLINE_S`` passes.  So:
 - a call refused before any attempt could store anything (``NotEnoughReplicas``,
   ``NotLeader``, ``MessageTooLarge``, ``UnknownTopic``...) raises at once, stored nothing,
   and the partition's sequence stays where it was;
-- a call that raises after an attempt of unknown outcome (the deadline passed, then a
-  refusal, an ``OutOfOrderSequence`` / ``ProducerFenced``, or its task was cancelled) may
-  have stored its batches once.  The partition's sequence is unknown then, so the
-  producer id is given up: the next call of any partition takes a new one.  The caller
-  redoing that copy may store it a second time.
+- a call that raises after an attempt of unknown outcome (the deadline passed, a later
+  answer is not retriable, or its task was cancelled) may have stored its batches once.
+  The partition's sequence is unknown then, so the producer id is given up: the next
+  call of any partition takes a new one.  The caller redoing that copy may store it a
+  second time.  An ``OutOfOrderSequence`` / ``ProducerFenced`` answer (the partition's
+  state of the producer is not this one's: nothing of the call stored) gives up the
+  producer id too, and a cancelled first attempt does, its fate being unknown.
 
 Across a restart of the broker nothing is kept (a new process takes a new producer id):
 a copy whose call was cut by the restart, and that the caller writes again after it, may
