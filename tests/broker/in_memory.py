@@ -5,9 +5,10 @@ the broker's own writes over them (``InternalWrites`` with the real partition ap
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
-from sluice.broker.internal_writes import Append, InternalWrites
+from sluice.broker.internal_writes import Append, InternalWrites, NewProducerId
 from sluice.broker.leader_client import LeaderClient
 from sluice.broker.registry import Topic
 from sluice.cluster.store import TopicRecord
@@ -103,6 +104,16 @@ def partition_append(led_partition) -> Append:
     return append
 
 
+def producer_ids() -> NewProducerId:
+    """Producer ids 0, 1, 2... each handed out once, as a broker's id block gives them."""
+    ids = itertools.count()
+
+    async def new_producer_id() -> int:
+        return next(ids)
+
+    return new_producer_id
+
+
 def local_writes(topics: dict[str, Topic]) -> InternalWrites:
     """The broker's own writes over ``topics``, with no other broker to write through."""
-    return InternalWrites(partition_append(led_partition(topics)), LeaderClient(lambda: {}, 0))
+    return InternalWrites(partition_append(led_partition(topics)), LeaderClient(lambda: {}, 0), producer_ids())

@@ -141,12 +141,14 @@ class Broker:
             check_timeout_ms=config.txn_check_timeout_ms, check_interval_ms=config.txn_check_interval_ms,
             max_checks=config.txn_max_checks, create_topic=self._create_topic, admin_lock=self._admin_lock,
             stored_topics=self.metadata.topics, groups_ready=lambda: self.groups is not None,
-            append=self._append, live_brokers=lambda: self.view.live_brokers, node_id=config.node_id,
+            append=self._append, new_producer_id=self._new_producer_id,
+            live_brokers=lambda: self.view.live_brokers, node_id=config.node_id,
         )
         self.subscriptions = SubscriptionManager(  # broker/subscriptions/
             self.topics, self.registry.led_partition, self.read_executor,
             create_topic=self._create_topic, admin_lock=self._admin_lock,
-            append=self._append, live_brokers=lambda: self.view.live_brokers, node_id=config.node_id,
+            append=self._append, new_producer_id=self._new_producer_id,
+            live_brokers=lambda: self.view.live_brokers, node_id=config.node_id,
         )
         self.delays = DelayedDelivery(self.transactions)  # broker/transactions/delays.py
         self.replication = ReplicationService(
@@ -176,6 +178,10 @@ class Broker:
     async def _append(self, topic: str, partition: int, data: bytearray, acks_all: bool) -> int:
         # the broker's own writes (broker/internal_writes.py ``Append``): the produce service's
         return (await self.produce_service.append(topic, partition, data, acks_all)).base_offset
+
+    async def _new_producer_id(self) -> int:
+        # the broker's own writes' producer id (broker/internal_writes.py): the produce service's
+        return await self.produce_service.new_producer_id()
 
     def _coordinator(self) -> GroupCoordinator | None:
         return self.groups

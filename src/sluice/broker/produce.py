@@ -102,15 +102,22 @@ class ProduceService:
         return nxt, last
 
     async def init_producer_id(self, req: m.InitProducerIdRequest, _att, _peer: Peer):
-        """A producer id no other producer of the cluster was or will be given, epoch 0:
-        taken from a block this broker reserved in the metadata store (blocks never overlap,
-        across brokers and restarts; an id unused when the broker stops is skipped)."""
+        """A new producer id (``new_producer_id``), epoch 0."""
+        return m.InitProducerIdResponse(producer_id=await self.new_producer_id(), producer_epoch=0), ()
+
+    async def new_producer_id(self) -> int:
+        """A producer id no other producer of the cluster was or will be given: taken from a
+        block this broker reserved in the metadata store (blocks never overlap, across
+        brokers and restarts; an id unused when the broker stops is skipped).  For clients
+        (INIT_PRODUCER_ID) and the broker's own writes (broker/internal_writes.py).  Raises
+        ``MetadataUnavailable`` when a new block cannot be reserved, ``InvalidRequest``
+        when the ids are exhausted."""
         async with self._producer_ids_lock:
             nxt, last = await self._producer_id_block()
             if last >= DERIVED_PRODUCER_IDS:
                 raise InvalidRequest("the cluster's producer ids are exhausted")
             self._producer_ids = (nxt + 1, last)
-        return m.InitProducerIdResponse(producer_id=nxt, producer_epoch=0), ()
+        return nxt
 
     async def produce(self, req: m.ProduceRequest, att: memoryview, _peer: Peer):
         """Validate each partition's batches, queue them on its writer, await the acks.

@@ -17,7 +17,8 @@ Its collaborators are given to its constructor:
 - ``executor``: where log scans and reads run;
 - ``create_topic(new, validate_only=False)`` and ``admin_lock``: topic creation (dead-letter
   topics), one at a time under the lock;
-- ``append``: the broker's own appends to partitions led here (broker/internal_writes.py);
+- ``append``: the broker's own appends to partitions led here, and ``new_producer_id()``
+  their producer id (broker/internal_writes.py);
 - ``live_brokers()`` and ``node_id``: the cluster's live brokers and this one's, for the
   client to the other brokers.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from sluice.broker.internal_writes import Append, InternalWrites
+from sluice.broker.internal_writes import Append, InternalWrites, NewProducerId
 from sluice.broker.leader_client import LeaderClient
 from sluice.broker.subscriptions.dead_letters import DeadLetters
 from sluice.broker.subscriptions.handlers import SubscriptionHandlers
@@ -59,6 +60,7 @@ class SubscriptionManager:
         create_topic: Callable[..., Awaitable[None]],
         admin_lock: asyncio.Lock,
         append: Append,
+        new_producer_id: NewProducerId,
         live_brokers: Callable[[], Mapping[int, object]],
         node_id: int,
     ) -> None:
@@ -66,7 +68,7 @@ class SubscriptionManager:
         self._led_partition = led_partition
         self.executor = executor
         self._leaders = LeaderClient(live_brokers, node_id)
-        self._dead_letters = DeadLetters(topics, create_topic, admin_lock, InternalWrites(append, self._leaders))
+        self._dead_letters = DeadLetters(topics, create_topic, admin_lock, InternalWrites(append, self._leaders, new_producer_id))
         self._parts: dict[tuple[str, int], PartitionSubscriptions] = {}
         self._handlers = SubscriptionHandlers(self)
 

@@ -12,8 +12,8 @@ Its collaborators are given to its constructor:
 - ``check_timeout_ms``, ``check_interval_ms``, ``max_checks``: the check-back settings;
 - ``create_topic`` and ``admin_lock``, ``stored_topics()``, ``groups_ready()``: what the
   audit topic's creation needs (audit.py);
-- ``append``, ``live_brokers()`` and ``node_id``: the broker's own writes, in-process or
-  through the audit partition's leader (broker/internal_writes.py).
+- ``append``, ``new_producer_id()``, ``live_brokers()`` and ``node_id``: the broker's own
+  writes, in-process or through the audit partition's leader (broker/internal_writes.py).
 
 Concurrency: event loop only.
 """
@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
-from sluice.broker.internal_writes import Append, InternalWrites
+from sluice.broker.internal_writes import Append, InternalWrites, NewProducerId
 from sluice.broker.leader_client import LeaderClient
 from sluice.broker.peer import Peer
 from sluice.broker.transactions.audit import AuditCopies
@@ -52,6 +52,7 @@ class TransactionManager:
         stored_topics: Callable[[], Awaitable[Mapping[str, object]]],
         groups_ready: Callable[[], bool],
         append: Append,
+        new_producer_id: NewProducerId,
         live_brokers: Callable[[], Mapping[int, object]],
         node_id: int,
     ) -> None:
@@ -60,7 +61,7 @@ class TransactionManager:
         self._executor = executor
         self.states: dict[tuple[str, int], PartitionTransactions] = {}
         self.producers: dict[str, list] = {}  # group -> live connections that registered it
-        writes = InternalWrites(append, LeaderClient(live_brokers, node_id))
+        writes = InternalWrites(append, LeaderClient(live_brokers, node_id), new_producer_id)
         self._audit = AuditCopies(topics, create_topic, admin_lock, stored_topics, groups_ready, writes)
         self.check_back = CheckBack(
             self.led_states, self.producers, executor, self._audit,
