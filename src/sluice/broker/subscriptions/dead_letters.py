@@ -4,8 +4,10 @@ A message delivered ``max_attempts`` times without an ack (the delivery decides:
 delivery.py) is copied to the topic ``<topic>.<subscription>.dlq`` (created with one
 partition when missing) with its key, value and headers plus the ``sluice.dlq.*`` headers
 (protocol/subscriptions.py), and only once every copy is acknowledged by the in-sync
-replicas of its partition is the message acked in the source.  A copy that may not be
-stored is written again later: a dead letter may be copied twice, never lost.
+replicas of its partition is the message acked in the source.  A copy is never lost: the
+writes retry an unknown outcome with the same producer id and sequence, so a copy is
+stored once, and one whose write still ends unknown is written again later (stored twice
+then at most — internal_writes.py says when).
 
 The copies are the broker's own writes (broker/internal_writes.py): in-process when this
 broker leads the dead-letter partition, else through a client to its leader.  A keyed
