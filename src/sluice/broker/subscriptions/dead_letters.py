@@ -6,8 +6,8 @@ partition when missing) with its key, value and headers plus the ``sluice.dlq.*`
 (protocol/subscriptions.py), and only once every copy is acknowledged by the in-sync
 replicas of its partition is the message acked in the source.  A copy is never lost: the
 writes retry an unknown outcome with the same producer id and sequence, so a copy is
-stored once, and one whose write still ends unknown is written again later (stored twice
-then at most — internal_writes.py says when).
+stored once; only a write that still ends unknown (internal_writes.py says when) is
+written again later, and may then be stored twice.
 
 The copies are the broker's own writes (broker/internal_writes.py): in-process when this
 broker leads the dead-letter partition, else through a client to its leader.  A keyed
