@@ -247,3 +247,37 @@ def test_consume_group_into_a_pipe_read_only_after_exit_does_not_hang(broker, cl
         assert proc.wait(40) == 0
         assert proc.stdout.read() == b"a\nb\n"
     assert committed(b, "L", "late", 1) in ([0], [None])  # nothing was taken before the end
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_ctrl_c_during_a_hand_over_is_raised_once_the_tally_holds_the_futures(broker, keyed):
+    """A Ctrl-C landing while ``sluice produce`` hands messages to the producer (the bulk
+    call, or the one-by-one hop of keyed messages) waits for that hand-over to return: the
+    messages it buffered are then tallied as acknowledged when the producer closes, never
+    lost to the tally (the signal is sent by the call itself, at its worst moment)."""
+    from sluice.cli.producing import HeldInterrupts, Sender
+    from sluice.client import SyncAdmin, SyncProducer
+
+    with SyncAdmin(broker.bootstrap) as admin:
+        admin.create_topic("held", partitions=1)
+    interrupts = HeldInterrupts().install()
+    try:
+        with pytest.raises(KeyboardInterrupt), SyncProducer(broker.bootstrap) as producer:
+            real = producer.send_each if keyed else producer.send_many
+
+            def interrupted_hand_over(*args, **kw):
+                result = real(*args, **kw)  # the messages are buffered now
+                os.kill(os.getpid(), signal.SIGINT)
+                return result
+
+            if keyed:
+                producer.send_each = interrupted_hand_over
+            else:
+                producer.send_many = interrupted_hand_over
+            sender = Sender(producer, "held", key=b"k" if keyed else None, headers=None, partition=None,
+                            report=None, interrupts=interrupts)
+            sender.send([b"m%d" % i for i in range(5)], [b"k"] * 5 if keyed else None)
+            pytest.fail("Ctrl-C was not raised after the hand-over")
+    finally:
+        interrupts.uninstall()
+    assert (sender.sent, sender.acked, sender.failed) == (5, 5, 0)

@@ -188,7 +188,13 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
     Ctrl-C stops reading, waits for the messages already sent, says on stderr how many
     were sent and acknowledged, and exits with status 130.
     """
-    from sluice.cli.producing import Sender, produce_delayed, read_available, split_messages
+    from sluice.cli.producing import (
+        HeldInterrupts,
+        Sender,
+        produce_delayed,
+        read_available,
+        split_messages,
+    )
     from sluice.client.sync import SyncProducer
 
     _exclusive(ctx, "key", "key_separator")
@@ -221,13 +227,17 @@ def produce(ctx, topic_name: str, key: str | None, key_separator: bytes | None, 
                 click.echo(f"{topic_name}: {line}", err=True)
 
         with SyncProducer(ctx.obj["bootstrap"], acks=acks, delivery_timeout_ms=delivery_timeout_ms) as producer:
-            sender = Sender(producer, topic_name, key=key.encode() if key is not None else None,
-                            headers=hdrs, partition=partition, report=report)
-            for values in split_messages(read_available(fd), None if raw else delimiter):
-                if key_separator is None:
-                    sender.send(values)
-                else:
-                    _send_keyed(sender, values, key_separator)
+            interrupts = HeldInterrupts().install()
+            try:
+                sender = Sender(producer, topic_name, key=key.encode() if key is not None else None,
+                                headers=hdrs, partition=partition, report=report, interrupts=interrupts)
+                for values in split_messages(read_available(fd), None if raw else delimiter):
+                    if key_separator is None:
+                        sender.send(values)
+                    else:
+                        _send_keyed(sender, values, key_separator)
+            finally:
+                interrupts.uninstall()
             producer.flush()
     except KeyboardInterrupt:  # the producer was closed on the way out: every send is settled
         if sender is not None:

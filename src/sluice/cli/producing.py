@@ -13,7 +13,9 @@ its lines long or short.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
@@ -61,6 +63,51 @@ def split_messages(chunks: Iterable[bytes], delimiter: bytes | None) -> Iterator
         yield [bytes(buf)]
 
 
+class HeldInterrupts:
+    """Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` as usual, except inside ``held()``: a
+    hand-over to the producer, after which the sender holds the messages' futures.  There
+    it is raised when the section ends, so every message handed over is tallied as
+    acknowledged or failed once the producer is closed (interrupted mid-hand-over, the
+    messages could be stored while their futures never reached the tally).  A hand-over
+    waits for nothing but buffer memory (at most the producer's ``max_block_ms``); a second
+    Ctrl-C inside one raises at once.
+
+    ``install()`` / ``uninstall()`` from the main thread only (elsewhere they do nothing:
+    signals reach the main thread alone)."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending = False
+        self._previous = None
+
+    def install(self) -> HeldInterrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._depth and not self._pending:
+            self._pending = True  # raised when the hand-over ends
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if self._pending and not self._depth:
+            self._pending = False
+            raise KeyboardInterrupt
+
+
 class Sender:
     """Sends messages of one topic through a ``SyncProducer``; never waits for acks.
 
@@ -69,7 +116,7 @@ class Sender:
     by one in a single hop.  Outcomes are tallied on the producer's loop thread (under a
     lock) and, with ``report``, described one line each: where the message went, or why it
     was not sent.  Read ``sent``, ``acked``, ``failed`` and ``first_error`` after
-    ``producer.flush()``.
+    ``producer.flush()``.  With ``interrupts``, Ctrl-C waits for the hand-over it falls in.
     """
 
     def __init__(
@@ -81,8 +128,10 @@ class Sender:
         headers: list[tuple[str, bytes]] | None,
         partition: int | None,
         report: Callable[[str], None] | None,
+        interrupts: HeldInterrupts | None = None,
     ) -> None:
         self.producer, self.topic = producer, topic
+        self._held = interrupts.held if interrupts is not None else contextlib.nullcontext
         self.key, self.headers, self.partition = key, headers, partition
         self.report = report
         self.sent = self.acked = self.failed = 0
@@ -98,6 +147,10 @@ class Sender:
             self._send(values, keys)
 
     def _send(self, values: list[bytes], keys: list[bytes] | None) -> None:
+        with self._held():  # Ctrl-C once the futures are in hand
+            self._hand_over(values, keys)
+
+    def _hand_over(self, values: list[bytes], keys: list[bytes] | None) -> None:
         self.sent += len(values)
         if keys is None and not self.headers:
             try:
