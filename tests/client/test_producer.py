@@ -146,6 +146,22 @@ async def test_keyed_records_follow_hash_and_keyless_stick():
     assert len(runs) > 1 and all(r >= 4 for r in runs[:-1])
 
 
+async def test_keyless_records_stay_on_a_partition_whose_batch_closed_small_while_it_is_the_least_loaded():
+    """A batch closed early (a flush, a linger) leaves its partition behind the others:
+    the next keyless records go there again instead of to a fuller partition, so small
+    batches do not pile more bytes on the others (the spread stays within a batch)."""
+    broker = FakeBroker({"t": 3})
+    async with make(broker, batch_size=400, linger_ms=1000) as p:
+        full = [await p.send("t", b"x" * 50) for _ in range(12)]  # fills two partitions' batches
+        await p.flush()
+        small = await (await p.send("t", b"y" * 50))  # alone in its batch: closed small
+        await p.flush()
+        after = await (await p.send("t", b"z" * 50))
+        filled = {(await f).partition for f in full}
+    assert small.partition not in filled or len(filled) == 3, (filled, small.partition)
+    assert after.partition == small.partition, "moved to a fuller partition"
+
+
 async def test_custom_partitioner():
     broker = FakeBroker({"t": 4})
     async with make(broker, partitioner=lambda key, n: n - 1) as p:

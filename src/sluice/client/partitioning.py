@@ -129,7 +129,8 @@ class Partitioning:
     def _pick(self, topic: str, n: int, old: int) -> int:
         """Of the partitions that have a leader and did not refuse records lately, the least
         loaded (see the module docstring), the first after ``old`` among equals (from a
-        random one when ``old`` is -1); ``old`` itself only when no other can take them.
+        random one when ``old`` is -1); ``old`` itself only when it is strictly the least
+        loaded, or no other can take them.
         With no leader known, any that did not refuse; with none, the one after ``old``.
         O(partitions), once per batch."""
         if n == 1:
@@ -155,8 +156,8 @@ class Partitioning:
             return start % n
         if len(usable) == 1:
             return usable[0][2]
-        if old >= 0 and usable[-1][2] == old:
-            usable.pop()  # ``old`` only when alone
+        # ``old`` is last in ``usable``: among equals it is picked last, and it keeps the
+        # records only while strictly the least loaded (a batch closed small, by linger)
         floor = max(usable)[0] - self.batch_size  # a partition catches up by a batch at most
         return min((max(load, floor), i, p) for load, i, p in usable)[2]
 
